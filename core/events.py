@@ -1,0 +1,368 @@
+"""Event catalogue v1: the envelope, the payload of every event type, and decoding.
+
+An event is an immutable envelope (identity, ordering, provenance, hash chain) around a typed
+payload. The envelope stores the payload as plain JSON at the schema version it was written with;
+``decode_payload`` upcasts it to the version this code knows and validates it.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any, ClassVar, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
+
+from core.canonical import canonical_json, sha256_hex
+from core.errors import InvalidEvent, UnknownEventType
+from core.ids import uuid7
+from core.upcasting import UpcasterRegistry
+
+_HASH = r"^[0-9a-f]{64}$"
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,199}$"
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("timestamps must carry a time zone")
+    return value.astimezone(UTC)
+
+
+class Envelope(BaseModel):
+    """One stored event. ``hash`` = sha256(canonical JSON of every other field)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_id: UUID
+    type: str = Field(min_length=1, max_length=100)
+    schema_version: int = Field(ge=1)
+    occurred_at: datetime
+    tenant_id: str = Field(pattern=_NAME)
+    key: str = Field(pattern=_NAME)
+    sequence: int = Field(ge=1)
+    causation_id: UUID | None = None
+    correlation_id: UUID | None = None
+    trace: dict[str, str] = Field(default_factory=dict)
+    prev_hash: str | None = Field(default=None, pattern=_HASH)
+    hash: str = Field(pattern=_HASH)
+    payload: dict[str, JsonValue]
+
+    _normalise_time = field_validator("occurred_at")(_utc)
+
+    def hashed_fields(self) -> dict[str, Any]:
+        return hashed_fields(
+            event_id=self.event_id,
+            type=self.type,
+            schema_version=self.schema_version,
+            occurred_at=self.occurred_at,
+            tenant_id=self.tenant_id,
+            key=self.key,
+            sequence=self.sequence,
+            causation_id=self.causation_id,
+            correlation_id=self.correlation_id,
+            trace=self.trace,
+            prev_hash=self.prev_hash,
+            payload=self.payload,
+        )
+
+    def computed_hash(self) -> str:
+        return sha256_hex(canonical_json(self.hashed_fields()))
+
+    def content_digest(self) -> str:
+        return content_digest(self.type, self.schema_version, self.tenant_id, self.key, self.payload)
+
+    def to_json(self) -> dict[str, Any]:
+        """The envelope as JSON-ready values (the form hashed, plus ``hash``)."""
+        return {**self.hashed_fields(), "hash": self.hash}
+
+
+def format_time(value: datetime) -> str:
+    return _utc(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def content_digest(
+    type: str, schema_version: int, tenant_id: str, key: str, payload: dict[str, Any]
+) -> str:
+    """What makes two appends of one event id "the same event" (idempotent) or a conflict."""
+    return sha256_hex(canonical_json([type, schema_version, tenant_id, key, payload]))
+
+
+def hashed_fields(
+    *,
+    event_id: UUID,
+    type: str,
+    schema_version: int,
+    occurred_at: datetime,
+    tenant_id: str,
+    key: str,
+    sequence: int,
+    causation_id: UUID | None,
+    correlation_id: UUID | None,
+    trace: dict[str, str],
+    prev_hash: str | None,
+    payload: dict[str, Any],
+) -> dict[str, Any]:
+    return {
+        "event_id": str(event_id),
+        "type": type,
+        "schema_version": schema_version,
+        "occurred_at": format_time(occurred_at),
+        "tenant_id": tenant_id,
+        "key": key,
+        "sequence": sequence,
+        "causation_id": None if causation_id is None else str(causation_id),
+        "correlation_id": None if correlation_id is None else str(correlation_id),
+        "trace": trace,
+        "prev_hash": prev_hash,
+        "payload": payload,
+    }
+
+
+class EventPayload(BaseModel):
+    """Base of every payload; each subclass names its type and current schema version."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    event_type: ClassVar[str]
+    schema_version: ClassVar[int] = 1
+
+
+class NewEvent(BaseModel):
+    """An event a writer wants appended. The log assigns sequence (unless given) and hashes.
+
+    ``sequence``, when given, is optimistic concurrency: the event must land exactly there,
+    or the append fails with ``SequenceConflict``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+
+    payload: EventPayload
+    tenant_id: str = Field(pattern=_NAME)
+    key: str = Field(pattern=_NAME)
+    event_id: UUID = Field(default_factory=uuid7)
+    occurred_at: datetime = Field(default_factory=utc_now)
+    sequence: int | None = Field(default=None, ge=1)
+    causation_id: UUID | None = None
+    correlation_id: UUID | None = None
+    trace: dict[str, str] = Field(default_factory=dict)
+
+    _normalise_time = field_validator("occurred_at")(_utc)
+
+    def content_digest(self) -> str:
+        return content_digest(
+            self.payload.event_type,
+            self.payload.schema_version,
+            self.tenant_id,
+            self.key,
+            self.payload.model_dump(mode="json"),
+        )
+
+    def seal(self, sequence: int, prev_hash: str | None) -> Envelope:
+        """Fix this event at ``sequence`` after ``prev_hash`` and compute its hash."""
+        payload = self.payload.model_dump(mode="json")
+        fields = hashed_fields(
+            event_id=self.event_id,
+            type=self.payload.event_type,
+            schema_version=self.payload.schema_version,
+            occurred_at=self.occurred_at,
+            tenant_id=self.tenant_id,
+            key=self.key,
+            sequence=sequence,
+            causation_id=self.causation_id,
+            correlation_id=self.correlation_id,
+            trace=self.trace,
+            prev_hash=prev_hash,
+            payload=payload,
+        )
+        return Envelope.model_validate({**fields, "hash": sha256_hex(canonical_json(fields))})
+
+
+# --- conversation events ------------------------------------------------------------------
+
+
+class ConversationStarted(EventPayload):
+    event_type = "ConversationStarted"
+    conversation_id: UUID
+    release_id: str
+    title: str | None = None
+
+
+class TurnReceived(EventPayload):
+    """v2 renamed ``text`` to ``content`` and added ``client_msg_id`` and ``specialist_hint``."""
+
+    event_type = "TurnReceived"
+    schema_version = 2
+    conversation_id: UUID
+    turn_id: UUID
+    client_msg_id: str = Field(min_length=1, max_length=200)
+    content: str
+    specialist_hint: str | None = None
+
+
+class RouterDecided(EventPayload):
+    event_type = "RouterDecided"
+    turn_id: UUID
+    scores: dict[str, float]
+    specialist: str
+    adapter_version: str
+    router_version: str
+
+
+class HarnessActionExecuted(EventPayload):
+    event_type = "HarnessActionExecuted"
+    turn_id: UUID
+    action_id: UUID
+    name: str
+    args: dict[str, JsonValue]
+    result: JsonValue
+    ok: bool
+    state_delta: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class GenUIRendered(EventPayload):
+    event_type = "GenUIRendered"
+    turn_id: UUID
+    tree: dict[str, JsonValue]
+    valid: bool
+    errors: list[str] = Field(default_factory=list)
+    catalogue_version: str
+
+
+class ModelResponded(EventPayload):
+    event_type = "ModelResponded"
+    turn_id: UUID
+    release_id: str
+    specialist: str
+    adapter_version: str
+    harness_version: str
+    hcp_version: str
+    text: str
+    finish_reason: Literal["stop", "length", "cancelled", "error"]
+    prompt_tokens: int = Field(ge=0)
+    completion_tokens: int = Field(ge=0)
+
+
+class TurnCompleted(EventPayload):
+    event_type = "TurnCompleted"
+    turn_id: UUID
+    latency_ms: float = Field(ge=0)
+    time_to_first_token_ms: float | None = Field(default=None, ge=0)
+
+
+class FeedbackGiven(EventPayload):
+    event_type = "FeedbackGiven"
+    turn_id: UUID
+    kind: Literal["up", "down", "edit", "regenerate"]
+    edited_text: str | None = None
+
+
+# --- learning events ----------------------------------------------------------------------
+
+
+class ExperienceRecorded(EventPayload):
+    event_type = "ExperienceRecorded"
+    experience_id: UUID
+    kind: Literal["sft", "preference", "trajectory"]
+    specialist: str
+    turn_id: UUID
+    filter_version: str
+    record: dict[str, JsonValue]
+
+
+class TrainingRequested(EventPayload):
+    event_type = "TrainingRequested"
+    run_id: UUID
+    specialist: str
+    parent_adapter_version: str
+    snapshot_id: UUID
+    recipe: str
+
+
+class CandidateTrained(EventPayload):
+    event_type = "CandidateTrained"
+    run_id: UUID
+    specialist: str
+    adapter_version: str
+    parent_adapter_version: str
+    sha256: str = Field(pattern=_HASH)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class ContractEvaluated(EventPayload):
+    event_type = "ContractEvaluated"
+    evaluation_id: UUID
+    run_id: UUID
+    contract_version: str
+    scores: dict[str, float]
+    passed: bool
+
+
+class ReleasePromoted(EventPayload):
+    event_type = "ReleasePromoted"
+    release_id: str
+    parent_release_id: str | None
+    run_id: UUID | None = None
+
+
+class PromotionRejected(EventPayload):
+    event_type = "PromotionRejected"
+    run_id: UUID
+    reason: str
+
+
+class ReleaseRolledBack(EventPayload):
+    event_type = "ReleaseRolledBack"
+    from_release_id: str
+    to_release_id: str
+    reason: str
+
+
+CATALOGUE: dict[str, type[EventPayload]] = {
+    cls.event_type: cls
+    for cls in (
+        ConversationStarted,
+        TurnReceived,
+        RouterDecided,
+        HarnessActionExecuted,
+        GenUIRendered,
+        ModelResponded,
+        TurnCompleted,
+        FeedbackGiven,
+        ExperienceRecorded,
+        TrainingRequested,
+        CandidateTrained,
+        ContractEvaluated,
+        ReleasePromoted,
+        PromotionRejected,
+        ReleaseRolledBack,
+    )
+}
+
+UPCASTERS = UpcasterRegistry()
+
+
+@UPCASTERS.register("TurnReceived", 1)
+def _turn_received_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 had ``text`` and no client message id; the turn id stood in for it."""
+    payload["content"] = payload.pop("text")
+    payload.setdefault("client_msg_id", str(payload["turn_id"]))
+    payload.setdefault("specialist_hint", None)
+    return payload
+
+
+def decode_payload(envelope: Envelope) -> EventPayload:
+    """Upcast and validate the payload of a stored envelope into its current typed model."""
+    cls = CATALOGUE.get(envelope.type)
+    if cls is None:
+        raise UnknownEventType(f"unknown event type {envelope.type!r}")
+    payload = UPCASTERS.upcast(
+        envelope.type, envelope.schema_version, dict(envelope.payload), cls.schema_version
+    )
+    try:
+        return cls.model_validate(payload)
+    except ValidationError as exc:
+        raise InvalidEvent(f"{envelope.type} v{cls.schema_version}: {exc}") from exc

@@ -1,0 +1,149 @@
+"""The ``EventLog`` port and the records it yields.
+
+Two adapters implement it (PostgreSQL, the embedded default; Kafka, for scale-out) and one
+contract test suite runs against both. Positions are per partition: the PostgreSQL log has one
+partition (0) whose offsets are its global positions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+from uuid import UUID
+
+from pydantic import ValidationError
+
+from core.errors import EventIdConflict, InvalidEvent, MacaronError, SequenceConflict
+from core.events import Envelope, EventPayload, NewEvent, decode_payload
+
+Positions = dict[int, int]
+"""Partition -> next offset to read (exclusive of everything before it)."""
+
+
+@dataclass(frozen=True, order=True)
+class LogPosition:
+    partition: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class RecordedEvent:
+    """A stored event: where it is, its envelope as stored, and its payload upcast and typed."""
+
+    position: LogPosition
+    envelope: Envelope
+    payload: EventPayload
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    """An event the reader could not decode; it is set aside with the reason, never dropped."""
+
+    position: LogPosition
+    code: str
+    reason: str
+    raw: str
+
+
+def parse_envelope(raw: bytes | str | Mapping[str, Any]) -> Envelope:
+    """Parse stored bytes or JSON into an envelope; anything malformed is ``InvalidEvent``."""
+    try:
+        data = json.loads(raw) if isinstance(raw, bytes | str) else dict(raw)
+        return Envelope.model_validate(data)
+    except (ValueError, ValidationError, TypeError) as exc:
+        raise InvalidEvent(f"malformed envelope: {exc}") from exc
+
+
+def decode_stored(
+    position: LogPosition, raw: bytes | str | Mapping[str, Any]
+) -> RecordedEvent | DeadLetter:
+    """Decode one stored record, or say why it goes to the dead-letter stream."""
+    try:
+        envelope = parse_envelope(raw)
+        return RecordedEvent(position, envelope, decode_payload(envelope))
+    except MacaronError as exc:
+        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (
+            raw if isinstance(raw, str) else json.dumps(dict(raw), default=str)
+        )
+        return DeadLetter(position, exc.code, exc.message, text)
+
+
+class EventLog(Protocol):
+    """Append-only, per-key ordered, hash-chained event log."""
+
+    def append(self, events: Sequence[NewEvent]) -> list[RecordedEvent]:
+        """Append in order, atomically for the batch where the back end allows.
+
+        An event whose id is already stored with the same content is not stored again: the stored
+        record is returned. Raises ``SequenceConflict`` if an event names a sequence its key is
+        not at, ``EventIdConflict`` if an id is stored with other content.
+        """
+        ...
+
+    def read(
+        self,
+        *,
+        start: Mapping[int, int] | None = None,
+        end: Mapping[int, int] | None = None,
+        key: str | None = None,
+        types: Collection[str] | None = None,
+    ) -> Iterator[RecordedEvent]:
+        """Stored events from ``start`` (default: the beginning) up to ``end`` (default: the end
+        when called), in per-partition order. Undecodable events go to the dead-letter stream
+        and the read goes on."""
+        ...
+
+    def envelopes(self, *, key: str | None = None) -> Iterator[Envelope]:
+        """Stored envelopes, undecoded, in per-key order: for chain verification."""
+        ...
+
+    def tail(
+        self, *, start: Mapping[int, int] | None = None, idle_timeout: float = 1.0
+    ) -> Iterator[RecordedEvent | None]:
+        """Follow the log: yields events as they are appended, ``None`` after each
+        ``idle_timeout`` seconds without one (so the caller can stop)."""
+        ...
+
+    def end_positions(self) -> Positions:
+        """The next offset per partition at this moment."""
+        ...
+
+    def dead_letters(self) -> list[DeadLetter]:
+        ...
+
+    def close(self) -> None:
+        ...
+
+
+def seal_batch(
+    events: Sequence[NewEvent],
+    stored_digests: Mapping[UUID, str],
+    heads: dict[str, tuple[int, str]],
+) -> list[tuple[NewEvent, Envelope]]:
+    """Seal, in order, the events of a batch that are not stored yet, continuing each key's chain.
+
+    ``stored_digests`` maps already stored event ids to their content digests; ``heads`` maps each
+    key to its last (sequence, hash) and is advanced in place. A repeat of a stored id with the
+    same content is skipped (idempotent); with other content it is ``EventIdConflict``.
+    """
+    digests = dict(stored_digests)
+    fresh: list[tuple[NewEvent, Envelope]] = []
+    for event in events:
+        known = digests.get(event.event_id)
+        if known is not None:
+            if known != event.content_digest():
+                raise EventIdConflict(f"event {event.event_id} is stored with other content")
+            continue
+        sequence, prev_hash = heads.get(event.key, (0, None))
+        if event.sequence is not None and event.sequence != sequence + 1:
+            raise SequenceConflict(
+                f"key {event.key!r} is at sequence {sequence}; "
+                f"event {event.event_id} expected to be {event.sequence}"
+            )
+        envelope = event.seal(sequence + 1, prev_hash)
+        heads[event.key] = (envelope.sequence, envelope.hash)
+        digests[event.event_id] = event.content_digest()
+        fresh.append((event, envelope))
+    return fresh

@@ -1,0 +1,36 @@
+"""The one typed settings object. Only the composition root (``macaron``) reads it from the
+environment (prefix ``MACARON_``); everything else receives it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def default_home() -> Path:
+    return Path.home() / ".local" / "state" / "macaron"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="MACARON_", extra="forbid", frozen=True)
+
+    home: Path = Field(default_factory=default_home, description="State folder: data, logs, PIDs")
+    bind_host: str = Field(default="127.0.0.1", description="Address the embedded servers bind")
+
+    database_url: str | None = Field(
+        default=None, description="PostgreSQL URL; unset means the embedded server"
+    )
+    postgres_port: int = Field(default=55432, ge=1, le=65535)
+
+    redis_url: str | None = Field(default=None, description="Redis URL; unset means embedded")
+    redis_port: int = Field(default=56379, ge=1, le=65535)
+
+    event_log: Literal["postgres", "kafka"] = "postgres"
+    kafka_bootstrap: str = Field(default="127.0.0.1:59092", description="host:port[,host:port]")
+    kafka_port: int = Field(default=59092, ge=1, le=65535, description="embedded broker port")
+    kafka_topic: str = Field(default="macaron.events", pattern=r"^[A-Za-z0-9._-]{1,200}$")
+    kafka_partitions: int = Field(default=6, ge=1, le=1024)
+    kafka_replication: int = Field(default=1, ge=1, le=16)

@@ -1,0 +1,1 @@
+"""Adapters to the outside world (PostgreSQL, Kafka, Redis, the embedded local stack)."""

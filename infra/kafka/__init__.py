@@ -1,0 +1,1 @@
+"""Kafka adapters: the event log over a topic, and explicit topic creation."""

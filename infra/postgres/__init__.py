@@ -1,0 +1,1 @@
+"""PostgreSQL adapters: the event log, processor positions, migrations."""

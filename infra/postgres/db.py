@@ -1,0 +1,42 @@
+"""Connection pools and the mapping of driver errors to typed errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+from core.errors import LogUnavailable
+
+
+def open_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> ConnectionPool:
+    """A pool of autocommit-off connections that return rows as dicts."""
+    pool: ConnectionPool = ConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs={"row_factory": dict_row},
+        open=False,
+        name="macaron",
+    )
+    try:
+        pool.open(wait=True, timeout=10.0)
+    except psycopg.OperationalError as exc:
+        pool.close()
+        raise LogUnavailable(f"PostgreSQL is unreachable: {exc}") from exc
+    except Exception:
+        pool.close()
+        raise
+    return pool
+
+
+@contextmanager
+def unavailable_as_typed() -> Iterator[None]:
+    """Turn lost or refused connections into the retryable ``LogUnavailable``."""
+    try:
+        yield
+    except (psycopg.OperationalError, psycopg.errors.AdminShutdown) as exc:
+        raise LogUnavailable(f"PostgreSQL is unavailable: {exc}") from exc

@@ -1,0 +1,234 @@
+"""The PostgreSQL event log: the embedded default.
+
+Appends are serialised by a transaction-level advisory lock, so positions become visible in
+commit order and a tailing reader can never pass over an event that commits later. The
+``(key, sequence)`` and ``event_id`` unique constraints back that up.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Iterator, Mapping, Sequence
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from core.errors import EventIdConflict, InvalidEvent, SequenceConflict
+from core.events import Envelope, NewEvent
+from core.log import (
+    DeadLetter,
+    LogPosition,
+    Positions,
+    RecordedEvent,
+    decode_stored,
+    seal_batch,
+)
+from infra.postgres.db import unavailable_as_typed
+
+APPEND_LOCK = 0x6D6163_61726F6E  # "macaron": the one lock every append takes
+NOTIFY_CHANNEL = "macaron_events"
+PARTITION = 0
+READ_BATCH = 2000
+SOURCE = "postgres"
+
+_COLUMNS = (
+    "position, event_id, type, schema_version, occurred_at, tenant_id, key, sequence, "
+    "causation_id, correlation_id, trace, prev_hash, hash, payload"
+)
+
+
+def _envelope_fields(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: row[name] for name in _COLUMNS.split(", ")[1:]}
+
+
+class PostgresEventLog:
+    """``EventLog`` over the ``events`` table (see migrations/0001)."""
+
+    def __init__(self, pool: ConnectionPool, conninfo: str) -> None:
+        self._pool = pool
+        self._conninfo = conninfo
+
+    # --- append -----------------------------------------------------------------------------
+
+    def append(self, events: Sequence[NewEvent]) -> list[RecordedEvent]:
+        if not events:
+            return []
+        with unavailable_as_typed(), self._pool.connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK,))
+            stored = self._stored_by_id(conn, [e.event_id for e in events])
+            heads = self._heads(conn, sorted({e.key for e in events}))
+            digests = {i: r.envelope.content_digest() for i, r in stored.items()}
+            fresh = seal_batch(events, digests, heads)
+            positions = self._insert(conn, [envelope for _, envelope in fresh])
+            if fresh:
+                conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(max(positions.values()))))
+        for event, envelope in fresh:
+            position = LogPosition(PARTITION, positions[envelope.event_id])
+            stored[envelope.event_id] = RecordedEvent(position, envelope, event.payload)
+        return [stored[event.event_id] for event in events]
+
+    def _stored_by_id(
+        self, conn: psycopg.Connection[Any], ids: list[UUID]
+    ) -> dict[UUID, RecordedEvent]:
+        rows = conn.execute(
+            f"SELECT {_COLUMNS} FROM events WHERE event_id = ANY(%s)", (ids,)
+        ).fetchall()
+        found: dict[UUID, RecordedEvent] = {}
+        for row in rows:
+            record = decode_stored(LogPosition(PARTITION, row["position"]), _envelope_fields(row))
+            if isinstance(record, DeadLetter):
+                raise EventIdConflict(
+                    f"event {row['event_id']} is stored but cannot be decoded: {record.reason}"
+                )
+            found[row["event_id"]] = record
+        return found
+
+    @staticmethod
+    def _heads(conn: psycopg.Connection[Any], keys: list[str]) -> dict[str, tuple[int, str]]:
+        rows = conn.execute(
+            "SELECT DISTINCT ON (key) key, sequence, hash FROM events "
+            "WHERE key = ANY(%s) ORDER BY key, sequence DESC",
+            (keys,),
+        ).fetchall()
+        return {row["key"]: (row["sequence"], row["hash"]) for row in rows}
+
+    @staticmethod
+    def _insert(conn: psycopg.Connection[Any], envelopes: list[Envelope]) -> dict[UUID, int]:
+        if not envelopes:
+            return {}
+        columns = list(zip(*(
+            (
+                e.event_id, e.type, e.schema_version, e.occurred_at, e.tenant_id, e.key,
+                e.sequence, e.causation_id, e.correlation_id, Jsonb(e.trace), e.prev_hash,
+                e.hash, Jsonb(e.payload),
+            )
+            for e in envelopes
+        ), strict=True))
+        try:
+            rows = conn.execute(
+                "INSERT INTO events (event_id, type, schema_version, occurred_at, tenant_id, key, "
+                "sequence, causation_id, correlation_id, trace, prev_hash, hash, payload) "
+                "SELECT * FROM unnest(%s::uuid[], %s::text[], %s::int[], %s::timestamptz[], "
+                "%s::text[], %s::text[], %s::bigint[], %s::uuid[], %s::uuid[], %s::jsonb[], "
+                "%s::text[], %s::text[], %s::jsonb[]) RETURNING event_id, position",
+                [list(c) for c in columns],
+            ).fetchall()
+        except psycopg.errors.UniqueViolation as exc:
+            if exc.diag.constraint_name == "events_key_sequence_key":
+                raise SequenceConflict("another writer appended to the same key first") from exc
+            raise EventIdConflict("an event id was appended concurrently") from exc
+        except psycopg.errors.UntranslatableCharacter as exc:
+            raise InvalidEvent(f"payload cannot be stored: {exc.diag.message_primary}") from exc
+        return {row["event_id"]: row["position"] for row in rows}
+
+    # --- read -------------------------------------------------------------------------------
+
+    def _scan(
+        self,
+        start: int,
+        end: int | None,
+        key: str | None,
+        types: Collection[str] | None,
+    ) -> Iterator[dict[str, Any]]:
+        where = ["position >= %(cursor)s"]
+        if end is not None:
+            where.append("position < %(end)s")
+        if key is not None:
+            where.append("key = %(key)s")
+        if types is not None:
+            where.append("type = ANY(%(types)s)")
+        sql = (
+            f"SELECT {_COLUMNS} FROM events WHERE {' AND '.join(where)} "
+            f"ORDER BY position LIMIT {READ_BATCH}"
+        )
+        params: dict[str, Any] = {
+            "cursor": start, "end": end, "key": key, "types": list(types or ())
+        }
+        while True:
+            with unavailable_as_typed(), self._pool.connection() as conn:
+                rows = conn.execute(sql, params).fetchall()
+            yield from rows
+            if len(rows) < READ_BATCH:
+                return
+            params["cursor"] = rows[-1]["position"] + 1
+
+    def read(
+        self,
+        *,
+        start: Mapping[int, int] | None = None,
+        end: Mapping[int, int] | None = None,
+        key: str | None = None,
+        types: Collection[str] | None = None,
+    ) -> Iterator[RecordedEvent]:
+        first = (start or {}).get(PARTITION, 1)
+        stop = (end or self.end_positions())[PARTITION]
+        for row in self._scan(first, stop, key, types):
+            record = decode_stored(LogPosition(PARTITION, row["position"]), _envelope_fields(row))
+            if isinstance(record, DeadLetter):
+                self._dead_letter(record)
+                continue
+            yield record
+
+    def envelopes(self, *, key: str | None = None) -> Iterator[Envelope]:
+        for row in self._scan(1, None, key, None):
+            yield Envelope.model_validate(_envelope_fields(row))
+
+    def tail(
+        self, *, start: Mapping[int, int] | None = None, idle_timeout: float = 1.0
+    ) -> Iterator[RecordedEvent | None]:
+        cursor = (start or {}).get(PARTITION, 1)
+        with unavailable_as_typed(), psycopg.connect(
+            self._conninfo, autocommit=True, row_factory=dict_row
+        ) as listener:
+            listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
+            while True:
+                progressed = False
+                for row in self._scan(cursor, None, None, None):
+                    cursor = row["position"] + 1
+                    progressed = True
+                    record = decode_stored(LogPosition(PARTITION, row["position"]), _envelope_fields(row))
+                    if isinstance(record, DeadLetter):
+                        self._dead_letter(record)
+                        continue
+                    yield record
+                if progressed:
+                    continue
+                with unavailable_as_typed():
+                    woken = any(True for _ in listener.notifies(timeout=idle_timeout, stop_after=1))
+                if not woken:
+                    yield None
+
+    def end_positions(self) -> Positions:
+        with unavailable_as_typed(), self._pool.connection() as conn:
+            row = conn.execute("SELECT coalesce(max(position), 0) + 1 AS next FROM events").fetchone()
+        assert row is not None
+        return {PARTITION: int(row["next"])}
+
+    # --- dead letters -----------------------------------------------------------------------
+
+    def _dead_letter(self, letter: DeadLetter) -> None:
+        with unavailable_as_typed(), self._pool.connection() as conn:
+            conn.execute(
+                "INSERT INTO dead_letters (source, partition, \"offset\", code, reason, raw) "
+                "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+                (SOURCE, letter.position.partition, letter.position.offset, letter.code,
+                 letter.reason, letter.raw),
+            )
+
+    def dead_letters(self) -> list[DeadLetter]:
+        with unavailable_as_typed(), self._pool.connection() as conn:
+            rows = conn.execute(
+                "SELECT partition, \"offset\", code, reason, raw FROM dead_letters "
+                "WHERE source = %s ORDER BY partition, \"offset\"",
+                (SOURCE,),
+            ).fetchall()
+        return [
+            DeadLetter(LogPosition(r["partition"], r["offset"]), r["code"], r["reason"], r["raw"])
+            for r in rows
+        ]
+
+    def close(self) -> None:
+        """The pool belongs to the caller; nothing of the log's own to release."""

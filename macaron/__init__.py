@@ -1,0 +1,1 @@
+"""The composition root: the ``macaron`` command wires adapters into applications."""

@@ -1,0 +1,3 @@
+from macaron.cli import main
+
+main()

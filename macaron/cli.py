@@ -1,0 +1,182 @@
+"""``macaron``: the one command that reads settings and wires the parts together."""
+
+from __future__ import annotations
+
+import sys
+from typing import Annotated
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from core.chain import verify_chain
+from core.errors import ConfigError, MacaronError
+from core.settings import Settings
+from infra.kafka.topics import create_topics, event_topics
+from infra.local_stack import LocalStack
+from infra.postgres.migrate import migrate
+from macaron import wiring
+
+console = Console()
+err_console = Console(stderr=True)
+
+app = typer.Typer(
+    help="Macaron server: event-sourced continual-learning LLM server.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+db_app = typer.Typer(help="PostgreSQL registry and event store.", no_args_is_help=True)
+kafka_app = typer.Typer(help="Kafka event log administration.", no_args_is_help=True)
+topics_app = typer.Typer(help="Kafka topics.", no_args_is_help=True)
+log_app = typer.Typer(help="Inspect the event log.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+app.add_typer(kafka_app, name="kafka")
+kafka_app.add_typer(topics_app, name="topics")
+app.add_typer(log_app, name="log")
+
+
+def settings(ctx: typer.Context) -> Settings:
+    value = ctx.obj
+    if not isinstance(value, Settings):
+        raise ConfigError("settings were not loaded")
+    return value
+
+
+@app.callback()
+def load_settings(ctx: typer.Context) -> None:
+    """Read settings (environment variables prefixed MACARON_) once, for every command."""
+    try:
+        ctx.obj = Settings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"MACARON_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
+        )
+        raise ConfigError(f"invalid settings: {problems}") from exc
+
+
+def _print_status(stack: LocalStack) -> bool:
+    table = Table(title=f"Macaron local stack ({stack.home})")
+    for column in ("part", "address", "pid", "health", "detail"):
+        table.add_column(column)
+    core_healthy = True
+    for row in stack.status():
+        health = "[green]healthy[/]" if row.healthy else (
+            "[yellow]stopped[/]" if row.pid is None else "[red]unhealthy[/]"
+        )
+        if row.name in {"postgres", "redis"} and not row.healthy:
+            core_healthy = False
+        table.add_row(row.name, row.address, str(row.pid or "-"), health, row.detail)
+    console.print(table)
+    return core_healthy
+
+
+@app.command()
+def up(
+    ctx: typer.Context,
+    kafka: Annotated[
+        bool, typer.Option("--kafka", help="Also start a Kafka-protocol broker (memory only).")
+    ] = False,
+) -> None:
+    """Start the embedded PostgreSQL and Redis (and Kafka with --kafka), then migrate."""
+    cfg = settings(ctx)
+    stack = LocalStack(cfg)
+    with console.status("starting the local stack..."):
+        stack.up(kafka=kafka)
+        applied = migrate(wiring.database_url(cfg))
+        if kafka:
+            create_topics(
+                stack.kafka.bootstrap(),
+                event_topics(cfg.kafka_topic, cfg.kafka_partitions, cfg.kafka_replication),
+            )
+    console.print(f"migrations applied: {', '.join(applied) or 'none pending'}")
+    _print_status(stack)
+
+
+@app.command()
+def down(ctx: typer.Context) -> None:
+    """Stop the embedded servers by PID. Data stays under MACARON_HOME."""
+    stopped = LocalStack(settings(ctx)).down()
+    console.print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
+
+
+@app.command()
+def status(ctx: typer.Context) -> None:
+    """Show each embedded server with its address and health; exit 1 if PostgreSQL or Redis
+    is not healthy."""
+    if not _print_status(LocalStack(settings(ctx))):
+        raise typer.Exit(1)
+
+
+@db_app.command("migrate")
+def db_migrate(ctx: typer.Context) -> None:
+    """Apply pending migrations (idempotent)."""
+    applied = migrate(wiring.database_url(settings(ctx)))
+    console.print(f"migrations applied: {', '.join(applied) or 'none pending'}")
+
+
+@topics_app.command("create")
+def topics_create(ctx: typer.Context) -> None:
+    """Create the event topic and its dead-letter topic with the configured partitions."""
+    cfg = settings(ctx)
+    specs = event_topics(cfg.kafka_topic, cfg.kafka_partitions, cfg.kafka_replication)
+    created = create_topics(cfg.kafka_bootstrap, specs)
+    for spec in specs:
+        state = "created" if spec.name in created else "exists"
+        console.print(f"{spec.name}: {spec.partitions} partitions ({state})")
+
+
+@log_app.command("verify")
+def log_verify(
+    ctx: typer.Context,
+    key: Annotated[str | None, typer.Option(help="Only this aggregate key.")] = None,
+) -> None:
+    """Verify the hash chain of every stored event (or one key's); exit 1 on any violation."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool:
+        log = wiring.event_log(cfg, pool)
+        try:
+            count = 0
+
+            def counted() -> object:
+                nonlocal count
+                for envelope in log.envelopes(key=key):
+                    count += 1
+                    yield envelope
+
+            violations = verify_chain(counted())  # type: ignore[arg-type]
+        finally:
+            log.close()
+    for violation in violations:
+        err_console.print(f"[red]{violation}[/]")
+    console.print(f"{count} events checked, {len(violations)} violations")
+    if violations:
+        raise typer.Exit(1)
+
+
+@log_app.command("dead-letters")
+def log_dead_letters(ctx: typer.Context) -> None:
+    """List events set aside because they could not be decoded."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool:
+        log = wiring.event_log(cfg, pool)
+        try:
+            letters = log.dead_letters()
+        finally:
+            log.close()
+    table = Table(title="dead letters")
+    for column in ("partition", "offset", "code", "reason"):
+        table.add_column(column)
+    for letter in letters:
+        table.add_row(str(letter.position.partition), str(letter.position.offset), letter.code,
+                      letter.reason[:120])
+    console.print(table)
+
+
+def main() -> None:
+    try:
+        app()
+    except MacaronError as exc:
+        err_console.print(f"[red]error[{exc.code}][/]: {exc.message}", highlight=False)
+        sys.exit(2 if isinstance(exc, ConfigError) else 1)
