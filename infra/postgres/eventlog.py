@@ -7,7 +7,7 @@ commit order and a tailing reader can never pass over an event that commits late
 
 from __future__ import annotations
 
-from collections.abc import Collection, Iterator, Mapping, Sequence
+from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -178,7 +178,7 @@ class PostgresEventLog:
 
     def tail(
         self, *, start: Mapping[int, int] | None = None, idle_timeout: float = 1.0
-    ) -> Iterator[RecordedEvent | None]:
+    ) -> Generator[RecordedEvent | None, None, None]:
         cursor = (start or {}).get(PARTITION, 1)
         with unavailable_as_typed(), psycopg.connect(
             self._conninfo, autocommit=True, row_factory=dict_row

@@ -20,7 +20,10 @@ def migrate(database_url: str) -> list[str]:
     """Apply every migration not yet applied; returns the ids applied now (idempotent)."""
     backend = get_backend(_yoyo_url(database_url))
     migrations = read_migrations(str(MIGRATIONS_DIR))
-    with backend.lock():
-        pending = backend.to_apply(migrations)
-        backend.apply_migrations(pending)
+    try:
+        with backend.lock():
+            pending = backend.to_apply(migrations)
+            backend.apply_migrations(pending)
+    finally:
+        backend.connection.close()
     return [m.id for m in pending]

@@ -1,0 +1,81 @@
+"""Shared fixtures: one real local stack (PostgreSQL, Redis, Tansu) for the whole run.
+
+Nothing is mocked and nothing is skipped: if a server cannot start, the fixtures fail.
+Each test gets its own database (a copy of a migrated template) so tests do not see each
+other's events.
+"""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg_pool import ConnectionPool
+
+from core.settings import Settings
+from infra.local_stack import LocalStack
+from infra.postgres.db import open_pool
+from infra.postgres.migrate import migrate
+
+TEMPLATE_DB = "macaron_template"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def stack_settings(home: Path) -> Settings:
+    return Settings(
+        home=home,
+        postgres_port=free_port(),
+        redis_port=free_port(),
+        kafka_port=free_port(),
+    )
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    local = LocalStack(stack_settings(tmp_path_factory.mktemp("macaron-home")))
+    try:
+        local.up(kafka=True)
+        with psycopg.connect(local.postgres.url("postgres"), autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{TEMPLATE_DB}"')
+        migrate(local.postgres.url(TEMPLATE_DB))
+        yield local
+    finally:
+        local.down()
+
+
+@pytest.fixture
+def database_url(stack: LocalStack) -> Iterator[str]:
+    """A fresh, migrated database for one test, dropped afterwards."""
+    name = f"t_{uuid.uuid4().hex[:16]}"
+    admin_url = stack.postgres.url("postgres")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}" TEMPLATE "{TEMPLATE_DB}"')
+    yield stack.postgres.url(name)
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def pool(database_url: str) -> Iterator[ConnectionPool]:
+    with open_pool(database_url) as p:
+        yield p
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """A skipped test is a failure here: every server the tests need is started by them."""
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    skipped = len(reporter.stats.get("skipped", [])) if reporter else 0
+    if skipped and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        if reporter:
+            reporter.write_line(f"{skipped} test(s) skipped: skipping is not allowed", red=True)

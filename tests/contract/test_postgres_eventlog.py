@@ -1,0 +1,108 @@
+"""The event-log contract against PostgreSQL, plus what only PostgreSQL promises."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg.types.json import Jsonb
+from psycopg_pool import ConnectionPool
+
+from core.log import EventLog, RecordedEvent
+from infra.postgres.eventlog import PostgresEventLog
+from tests.contract.eventlog_contract import EventLogContract
+from tests.factories import turn
+
+
+class TestPostgresEventLog(EventLogContract):
+    @pytest.fixture
+    def log(self, pool: ConnectionPool, database_url: str) -> Iterator[PostgresEventLog]:
+        log = PostgresEventLog(pool, database_url)
+        yield log
+        log.close()
+
+    @pytest.fixture(autouse=True)
+    def _url(self, database_url: str) -> None:
+        self.database_url = database_url
+
+    def inject(self, log: EventLog, envelope: dict[str, Any]) -> None:
+        with psycopg.connect(self.database_url) as conn:
+            conn.execute(
+                "INSERT INTO events (event_id, type, schema_version, occurred_at, tenant_id, key, "
+                "sequence, causation_id, correlation_id, trace, prev_hash, hash, payload) VALUES "
+                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (envelope["event_id"], envelope["type"], envelope["schema_version"],
+                 envelope["occurred_at"], envelope["tenant_id"], envelope["key"],
+                 envelope["sequence"], None, None, Jsonb(envelope["trace"]),
+                 envelope["prev_hash"], envelope["hash"], Jsonb(envelope["payload"])),
+            )
+
+    def tamper(self, log: EventLog, record: RecordedEvent, payload: dict[str, Any]) -> None:
+        """Storage-level access: bypass the append-only trigger, as a superuser could."""
+        with psycopg.connect(self.database_url) as conn:
+            conn.execute("SET session_replication_role = replica")
+            conn.execute("UPDATE events SET payload = %s WHERE event_id = %s",
+                         (Jsonb(payload), record.envelope.event_id))
+
+    def test_stored_events_are_append_only(self, log: PostgresEventLog) -> None:
+        [record] = log.append([turn(f"conv-{uuid.uuid4()}")])
+        with psycopg.connect(self.database_url) as conn:
+            with pytest.raises(psycopg.errors.RestrictViolation):
+                conn.execute("UPDATE events SET payload = '{}' WHERE event_id = %s",
+                             (record.envelope.event_id,))
+            conn.rollback()
+            with pytest.raises(psycopg.errors.RestrictViolation):
+                conn.execute("DELETE FROM events")
+            conn.rollback()
+            with pytest.raises(psycopg.errors.RestrictViolation):
+                conn.execute("TRUNCATE events")
+
+    def test_tailer_never_skips_with_concurrent_appenders(self, log: PostgresEventLog) -> None:
+        """Appenders on many keys race; a tailer must see every event exactly once, in
+        position order (the gap a later-committing lower position would leave)."""
+        per_writer, writers = 40, 4
+        errors: list[BaseException] = []
+
+        def writer(w: int) -> None:
+            try:
+                for n in range(per_writer):
+                    log.append([turn(f"conv-{w}-{n % 3}", n)])
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(w,)) for w in range(writers)]
+        seen: list[RecordedEvent] = []
+        tail = log.tail(idle_timeout=0.2)
+        for t in threads:
+            t.start()
+        idle = 0
+        for item in tail:
+            if item is None:
+                idle += 1
+            else:
+                seen.append(item)
+            if len(seen) == per_writer * writers or idle > 100:
+                break
+        tail.close()
+        for t in threads:
+            t.join()
+        assert errors == []
+        positions = [r.position.offset for r in seen]
+        assert len(seen) == per_writer * writers
+        assert positions == sorted(positions)
+        assert len(set(positions)) == len(positions)
+        assert {r.envelope.event_id for r in seen} == {r.envelope.event_id for r in log.read()}
+
+    def test_nul_in_payload_is_a_typed_error(self, log: PostgresEventLog) -> None:
+        from core.errors import InvalidEvent
+
+        event = turn(f"conv-{uuid.uuid4()}")
+        bad = event.model_copy(update={"payload": event.payload.model_copy(
+            update={"content": "a\x00b"})})
+        with pytest.raises(InvalidEvent):
+            log.append([bad])
+        assert list(log.read()) == []

@@ -1,0 +1,48 @@
+"""Event builders shared by the tests."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from core.canonical import canonical_json, sha256_hex
+from core.events import NewEvent, TurnReceived, hashed_fields, utc_now
+from core.ids import uuid7
+
+
+def turn(key: str, n: int = 0, *, tenant: str = "tenant-a", **kw: Any) -> NewEvent:
+    payload = TurnReceived(
+        conversation_id=uuid.uuid5(uuid.NAMESPACE_URL, key),
+        turn_id=uuid.uuid4(),
+        client_msg_id=f"msg-{n}",
+        content=f"message {n} on {key}",
+    )
+    return NewEvent(payload=payload, tenant_id=tenant, key=key, **kw)
+
+
+def raw_envelope(
+    *,
+    key: str,
+    type: str,
+    schema_version: int,
+    payload: dict[str, Any],
+    sequence: int = 1,
+    prev_hash: str | None = None,
+) -> dict[str, Any]:
+    """A correctly hashed envelope as JSON, for any type or version (as a newer writer might
+    store one)."""
+    fields = hashed_fields(
+        event_id=uuid7(),
+        type=type,
+        schema_version=schema_version,
+        occurred_at=utc_now(),
+        tenant_id="tenant-a",
+        key=key,
+        sequence=sequence,
+        causation_id=None,
+        correlation_id=None,
+        trace={},
+        prev_hash=prev_hash,
+        payload=payload,
+    )
+    return {**fields, "hash": sha256_hex(canonical_json(fields))}
