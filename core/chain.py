@@ -30,15 +30,16 @@ class ChainViolation:
 def verify_chain(envelopes: Iterable[Envelope]) -> list[ChainViolation]:
     """Check every event's hash and link, given events in per-key order.
 
-    A repeat of an event already seen (same key, sequence and id, as at-least-once delivery can
-    give) is skipped, not reported.
+    An exact repeat of the event just seen on its key (as at-least-once delivery can give) is
+    skipped, not reported; a changed copy under the same id is reported.
     """
     heads: dict[str, tuple[int, str, UUID]] = {}
     violations: list[ChainViolation] = []
     for env in envelopes:
         head = heads.get(env.key)
-        if head is not None and env.sequence == head[0] and env.event_id == head[2]:
-            continue
+        if head is not None and (env.sequence, env.hash, env.event_id) == head:
+            if env.computed_hash() == env.hash:
+                continue
         expected_seq, expected_prev = (1, None) if head is None else (head[0] + 1, head[1])
 
         def report(kind: ViolationKind, env: Envelope = env) -> None:

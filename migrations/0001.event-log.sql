@@ -22,15 +22,16 @@ CREATE INDEX events_type_position ON events (type, position);
 CREATE INDEX events_tenant_position ON events (tenant_id, position);
 
 -- Stored events are immutable: updates, deletes and truncation are refused.
-CREATE FUNCTION events_refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE FUNCTION refuse_change() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    RAISE EXCEPTION 'the event log is append-only' USING ERRCODE = 'restrict_violation';
+    RAISE EXCEPTION '% is append-only: % refused', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'restrict_violation';
 END;
 $$;
 CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
-    FOR EACH ROW EXECUTE FUNCTION events_refuse_change();
+    FOR EACH ROW EXECUTE FUNCTION refuse_change();
 CREATE TRIGGER events_no_truncate BEFORE TRUNCATE ON events
-    FOR EACH STATEMENT EXECUTE FUNCTION events_refuse_change();
+    FOR EACH STATEMENT EXECUTE FUNCTION refuse_change();
 
 -- Events a reader could not decode (unknown type or version, malformed), with the reason.
 CREATE TABLE dead_letters (

@@ -39,6 +39,9 @@ CREATE TABLE adapter_versions (
     CHECK ((version = 0) = (parent_id IS NULL))
 );
 
+CREATE TRIGGER adapter_versions_immutable BEFORE UPDATE OR DELETE ON adapter_versions
+    FOR EACH ROW EXECUTE FUNCTION refuse_change();
+
 CREATE TABLE releases (
     release_id        TEXT PRIMARY KEY,
     parent_release_id TEXT REFERENCES releases (release_id),
@@ -70,6 +73,9 @@ CREATE TABLE dataset_snapshots (
     record_count    INTEGER NOT NULL CHECK (record_count >= 0),
     created_at      TIMESTAMPTZ NOT NULL DEFAULT now()
 );
+
+CREATE TRIGGER dataset_snapshots_immutable BEFORE UPDATE OR DELETE ON dataset_snapshots
+    FOR EACH ROW EXECUTE FUNCTION refuse_change();
 
 CREATE TABLE training_runs (
     run_id              UUID PRIMARY KEY,

@@ -67,4 +67,4 @@ def _partition_counts(admin: KafkaAdminClient, names: list[str]) -> dict[str, in
     wanted = [n for n in names if n in present]
     if not wanted:
         return {}
-    return {t["topic"]: len(t["partitions"]) for t in admin.describe_topics(wanted)}
+    return {t["name"]: len(t["partitions"]) for t in admin.describe_topics(wanted)}
