@@ -37,9 +37,8 @@ def verify_chain(envelopes: Iterable[Envelope]) -> list[ChainViolation]:
     violations: list[ChainViolation] = []
     for env in envelopes:
         head = heads.get(env.key)
-        if head is not None and (env.sequence, env.hash, env.event_id) == head:
-            if env.computed_hash() == env.hash:
-                continue
+        if head == (env.sequence, env.hash, env.event_id) and env.computed_hash() == env.hash:
+            continue
         expected_seq, expected_prev = (1, None) if head is None else (head[0] + 1, head[1])
 
         def report(kind: ViolationKind, env: Envelope = env) -> None:

@@ -73,7 +73,9 @@ class Envelope(BaseModel):
         return sha256_hex(canonical_json(self.hashed_fields()))
 
     def content_digest(self) -> str:
-        return content_digest(self.type, self.schema_version, self.tenant_id, self.key, self.payload)
+        return content_digest(
+            self.type, self.schema_version, self.tenant_id, self.key, self.payload
+        )
 
     def to_json(self) -> dict[str, Any]:
         """The envelope as JSON-ready values (the form hashed, plus ``hash``)."""

@@ -64,8 +64,10 @@ def decode_stored(
         envelope = parse_envelope(raw)
         return RecordedEvent(position, envelope, decode_payload(envelope))
     except MacaronError as exc:
-        text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else (
-            raw if isinstance(raw, str) else json.dumps(dict(raw), default=str)
+        text = (
+            raw.decode("utf-8", "replace")
+            if isinstance(raw, bytes)
+            else (raw if isinstance(raw, str) else json.dumps(dict(raw), default=str))
         )
         return DeadLetter(position, exc.code, exc.message, text)
 
@@ -110,11 +112,9 @@ class EventLog(Protocol):
         """The next offset per partition at this moment."""
         ...
 
-    def dead_letters(self) -> list[DeadLetter]:
-        ...
+    def dead_letters(self) -> list[DeadLetter]: ...
 
-    def close(self) -> None:
-        ...
+    def close(self) -> None: ...
 
 
 def seal_batch(

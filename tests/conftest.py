@@ -14,11 +14,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg_pool import ConnectionPool
 
 from core.settings import Settings
 from infra.local_stack import LocalStack
-from infra.postgres.db import open_pool
+from infra.postgres.db import Pool, open_pool
 from infra.postgres.migrate import migrate
 
 TEMPLATE_DB = "macaron_template"
@@ -66,7 +65,7 @@ def database_url(stack: LocalStack) -> Iterator[str]:
 
 
 @pytest.fixture
-def pool(database_url: str) -> Iterator[ConnectionPool]:
+def pool(database_url: str) -> Iterator[Pool]:
     with open_pool(database_url) as p:
         yield p
 

@@ -22,7 +22,6 @@ from uuid import UUID
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.partitioner.default import murmur2
-from psycopg_pool import ConnectionPool
 
 from core.canonical import canonical_json
 from core.errors import EventIdConflict, LogUnavailable
@@ -37,7 +36,7 @@ from core.log import (
     seal_batch,
 )
 from infra.kafka.topics import dead_letter_topic
-from infra.postgres.db import unavailable_as_typed
+from infra.postgres.db import Pool, unavailable_as_typed
 
 SEND_TIMEOUT = 30.0
 POLL_MS = 500
@@ -64,7 +63,7 @@ def _header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> str | Non
 class KafkaEventLog:
     """``EventLog`` over a Kafka topic, with PostgreSQL as sequencer and index."""
 
-    def __init__(self, bootstrap: str, topic: str, pool: ConnectionPool) -> None:
+    def __init__(self, bootstrap: str, topic: str, pool: Pool) -> None:
         self._bootstrap = bootstrap.split(",")
         self._topic = topic
         self._dlq = dead_letter_topic(topic)
@@ -83,12 +82,13 @@ class KafkaEventLog:
         if not partitions:
             self._producer.close()
             raise LogUnavailable(f"topic {topic} does not exist: run `macaron kafka topics create`")
-        self._partitions = sorted(partitions)
+        self._partitions: list[int] = sorted(int(p) for p in partitions)
 
     # --- append -----------------------------------------------------------------------------
 
     def partition_for(self, key: str) -> int:
-        return self._partitions[(murmur2(key.encode()) & 0x7FFFFFFF) % len(self._partitions)]
+        index = int(murmur2(key.encode())) & 0x7FFFFFFF
+        return self._partitions[index % len(self._partitions)]
 
     def append(self, events: Sequence[NewEvent]) -> list[RecordedEvent]:
         if not events:
@@ -103,7 +103,7 @@ class KafkaEventLog:
             stored = {
                 row["event_id"]: row
                 for row in conn.execute(
-                    "SELECT event_id, content_digest, partition, \"offset\" FROM kafka_appends "
+                    'SELECT event_id, content_digest, partition, "offset" FROM kafka_appends '
                     "WHERE event_id = ANY(%s)",
                     ([e.event_id for e in events],),
                 ).fetchall()
@@ -121,10 +121,18 @@ class KafkaEventLog:
             with conn.cursor() as cur:
                 cur.executemany(
                     "INSERT INTO kafka_appends (event_id, topic, key, sequence, hash, "
-                    "content_digest, partition, \"offset\") VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
+                    'content_digest, partition, "offset") VALUES (%s, %s, %s, %s, %s, %s, %s, %s)',
                     [
-                        (env.event_id, self._topic, env.key, env.sequence, env.hash,
-                         event.content_digest(), pos.partition, pos.offset)
+                        (
+                            env.event_id,
+                            self._topic,
+                            env.key,
+                            env.sequence,
+                            env.hash,
+                            event.content_digest(),
+                            pos.partition,
+                            pos.offset,
+                        )
                         for (event, env), pos in zip(fresh, landed, strict=True)
                     ],
                 )
@@ -154,8 +162,9 @@ class KafkaEventLog:
         return [LogPosition(m.partition, m.offset) for m in metadata]
 
     def _fetch(self, position: LogPosition) -> RecordedEvent:
-        for record in self._records({position.partition: position.offset},
-                                    {position.partition: position.offset + 1}):
+        for record in self._records(
+            {position.partition: position.offset}, {position.partition: position.offset + 1}
+        ):
             decoded = decode_stored(LogPosition(record.partition, record.offset), record.value)
             if isinstance(decoded, RecordedEvent):
                 return decoded
@@ -272,7 +281,7 @@ class KafkaEventLog:
     def end_positions(self) -> Positions:
         with unavailable_as_typed(), self._pool.connection() as conn:
             rows = conn.execute(
-                "SELECT partition, max(\"offset\") + 1 AS next FROM kafka_appends "
+                'SELECT partition, max("offset") + 1 AS next FROM kafka_appends '
                 "WHERE topic = %s GROUP BY partition",
                 (self._topic,),
             ).fetchall()
@@ -294,13 +303,19 @@ class KafkaEventLog:
 
     def _dead_letter(self, letter: DeadLetter) -> None:
         """One record per flush: single-record batches keep the broker's end offsets exact."""
-        value = json.dumps({
-            "partition": letter.position.partition, "offset": letter.position.offset,
-            "code": letter.code, "reason": letter.reason, "raw": letter.raw,
-        }).encode()
+        value = json.dumps(
+            {
+                "partition": letter.position.partition,
+                "offset": letter.position.offset,
+                "code": letter.code,
+                "reason": letter.reason,
+                "raw": letter.raw,
+            }
+        ).encode()
         try:
             self._producer.send(
-                self._dlq, key=f"{letter.position.partition}:{letter.position.offset}".encode(),
+                self._dlq,
+                key=f"{letter.position.partition}:{letter.position.offset}".encode(),
                 value=value,
             ).get(timeout=SEND_TIMEOUT)
         except KafkaError as exc:

@@ -6,16 +6,20 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
 from core.errors import LogUnavailable
 
+DictConnection = psycopg.Connection[DictRow]
+Pool = ConnectionPool[DictConnection]
 
-def open_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> ConnectionPool:
+
+def open_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> Pool:
     """A pool of autocommit-off connections that return rows as dicts."""
-    pool: ConnectionPool = ConnectionPool(
+    pool: Pool = ConnectionPool(
         url,
+        connection_class=DictConnection,
         min_size=min_size,
         max_size=max_size,
         kwargs={"row_factory": dict_row},

@@ -14,7 +14,6 @@ from uuid import UUID
 import psycopg
 from psycopg.rows import dict_row
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 
 from core.errors import EventIdConflict, InvalidEvent, SequenceConflict
 from core.events import Envelope, NewEvent
@@ -26,7 +25,7 @@ from core.log import (
     decode_stored,
     seal_batch,
 )
-from infra.postgres.db import unavailable_as_typed
+from infra.postgres.db import Pool, unavailable_as_typed
 
 APPEND_LOCK = 0x6D6163_61726F6E  # "macaron": the one lock every append takes
 NOTIFY_CHANNEL = "macaron_events"
@@ -47,7 +46,7 @@ def _envelope_fields(row: Mapping[str, Any]) -> dict[str, Any]:
 class PostgresEventLog:
     """``EventLog`` over the ``events`` table (see migrations/0001)."""
 
-    def __init__(self, pool: ConnectionPool, conninfo: str) -> None:
+    def __init__(self, pool: Pool, conninfo: str) -> None:
         self._pool = pool
         self._conninfo = conninfo
 
@@ -64,7 +63,9 @@ class PostgresEventLog:
             fresh = seal_batch(events, digests, heads)
             positions = self._insert(conn, [envelope for _, envelope in fresh])
             if fresh:
-                conn.execute("SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(max(positions.values()))))
+                conn.execute(
+                    "SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(max(positions.values())))
+                )
         for event, envelope in fresh:
             position = LogPosition(PARTITION, positions[envelope.event_id])
             stored[envelope.event_id] = RecordedEvent(position, envelope, event.payload)
@@ -99,14 +100,29 @@ class PostgresEventLog:
     def _insert(conn: psycopg.Connection[Any], envelopes: list[Envelope]) -> dict[UUID, int]:
         if not envelopes:
             return {}
-        columns = list(zip(*(
-            (
-                e.event_id, e.type, e.schema_version, e.occurred_at, e.tenant_id, e.key,
-                e.sequence, e.causation_id, e.correlation_id, Jsonb(e.trace), e.prev_hash,
-                e.hash, Jsonb(e.payload),
+        columns = list(
+            zip(
+                *(
+                    (
+                        e.event_id,
+                        e.type,
+                        e.schema_version,
+                        e.occurred_at,
+                        e.tenant_id,
+                        e.key,
+                        e.sequence,
+                        e.causation_id,
+                        e.correlation_id,
+                        Jsonb(e.trace),
+                        e.prev_hash,
+                        e.hash,
+                        Jsonb(e.payload),
+                    )
+                    for e in envelopes
+                ),
+                strict=True,
             )
-            for e in envelopes
-        ), strict=True))
+        )
         try:
             rows = conn.execute(
                 "INSERT INTO events (event_id, type, schema_version, occurred_at, tenant_id, key, "
@@ -145,7 +161,10 @@ class PostgresEventLog:
             f"ORDER BY position LIMIT {READ_BATCH}"
         )
         params: dict[str, Any] = {
-            "cursor": start, "end": end, "key": key, "types": list(types or ())
+            "cursor": start,
+            "end": end,
+            "key": key,
+            "types": list(types or ()),
         }
         while True:
             with unavailable_as_typed(), self._pool.connection() as conn:
@@ -180,16 +199,19 @@ class PostgresEventLog:
         self, *, start: Mapping[int, int] | None = None, idle_timeout: float = 1.0
     ) -> Generator[RecordedEvent | None, None, None]:
         cursor = (start or {}).get(PARTITION, 1)
-        with unavailable_as_typed(), psycopg.connect(
-            self._conninfo, autocommit=True, row_factory=dict_row
-        ) as listener:
+        with (
+            unavailable_as_typed(),
+            psycopg.connect(self._conninfo, autocommit=True, row_factory=dict_row) as listener,
+        ):
             listener.execute(f"LISTEN {NOTIFY_CHANNEL}")
             while True:
                 progressed = False
                 for row in self._scan(cursor, None, None, None):
                     cursor = row["position"] + 1
                     progressed = True
-                    record = decode_stored(LogPosition(PARTITION, row["position"]), _envelope_fields(row))
+                    record = decode_stored(
+                        LogPosition(PARTITION, row["position"]), _envelope_fields(row)
+                    )
                     if isinstance(record, DeadLetter):
                         self._dead_letter(record)
                         continue
@@ -203,7 +225,9 @@ class PostgresEventLog:
 
     def end_positions(self) -> Positions:
         with unavailable_as_typed(), self._pool.connection() as conn:
-            row = conn.execute("SELECT coalesce(max(position), 0) + 1 AS next FROM events").fetchone()
+            row = conn.execute(
+                "SELECT coalesce(max(position), 0) + 1 AS next FROM events"
+            ).fetchone()
         assert row is not None
         return {PARTITION: int(row["next"])}
 
@@ -212,17 +236,23 @@ class PostgresEventLog:
     def _dead_letter(self, letter: DeadLetter) -> None:
         with unavailable_as_typed(), self._pool.connection() as conn:
             conn.execute(
-                "INSERT INTO dead_letters (source, partition, \"offset\", code, reason, raw) "
+                'INSERT INTO dead_letters (source, partition, "offset", code, reason, raw) '
                 "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                (SOURCE, letter.position.partition, letter.position.offset, letter.code,
-                 letter.reason, letter.raw),
+                (
+                    SOURCE,
+                    letter.position.partition,
+                    letter.position.offset,
+                    letter.code,
+                    letter.reason,
+                    letter.raw,
+                ),
             )
 
     def dead_letters(self) -> list[DeadLetter]:
         with unavailable_as_typed(), self._pool.connection() as conn:
             rows = conn.execute(
-                "SELECT partition, \"offset\", code, reason, raw FROM dead_letters "
-                "WHERE source = %s ORDER BY partition, \"offset\"",
+                'SELECT partition, "offset", code, reason, raw FROM dead_letters '
+                'WHERE source = %s ORDER BY partition, "offset"',
                 (SOURCE,),
             ).fetchall()
         return [

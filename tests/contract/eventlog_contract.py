@@ -65,8 +65,9 @@ class EventLogContract:
         assert other.envelope.sequence == 2
         assert len(list(log.read(key=key))) == 2
 
-        changed = event.model_copy(update={"payload": event.payload.model_copy(
-            update={"content": "something else"})})
+        changed = event.model_copy(
+            update={"payload": event.payload.model_copy(update={"content": "something else"})}
+        )
         with pytest.raises(EventIdConflict):
             log.append([changed])
         assert len(list(log.read(key=key))) == 2
@@ -142,10 +143,18 @@ class EventLogContract:
     def test_unknown_type_and_version_go_to_dead_letters(self, log: EventLog) -> None:
         key = f"conv-{uuid.uuid4()}"
         [before] = log.append([turn(key, 0)])
-        self.inject(log, raw_envelope(
-            key=f"odd-{uuid.uuid4()}", type="FromTheFuture", schema_version=1, payload={"x": 1}))
-        self.inject(log, raw_envelope(
-            key=f"odd-{uuid.uuid4()}", type="TurnReceived", schema_version=99, payload={}))
+        self.inject(
+            log,
+            raw_envelope(
+                key=f"odd-{uuid.uuid4()}", type="FromTheFuture", schema_version=1, payload={"x": 1}
+            ),
+        )
+        self.inject(
+            log,
+            raw_envelope(
+                key=f"odd-{uuid.uuid4()}", type="TurnReceived", schema_version=99, payload={}
+            ),
+        )
         [after] = log.append([turn(key, 1)])
         seen = list(log.read())
         assert fingerprint(seen) == fingerprint([before, after])
@@ -159,8 +168,19 @@ class EventLogContract:
     def test_old_schema_version_is_upcast_on_read(self, log: EventLog) -> None:
         key = f"conv-{uuid.uuid4()}"
         turn_id = uuid.uuid4()
-        self.inject(log, raw_envelope(key=key, type="TurnReceived", schema_version=1, payload={
-            "conversation_id": str(uuid.uuid4()), "turn_id": str(turn_id), "text": "old form"}))
+        self.inject(
+            log,
+            raw_envelope(
+                key=key,
+                type="TurnReceived",
+                schema_version=1,
+                payload={
+                    "conversation_id": str(uuid.uuid4()),
+                    "turn_id": str(turn_id),
+                    "text": "old form",
+                },
+            ),
+        )
         log.append([turn(key, 1)])  # continues the chain of the v1 event
         first, second = list(log.read(key=key))
         assert isinstance(first.payload, TurnReceived)
@@ -223,5 +243,6 @@ class EventLogContract:
         assert len(read) == 10_000
         assert sorted(fingerprint(read)) == sorted(fingerprint(written))
         assert {r.envelope.event_id: r.payload for r in read} == {
-            r.envelope.event_id: r.payload for r in written}
+            r.envelope.event_id: r.payload for r in written
+        }
         assert verify_chain(r.envelope for r in read) == []

@@ -8,19 +8,19 @@ from typing import Any
 
 import pytest
 from kafka import KafkaProducer
-from psycopg_pool import ConnectionPool
 
 from core.canonical import canonical_json
 from core.log import EventLog, RecordedEvent
 from infra.kafka.eventlog import KafkaEventLog
 from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack
+from infra.postgres.db import Pool
 from tests.contract.eventlog_contract import EventLogContract
 
 
 class TestKafkaEventLog(EventLogContract):
     @pytest.fixture
-    def log(self, stack: LocalStack, pool: ConnectionPool) -> Iterator[KafkaEventLog]:
+    def log(self, stack: LocalStack, pool: Pool) -> Iterator[KafkaEventLog]:
         topic = f"events-{uuid.uuid4().hex[:12]}"
         create_topics(stack.kafka.bootstrap(), event_topics(topic, 3, 1))
         log = KafkaEventLog(stack.kafka.bootstrap(), topic, pool)
@@ -43,9 +43,17 @@ class TestKafkaEventLog(EventLogContract):
         with self.pool.connection() as conn:
             conn.execute(
                 "INSERT INTO kafka_appends (event_id, topic, key, sequence, hash, content_digest, "
-                "partition, \"offset\") VALUES (%s, %s, %s, %s, %s, %s, %s, %s)",
-                (envelope["event_id"], self.topic, envelope["key"], envelope["sequence"],
-                 envelope["hash"], "0" * 64, partition, offset),
+                'partition, "offset") VALUES (%s, %s, %s, %s, %s, %s, %s, %s)',
+                (
+                    envelope["event_id"],
+                    self.topic,
+                    envelope["key"],
+                    envelope["sequence"],
+                    envelope["hash"],
+                    "0" * 64,
+                    partition,
+                    offset,
+                ),
             )
 
     def tamper(self, log: EventLog, record: RecordedEvent, payload: dict[str, Any]) -> None:

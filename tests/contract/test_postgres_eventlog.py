@@ -10,9 +10,9 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg.types.json import Jsonb
-from psycopg_pool import ConnectionPool
 
 from core.log import EventLog, RecordedEvent
+from infra.postgres.db import Pool
 from infra.postgres.eventlog import PostgresEventLog
 from tests.contract.eventlog_contract import EventLogContract
 from tests.factories import turn
@@ -20,7 +20,7 @@ from tests.factories import turn
 
 class TestPostgresEventLog(EventLogContract):
     @pytest.fixture
-    def log(self, pool: ConnectionPool, database_url: str) -> Iterator[PostgresEventLog]:
+    def log(self, pool: Pool, database_url: str) -> Iterator[PostgresEventLog]:
         log = PostgresEventLog(pool, database_url)
         yield log
         log.close()
@@ -35,25 +35,40 @@ class TestPostgresEventLog(EventLogContract):
                 "INSERT INTO events (event_id, type, schema_version, occurred_at, tenant_id, key, "
                 "sequence, causation_id, correlation_id, trace, prev_hash, hash, payload) VALUES "
                 "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (envelope["event_id"], envelope["type"], envelope["schema_version"],
-                 envelope["occurred_at"], envelope["tenant_id"], envelope["key"],
-                 envelope["sequence"], None, None, Jsonb(envelope["trace"]),
-                 envelope["prev_hash"], envelope["hash"], Jsonb(envelope["payload"])),
+                (
+                    envelope["event_id"],
+                    envelope["type"],
+                    envelope["schema_version"],
+                    envelope["occurred_at"],
+                    envelope["tenant_id"],
+                    envelope["key"],
+                    envelope["sequence"],
+                    None,
+                    None,
+                    Jsonb(envelope["trace"]),
+                    envelope["prev_hash"],
+                    envelope["hash"],
+                    Jsonb(envelope["payload"]),
+                ),
             )
 
     def tamper(self, log: EventLog, record: RecordedEvent, payload: dict[str, Any]) -> None:
         """Storage-level access: bypass the append-only trigger, as a superuser could."""
         with psycopg.connect(self.database_url) as conn:
             conn.execute("SET session_replication_role = replica")
-            conn.execute("UPDATE events SET payload = %s WHERE event_id = %s",
-                         (Jsonb(payload), record.envelope.event_id))
+            conn.execute(
+                "UPDATE events SET payload = %s WHERE event_id = %s",
+                (Jsonb(payload), record.envelope.event_id),
+            )
 
     def test_stored_events_are_append_only(self, log: PostgresEventLog) -> None:
         [record] = log.append([turn(f"conv-{uuid.uuid4()}")])
         with psycopg.connect(self.database_url) as conn:
             with pytest.raises(psycopg.errors.RestrictViolation):
-                conn.execute("UPDATE events SET payload = '{}' WHERE event_id = %s",
-                             (record.envelope.event_id,))
+                conn.execute(
+                    "UPDATE events SET payload = '{}' WHERE event_id = %s",
+                    (record.envelope.event_id,),
+                )
             conn.rollback()
             with pytest.raises(psycopg.errors.RestrictViolation):
                 conn.execute("DELETE FROM events")
@@ -101,8 +116,9 @@ class TestPostgresEventLog(EventLogContract):
         from core.errors import InvalidEvent
 
         event = turn(f"conv-{uuid.uuid4()}")
-        bad = event.model_copy(update={"payload": event.payload.model_copy(
-            update={"content": "a\x00b"})})
+        bad = event.model_copy(
+            update={"payload": event.payload.model_copy(update={"content": "a\x00b"})}
+        )
         with pytest.raises(InvalidEvent):
             log.append([bad])
         assert list(log.read()) == []

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from core.errors import ConfigError
 from core.settings import Settings
 from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack
@@ -18,21 +19,27 @@ from infra.postgres.db import open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from tests.conftest import stack_settings
 from tests.factories import turn
-from core.errors import ConfigError
 
 
 def macaron(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("MACARON_")}
-    env.update({
-        "MACARON_HOME": str(settings.home),
-        "MACARON_POSTGRES_PORT": str(settings.postgres_port),
-        "MACARON_REDIS_PORT": str(settings.redis_port),
-        "MACARON_KAFKA_PORT": str(settings.kafka_port),
-        "MACARON_KAFKA_BOOTSTRAP": f"127.0.0.1:{settings.kafka_port}",
-        "COLUMNS": "200",
-    })
-    return subprocess.run([sys.executable, "-m", "macaron", *args], env=env,
-                          capture_output=True, text=True, timeout=180)
+    env.update(
+        {
+            "MACARON_HOME": str(settings.home),
+            "MACARON_POSTGRES_PORT": str(settings.postgres_port),
+            "MACARON_REDIS_PORT": str(settings.redis_port),
+            "MACARON_KAFKA_PORT": str(settings.kafka_port),
+            "MACARON_KAFKA_BOOTSTRAP": f"127.0.0.1:{settings.kafka_port}",
+            "COLUMNS": "200",
+        }
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "macaron", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
 
 
 @pytest.fixture
@@ -97,9 +104,14 @@ def test_invalid_settings_are_a_clear_error(own_stack: Settings) -> None:
     env_settings = own_stack.model_copy()
     result = subprocess.run(
         [sys.executable, "-m", "macaron", "status"],
-        env={**os.environ, "MACARON_HOME": str(env_settings.home),
-             "MACARON_EVENT_LOG": "carrier-pigeon"},
-        capture_output=True, text=True, timeout=60,
+        env={
+            **os.environ,
+            "MACARON_HOME": str(env_settings.home),
+            "MACARON_EVENT_LOG": "carrier-pigeon",
+        },
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert result.returncode == 2
     assert "MACARON_EVENT_LOG" in result.stderr and "Traceback" not in result.stderr

@@ -7,8 +7,8 @@ import uuid
 
 import psycopg
 import pytest
-from psycopg_pool import ConnectionPool
 
+from infra.postgres.db import DictConnection, Pool
 from infra.postgres.migrate import migrate
 from infra.postgres.positions import load_positions, save_positions
 
@@ -17,19 +17,23 @@ def test_migrate_is_idempotent(database_url: str) -> None:
     assert migrate(database_url) == []  # the template was migrated already
 
 
-def _adapter(conn: psycopg.Connection[object], specialist: str, version: int,
-             parent: int | None) -> int:
+def _adapter(conn: DictConnection, specialist: str, version: int, parent: int | None) -> int:
     row = conn.execute(
         "INSERT INTO adapter_versions (specialist, version, parent_id, sha256, path, rank, "
         "base_model) VALUES (%s, %s, %s, %s, %s, 16, 'smollm2') RETURNING adapter_version_id",
-        (specialist, version, parent, hashlib.sha256(f"{specialist}{version}".encode()).hexdigest(),
-         f"adapters/{specialist}/{version}"),
+        (
+            specialist,
+            version,
+            parent,
+            hashlib.sha256(f"{specialist}{version}".encode()).hexdigest(),
+            f"adapters/{specialist}/{version}",
+        ),
     ).fetchone()
     assert row is not None
-    return int(row["adapter_version_id"])  # type: ignore[call-overload]
+    return int(row["adapter_version_id"])
 
 
-def test_exactly_one_active_release(pool: ConnectionPool) -> None:
+def test_exactly_one_active_release(pool: Pool) -> None:
     with pool.connection() as conn:
         for rid in ("r0", "r1"):
             conn.execute(
@@ -48,7 +52,7 @@ def test_exactly_one_active_release(pool: ConnectionPool) -> None:
     assert [r["release_id"] for r in rows] == ["r1"]
 
 
-def test_adapter_versions_are_immutable_and_rooted(pool: ConnectionPool) -> None:
+def test_adapter_versions_are_immutable_and_rooted(pool: Pool) -> None:
     with pool.connection() as conn:
         conn.execute("INSERT INTO specialists (name) VALUES ('coding')")
         root = _adapter(conn, "coding", 0, None)
@@ -61,26 +65,31 @@ def test_adapter_versions_are_immutable_and_rooted(pool: ConnectionPool) -> None
         conn.execute("UPDATE adapter_versions SET path = 'elsewhere'")
 
 
-def test_api_keys_store_only_hashes(pool: ConnectionPool) -> None:
+INSERT_KEY = (
+    "INSERT INTO api_keys (key_id, tenant_id, key_hash, scopes) VALUES (%s, 'acme', %s, %s)"
+)
+
+
+def test_api_keys_store_only_hashes(pool: Pool) -> None:
     with pool.connection() as conn:
         conn.execute("INSERT INTO tenants (tenant_id, name) VALUES ('acme', 'Acme')")
         conn.execute(
-            "INSERT INTO api_keys (key_id, tenant_id, key_hash, scopes) VALUES (%s, 'acme', %s, %s)",
+            INSERT_KEY,
             (uuid.uuid4(), hashlib.sha256(b"mk_secret").hexdigest(), ["chat"]),
         )
     with pool.connection() as conn, pytest.raises(psycopg.errors.CheckViolation):
         conn.execute(
-            "INSERT INTO api_keys (key_id, tenant_id, key_hash, scopes) VALUES (%s, 'acme', %s, %s)",
+            INSERT_KEY,
             (uuid.uuid4(), "mk_plaintext_key", ["chat"]),
         )
     with pool.connection() as conn, pytest.raises(psycopg.errors.CheckViolation):
         conn.execute(
-            "INSERT INTO api_keys (key_id, tenant_id, key_hash, scopes) VALUES (%s, 'acme', %s, %s)",
+            INSERT_KEY,
             (uuid.uuid4(), "0" * 64, ["root"]),
         )
 
 
-def test_outputs_and_position_commit_together(pool: ConnectionPool) -> None:
+def test_outputs_and_position_commit_together(pool: Pool) -> None:
     with pool.connection() as conn:
         conn.execute("CREATE TABLE projection_demo (event_offset BIGINT PRIMARY KEY)")
     with pool.connection() as conn:

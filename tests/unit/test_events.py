@@ -36,10 +36,21 @@ def test_canonical_json_is_stable() -> None:
 
 def test_catalogue_names_every_event_of_the_data_flow() -> None:
     assert set(CATALOGUE) == {
-        "ConversationStarted", "TurnReceived", "RouterDecided", "HarnessActionExecuted",
-        "GenUIRendered", "ModelResponded", "TurnCompleted", "FeedbackGiven",
-        "ExperienceRecorded", "TrainingRequested", "CandidateTrained", "ContractEvaluated",
-        "ReleasePromoted", "PromotionRejected", "ReleaseRolledBack",
+        "ConversationStarted",
+        "TurnReceived",
+        "RouterDecided",
+        "HarnessActionExecuted",
+        "GenUIRendered",
+        "ModelResponded",
+        "TurnCompleted",
+        "FeedbackGiven",
+        "ExperienceRecorded",
+        "TrainingRequested",
+        "CandidateTrained",
+        "ContractEvaluated",
+        "ReleasePromoted",
+        "PromotionRejected",
+        "ReleaseRolledBack",
     }
     for name, cls in CATALOGUE.items():
         assert cls.event_type == name
@@ -54,7 +65,8 @@ def test_seal_links_and_hashes() -> None:
     assert verify_chain([first, second]) == []
     with pytest.raises(ValidationError):
         first.model_copy(update={"hash": "x"}).model_validate(  # frozen model, strict fields
-            {**first.model_dump(), "hash": "not-a-hash"})
+            {**first.model_dump(), "hash": "not-a-hash"}
+        )
 
 
 def test_chain_catches_change_gap_and_relink() -> None:
@@ -78,13 +90,21 @@ def test_new_event_validation() -> None:
     with pytest.raises(ValidationError):
         turn("bad key with spaces")
     with pytest.raises(ValidationError):
-        NewEvent(payload=FeedbackGiven(turn_id=uuid.uuid4(), kind="up"), tenant_id="t",
-                 key="k", occurred_at=datetime(2026, 1, 1))  # naive timestamp
+        NewEvent(
+            payload=FeedbackGiven(turn_id=uuid.uuid4(), kind="up"),
+            tenant_id="t",
+            key="k",
+            occurred_at=datetime(2026, 1, 1),
+        )  # naive timestamp
     with pytest.raises(ValidationError):
         FeedbackGiven(turn_id=uuid.uuid4(), kind="sideways")  # type: ignore[arg-type]
     local = datetime(2026, 1, 1, 12, tzinfo=timezone(timedelta(hours=2)))
-    event = NewEvent(payload=FeedbackGiven(turn_id=uuid.uuid4(), kind="up"), tenant_id="t",
-                     key="k", occurred_at=local)
+    event = NewEvent(
+        payload=FeedbackGiven(turn_id=uuid.uuid4(), kind="up"),
+        tenant_id="t",
+        key="k",
+        occurred_at=local,
+    )
     assert event.occurred_at == local and event.occurred_at.tzinfo == UTC
 
 
@@ -111,32 +131,46 @@ def test_upcaster_registry() -> None:
 
 def test_turn_received_v1_is_upcast_to_v2() -> None:
     turn_id = uuid.uuid4()
-    stored = Envelope.model_validate(raw_envelope(key="k", type="TurnReceived", schema_version=1,
-        payload={"conversation_id": str(uuid.uuid4()), "turn_id": str(turn_id), "text": "hi"}))
+    stored = Envelope.model_validate(
+        raw_envelope(
+            key="k",
+            type="TurnReceived",
+            schema_version=1,
+            payload={"conversation_id": str(uuid.uuid4()), "turn_id": str(turn_id), "text": "hi"},
+        )
+    )
     payload = decode_payload(stored)
     assert isinstance(payload, TurnReceived)
     assert (payload.content, payload.client_msg_id, payload.specialist_hint) == (
-        "hi", str(turn_id), None)
+        "hi",
+        str(turn_id),
+        None,
+    )
     assert stored.payload["text"] == "hi"  # decoding never changes the stored envelope
 
 
 def test_decode_errors_are_typed() -> None:
     unknown = Envelope.model_validate(
-        raw_envelope(key="k", type="Nope", schema_version=1, payload={}))
+        raw_envelope(key="k", type="Nope", schema_version=1, payload={})
+    )
     with pytest.raises(UnknownEventType):
         decode_payload(unknown)
     invalid = Envelope.model_validate(
-        raw_envelope(key="k", type="FeedbackGiven", schema_version=1, payload={"kind": "up"}))
+        raw_envelope(key="k", type="FeedbackGiven", schema_version=1, payload={"kind": "up"})
+    )
     with pytest.raises(InvalidEvent):
         decode_payload(invalid)
 
 
-@pytest.mark.parametrize("raw, code", [
-    (b"{not json", "invalid_event"),
-    (b"\xff\xfe", "invalid_event"),
-    (b"[]", "invalid_event"),
-    (b'{"event_id": "x"}', "invalid_event"),
-])
+@pytest.mark.parametrize(
+    "raw, code",
+    [
+        (b"{not json", "invalid_event"),
+        (b"\xff\xfe", "invalid_event"),
+        (b"[]", "invalid_event"),
+        (b'{"event_id": "x"}', "invalid_event"),
+    ],
+)
 def test_decode_stored_sets_malformed_records_aside(raw: bytes, code: str) -> None:
     result = decode_stored(LogPosition(0, 7), raw)
     assert not isinstance(result, RecordedEvent)

@@ -1,0 +1,2 @@
+"""Celery app and tasks: training recipes, dataset snapshots, the contract runner, adapter
+export."""
