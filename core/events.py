@@ -7,6 +7,7 @@ payload. The envelope stores the payload as plain JSON at the schema version it 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, ClassVar, Literal
 from uuid import UUID
@@ -33,9 +34,14 @@ def _utc(value: datetime) -> datetime:
 
 
 class Envelope(BaseModel):
-    """One stored event. ``hash`` = sha256(canonical JSON of every other field)."""
+    """One stored event.
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    ``hash`` = sha256(canonical JSON of every other field, with the payload replaced by
+    ``payload_sha256``, its own sha256 over canonical JSON). Hashing the payload separately lets
+    a writer serialise it once for both the hash and storage.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     event_id: UUID
     type: str = Field(min_length=1, max_length=100)
@@ -53,84 +59,77 @@ class Envelope(BaseModel):
 
     _normalise_time = field_validator("occurred_at")(_utc)
 
-    def hashed_fields(self) -> dict[str, Any]:
-        return hashed_fields(
-            event_id=self.event_id,
-            type=self.type,
-            schema_version=self.schema_version,
-            occurred_at=self.occurred_at,
-            tenant_id=self.tenant_id,
-            key=self.key,
-            sequence=self.sequence,
-            causation_id=self.causation_id,
-            correlation_id=self.correlation_id,
-            trace=self.trace,
-            prev_hash=self.prev_hash,
-            payload=self.payload,
-        )
+    def header(self) -> dict[str, Any]:
+        """Every field but ``hash`` and ``payload``, as JSON values."""
+        return {
+            "event_id": str(self.event_id),
+            "type": self.type,
+            "schema_version": self.schema_version,
+            "occurred_at": format_time(self.occurred_at),
+            "tenant_id": self.tenant_id,
+            "key": self.key,
+            "sequence": self.sequence,
+            "causation_id": _str_or_none(self.causation_id),
+            "correlation_id": _str_or_none(self.correlation_id),
+            "trace": self.trace,
+            "prev_hash": self.prev_hash,
+        }
 
     def computed_hash(self) -> str:
-        return sha256_hex(canonical_json(self.hashed_fields()))
+        return chain_hash(self.header(), sha256_hex(canonical_json(self.payload)))
 
     def content_digest(self) -> str:
+        payload_sha256 = sha256_hex(canonical_json(self.payload))
         return content_digest(
-            self.type, self.schema_version, self.tenant_id, self.key, self.payload
+            self.type, self.schema_version, self.tenant_id, self.key, payload_sha256
         )
 
     def to_json(self) -> dict[str, Any]:
-        """The envelope as JSON-ready values (the form hashed, plus ``hash``)."""
-        return {**self.hashed_fields(), "hash": self.hash}
+        """The whole envelope as JSON values."""
+        return {**self.header(), "hash": self.hash, "payload": self.payload}
+
+
+def _str_or_none(value: UUID | None) -> str | None:
+    return None if value is None else str(value)
 
 
 def format_time(value: datetime) -> str:
     return _utc(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+def chain_hash(header: dict[str, Any], payload_sha256: str) -> str:
+    return sha256_hex(canonical_json({**header, "payload_sha256": payload_sha256}))
+
+
 def content_digest(
-    type: str, schema_version: int, tenant_id: str, key: str, payload: dict[str, Any]
+    type: str, schema_version: int, tenant_id: str, key: str, payload_sha256: str
 ) -> str:
     """What makes two appends of one event id "the same event" (idempotent) or a conflict."""
-    return sha256_hex(canonical_json([type, schema_version, tenant_id, key, payload]))
-
-
-def hashed_fields(
-    *,
-    event_id: UUID,
-    type: str,
-    schema_version: int,
-    occurred_at: datetime,
-    tenant_id: str,
-    key: str,
-    sequence: int,
-    causation_id: UUID | None,
-    correlation_id: UUID | None,
-    trace: dict[str, str],
-    prev_hash: str | None,
-    payload: dict[str, Any],
-) -> dict[str, Any]:
-    return {
-        "event_id": str(event_id),
-        "type": type,
-        "schema_version": schema_version,
-        "occurred_at": format_time(occurred_at),
-        "tenant_id": tenant_id,
-        "key": key,
-        "sequence": sequence,
-        "causation_id": None if causation_id is None else str(causation_id),
-        "correlation_id": None if correlation_id is None else str(correlation_id),
-        "trace": trace,
-        "prev_hash": prev_hash,
-        "payload": payload,
-    }
+    return sha256_hex(canonical_json([type, schema_version, tenant_id, key, payload_sha256]))
 
 
 class EventPayload(BaseModel):
     """Base of every payload; each subclass names its type and current schema version."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     event_type: ClassVar[str]
     schema_version: ClassVar[int] = 1
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """An event fixed at its place in its key's chain, with its payload serialised once."""
+
+    envelope: Envelope
+    payload: EventPayload
+    payload_json: str
+    content_digest: str
+
+    def envelope_json(self) -> bytes:
+        """The envelope as JSON bytes, reusing the serialised payload."""
+        head = canonical_json({**self.envelope.header(), "hash": self.envelope.hash})
+        return head[:-1] + b',"payload":' + self.payload_json.encode() + b"}"
 
 
 class NewEvent(BaseModel):
@@ -140,7 +139,7 @@ class NewEvent(BaseModel):
     or the append fails with ``SequenceConflict``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(frozen=True, extra="forbid")
 
     payload: EventPayload
     tenant_id: str = Field(pattern=_NAME)
@@ -154,19 +153,13 @@ class NewEvent(BaseModel):
 
     _normalise_time = field_validator("occurred_at")(_utc)
 
-    def content_digest(self) -> str:
-        return content_digest(
-            self.payload.event_type,
-            self.payload.schema_version,
-            self.tenant_id,
-            self.key,
-            self.payload.model_dump(mode="json"),
-        )
-
-    def seal(self, sequence: int, prev_hash: str | None) -> Envelope:
+    def seal(self, sequence: int, prev_hash: str | None) -> Sealed:
         """Fix this event at ``sequence`` after ``prev_hash`` and compute its hash."""
         payload = self.payload.model_dump(mode="json")
-        fields = hashed_fields(
+        payload_bytes = canonical_json(payload)
+        payload_sha256 = sha256_hex(payload_bytes)
+        # Every field is already validated (by this model and the payload's): no re-validation.
+        envelope = Envelope.model_construct(
             event_id=self.event_id,
             type=self.payload.event_type,
             schema_version=self.payload.schema_version,
@@ -178,9 +171,16 @@ class NewEvent(BaseModel):
             correlation_id=self.correlation_id,
             trace=self.trace,
             prev_hash=prev_hash,
+            hash="",
             payload=payload,
         )
-        return Envelope.model_validate({**fields, "hash": sha256_hex(canonical_json(fields))})
+        envelope = envelope.model_copy(
+            update={"hash": chain_hash(envelope.header(), payload_sha256)}
+        )
+        digest = content_digest(
+            envelope.type, envelope.schema_version, self.tenant_id, self.key, payload_sha256
+        )
+        return Sealed(envelope, self.payload, payload_bytes.decode(), digest)
 
 
 # --- conversation events ------------------------------------------------------------------

@@ -16,7 +16,7 @@ from uuid import UUID
 from pydantic import ValidationError
 
 from core.errors import EventIdConflict, InvalidEvent, MacaronError, SequenceConflict
-from core.events import Envelope, EventPayload, NewEvent, decode_payload
+from core.events import Envelope, EventPayload, NewEvent, Sealed, decode_payload
 
 Positions = dict[int, int]
 """Partition -> next offset to read (exclusive of everything before it)."""
@@ -56,20 +56,28 @@ def parse_envelope(raw: bytes | str | Mapping[str, Any]) -> Envelope:
         raise InvalidEvent(f"malformed envelope: {exc}") from exc
 
 
+def decode_envelope(position: LogPosition, envelope: Envelope) -> RecordedEvent | DeadLetter:
+    """Upcast and validate a stored envelope's payload, or say why it is a dead letter."""
+    try:
+        return RecordedEvent(position, envelope, decode_payload(envelope))
+    except MacaronError as exc:
+        raw = json.dumps(envelope.to_json(), default=str)
+        return DeadLetter(position, exc.code, exc.message, raw)
+
+
 def decode_stored(
     position: LogPosition, raw: bytes | str | Mapping[str, Any]
 ) -> RecordedEvent | DeadLetter:
-    """Decode one stored record, or say why it goes to the dead-letter stream."""
+    """Parse and decode one stored record, or say why it goes to the dead-letter stream."""
     try:
         envelope = parse_envelope(raw)
-        return RecordedEvent(position, envelope, decode_payload(envelope))
-    except MacaronError as exc:
-        text = (
-            raw.decode("utf-8", "replace")
-            if isinstance(raw, bytes)
-            else (raw if isinstance(raw, str) else json.dumps(dict(raw), default=str))
-        )
+    except InvalidEvent as exc:
+        if isinstance(raw, bytes):
+            text = raw.decode("utf-8", "replace")
+        else:
+            text = raw if isinstance(raw, str) else json.dumps(dict(raw), default=str)
         return DeadLetter(position, exc.code, exc.message, text)
+    return decode_envelope(position, envelope)
 
 
 class EventLog(Protocol):
@@ -121,7 +129,7 @@ def seal_batch(
     events: Sequence[NewEvent],
     stored_digests: Mapping[UUID, str],
     heads: dict[str, tuple[int, str]],
-) -> list[tuple[NewEvent, Envelope]]:
+) -> list[Sealed]:
     """Seal, in order, the events of a batch that are not stored yet, continuing each key's chain.
 
     ``stored_digests`` maps already stored event ids to their content digests; ``heads`` maps each
@@ -129,21 +137,21 @@ def seal_batch(
     same content is skipped (idempotent); with other content it is ``EventIdConflict``.
     """
     digests = dict(stored_digests)
-    fresh: list[tuple[NewEvent, Envelope]] = []
+    fresh: list[Sealed] = []
     for event in events:
         known = digests.get(event.event_id)
-        if known is not None:
-            if known != event.content_digest():
-                raise EventIdConflict(f"event {event.event_id} is stored with other content")
-            continue
         sequence, prev_hash = heads.get(event.key, (0, None))
-        if event.sequence is not None and event.sequence != sequence + 1:
+        if known is None and event.sequence is not None and event.sequence != sequence + 1:
             raise SequenceConflict(
                 f"key {event.key!r} is at sequence {sequence}; "
                 f"event {event.event_id} expected to be {event.sequence}"
             )
-        envelope = event.seal(sequence + 1, prev_hash)
-        heads[event.key] = (envelope.sequence, envelope.hash)
-        digests[event.event_id] = event.content_digest()
-        fresh.append((event, envelope))
+        sealed = event.seal(sequence + 1, prev_hash)
+        if known is not None:
+            if known != sealed.content_digest:
+                raise EventIdConflict(f"event {event.event_id} is stored with other content")
+            continue
+        heads[event.key] = (sealed.envelope.sequence, sealed.envelope.hash)
+        digests[event.event_id] = sealed.content_digest
+        fresh.append(sealed)
     return fresh

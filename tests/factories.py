@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from core.canonical import canonical_json, sha256_hex
-from core.events import NewEvent, TurnReceived, hashed_fields, utc_now
+from core.events import NewEvent, TurnReceived, chain_hash, format_time, utc_now
 from core.ids import uuid7
 
 
@@ -31,18 +31,18 @@ def raw_envelope(
 ) -> dict[str, Any]:
     """A correctly hashed envelope as JSON, for any type or version (as a newer writer might
     store one)."""
-    fields = hashed_fields(
-        event_id=uuid7(),
-        type=type,
-        schema_version=schema_version,
-        occurred_at=utc_now(),
-        tenant_id="tenant-a",
-        key=key,
-        sequence=sequence,
-        causation_id=None,
-        correlation_id=None,
-        trace={},
-        prev_hash=prev_hash,
-        payload=payload,
-    )
-    return {**fields, "hash": sha256_hex(canonical_json(fields))}
+    header = {
+        "event_id": str(uuid7()),
+        "type": type,
+        "schema_version": schema_version,
+        "occurred_at": format_time(utc_now()),
+        "tenant_id": "tenant-a",
+        "key": key,
+        "sequence": sequence,
+        "causation_id": None,
+        "correlation_id": None,
+        "trace": {},
+        "prev_hash": prev_hash,
+    }
+    digest = sha256_hex(canonical_json(payload))
+    return {**header, "hash": chain_hash(header, digest), "payload": payload}

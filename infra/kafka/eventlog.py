@@ -23,9 +23,8 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from kafka.errors import KafkaError
 from kafka.partitioner.default import murmur2
 
-from core.canonical import canonical_json
 from core.errors import EventIdConflict, LogUnavailable
-from core.events import Envelope, NewEvent
+from core.events import Envelope, NewEvent, Sealed
 from core.log import (
     DeadLetter,
     LogPosition,
@@ -94,68 +93,69 @@ class KafkaEventLog:
         if not events:
             return []
         keys = sorted({e.key for e in events})
-        with unavailable_as_typed(), self._pool.connection() as conn, conn.transaction():
+        with (
+            unavailable_as_typed(),
+            self._pool.connection() as conn,
+            conn.pipeline(),
+            conn.transaction(),
+        ):
             conn.execute(
                 "SELECT pg_advisory_xact_lock(hashtextextended(%s || k, 0)) "
                 "FROM (SELECT k FROM unnest(%s::text[]) AS k ORDER BY k) AS sorted",
                 (self._topic + "\x1f", keys),
             )
-            stored = {
-                row["event_id"]: row
-                for row in conn.execute(
-                    'SELECT event_id, content_digest, partition, "offset" FROM kafka_appends '
-                    "WHERE event_id = ANY(%s)",
-                    ([e.event_id for e in events],),
-                ).fetchall()
-            }
-            heads = {
-                row["key"]: (row["sequence"], row["hash"])
-                for row in conn.execute(
-                    "SELECT DISTINCT ON (key) key, sequence, hash FROM kafka_appends "
-                    "WHERE topic = %s AND key = ANY(%s) ORDER BY key, sequence DESC",
-                    (self._topic, keys),
-                ).fetchall()
-            }
+            stored_rows = conn.execute(
+                'SELECT event_id, content_digest, partition, "offset" FROM kafka_appends '
+                "WHERE event_id = ANY(%s)",
+                ([e.event_id for e in events],),
+            )
+            head_rows = conn.execute(
+                "SELECT DISTINCT ON (key) key, sequence, hash FROM kafka_appends "
+                "WHERE topic = %s AND key = ANY(%s) ORDER BY key, sequence DESC",
+                (self._topic, keys),
+            )
+            stored = {row["event_id"]: row for row in stored_rows.fetchall()}
+            heads = {row["key"]: (row["sequence"], row["hash"]) for row in head_rows.fetchall()}
             fresh = seal_batch(events, {i: r["content_digest"] for i, r in stored.items()}, heads)
-            landed = self._produce([envelope for _, envelope in fresh])
-            with conn.cursor() as cur:
-                cur.executemany(
+            landed = self._produce(fresh)
+            if fresh:
+                conn.execute(
                     "INSERT INTO kafka_appends (event_id, topic, key, sequence, hash, "
-                    'content_digest, partition, "offset") VALUES (%s, %s, %s, %s, %s, %s, %s, %s)',
+                    'content_digest, partition, "offset") SELECT * FROM unnest(%s::uuid[], '
+                    "%s::text[], %s::text[], %s::bigint[], %s::text[], %s::text[], %s::int[], "
+                    "%s::bigint[])",
                     [
-                        (
-                            env.event_id,
-                            self._topic,
-                            env.key,
-                            env.sequence,
-                            env.hash,
-                            event.content_digest(),
-                            pos.partition,
-                            pos.offset,
-                        )
-                        for (event, env), pos in zip(fresh, landed, strict=True)
+                        [s.envelope.event_id for s in fresh],
+                        [self._topic] * len(fresh),
+                        [s.envelope.key for s in fresh],
+                        [s.envelope.sequence for s in fresh],
+                        [s.envelope.hash for s in fresh],
+                        [s.content_digest for s in fresh],
+                        [p.partition for p in landed],
+                        [p.offset for p in landed],
                     ],
                 )
         results: dict[UUID, RecordedEvent] = {
-            env.event_id: RecordedEvent(pos, env, event.payload)
-            for (event, env), pos in zip(fresh, landed, strict=True)
+            s.envelope.event_id: RecordedEvent(pos, s.envelope, s.payload)
+            for s, pos in zip(fresh, landed, strict=True)
         }
         for event_id, row in stored.items():
             results[event_id] = self._fetch(LogPosition(row["partition"], row["offset"]))
         return [results[e.event_id] for e in events]
 
-    def _produce(self, envelopes: list[Envelope]) -> list[LogPosition]:
+    def _produce(self, fresh: list[Sealed]) -> list[LogPosition]:
         try:
             futures = [
                 self._producer.send(
                     self._topic,
-                    key=env.key.encode(),
-                    value=canonical_json(env.to_json()),
-                    headers=_headers(env),
+                    key=s.envelope.key.encode(),
+                    value=s.envelope_json(),
+                    headers=_headers(s.envelope),
                 )
-                for env in envelopes
+                for s in fresh
             ]
-            self._producer.flush(timeout=SEND_TIMEOUT)
+            if futures:
+                self._producer.flush(timeout=SEND_TIMEOUT)
             metadata = [f.get(timeout=SEND_TIMEOUT) for f in futures]
         except KafkaError as exc:
             raise LogUnavailable(f"Kafka did not acknowledge the append: {exc}") from exc

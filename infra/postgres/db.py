@@ -22,7 +22,7 @@ def open_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> Pool:
         connection_class=DictConnection,
         min_size=min_size,
         max_size=max_size,
-        kwargs={"row_factory": dict_row},
+        kwargs={"row_factory": dict_row, "options": "-c TimeZone=UTC"},
         open=False,
         name="macaron",
     )

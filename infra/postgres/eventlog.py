@@ -7,25 +7,25 @@ commit order and a tailing reader can never pass over an event that commits late
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from psycopg.rows import dict_row
-from psycopg.types.json import Jsonb
 
 from core.errors import EventIdConflict, InvalidEvent, SequenceConflict
-from core.events import Envelope, NewEvent
+from core.events import Envelope, NewEvent, Sealed
 from core.log import (
     DeadLetter,
     LogPosition,
     Positions,
     RecordedEvent,
-    decode_stored,
+    decode_envelope,
     seal_batch,
 )
-from infra.postgres.db import Pool, unavailable_as_typed
+from infra.postgres.db import DictConnection, Pool, unavailable_as_typed
 
 APPEND_LOCK = 0x6D6163_61726F6E  # "macaron": the one lock every append takes
 NOTIFY_CHANNEL = "macaron_events"
@@ -39,8 +39,17 @@ _COLUMNS = (
 )
 
 
-def _envelope_fields(row: Mapping[str, Any]) -> dict[str, Any]:
-    return {name: row[name] for name in _COLUMNS.split(", ")[1:]}
+_FIELDS = _COLUMNS.split(", ")[1:]
+
+
+def _envelope(row: Mapping[str, Any]) -> Envelope:
+    """Rows come from a table whose types and checks match the envelope's (migrations/0001),
+    so the envelope is built without validating it again; the payload is validated on decode."""
+    return Envelope.model_construct(**{name: row[name] for name in _FIELDS})
+
+
+def _decode_row(row: Mapping[str, Any]) -> RecordedEvent | DeadLetter:
+    return decode_envelope(LogPosition(PARTITION, row["position"]), _envelope(row))
 
 
 class PostgresEventLog:
@@ -55,89 +64,80 @@ class PostgresEventLog:
     def append(self, events: Sequence[NewEvent]) -> list[RecordedEvent]:
         if not events:
             return []
-        with unavailable_as_typed(), self._pool.connection() as conn, conn.transaction():
+        keys = sorted({e.key for e in events})
+        # Pipelined: BEGIN, lock and both look-ups travel in one round trip, the insert and
+        # NOTIFY in a second, COMMIT in a third.
+        with (
+            unavailable_as_typed(),
+            self._pool.connection() as conn,
+            conn.pipeline(),
+            conn.transaction(),
+        ):
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK,))
-            stored = self._stored_by_id(conn, [e.event_id for e in events])
-            heads = self._heads(conn, sorted({e.key for e in events}))
+            stored_rows = conn.execute(
+                f"SELECT {_COLUMNS} FROM events WHERE event_id = ANY(%s)",
+                ([e.event_id for e in events],),
+            )
+            head_rows = conn.execute(
+                "SELECT DISTINCT ON (key) key, sequence, hash FROM events "
+                "WHERE key = ANY(%s) ORDER BY key, sequence DESC",
+                (keys,),
+            )
+            stored = {row["event_id"]: self._stored(row) for row in stored_rows.fetchall()}
+            heads = {row["key"]: (row["sequence"], row["hash"]) for row in head_rows.fetchall()}
             digests = {i: r.envelope.content_digest() for i, r in stored.items()}
             fresh = seal_batch(events, digests, heads)
-            positions = self._insert(conn, [envelope for _, envelope in fresh])
-            if fresh:
-                conn.execute(
-                    "SELECT pg_notify(%s, %s)", (NOTIFY_CHANNEL, str(max(positions.values())))
-                )
-        for event, envelope in fresh:
-            position = LogPosition(PARTITION, positions[envelope.event_id])
-            stored[envelope.event_id] = RecordedEvent(position, envelope, event.payload)
+            positions = self._insert(conn, fresh)
+        for sealed in fresh:
+            event_id = sealed.envelope.event_id
+            position = LogPosition(PARTITION, positions[event_id])
+            stored[event_id] = RecordedEvent(position, sealed.envelope, sealed.payload)
         return [stored[event.event_id] for event in events]
 
-    def _stored_by_id(
-        self, conn: psycopg.Connection[Any], ids: list[UUID]
-    ) -> dict[UUID, RecordedEvent]:
-        rows = conn.execute(
-            f"SELECT {_COLUMNS} FROM events WHERE event_id = ANY(%s)", (ids,)
-        ).fetchall()
-        found: dict[UUID, RecordedEvent] = {}
-        for row in rows:
-            record = decode_stored(LogPosition(PARTITION, row["position"]), _envelope_fields(row))
-            if isinstance(record, DeadLetter):
-                raise EventIdConflict(
-                    f"event {row['event_id']} is stored but cannot be decoded: {record.reason}"
-                )
-            found[row["event_id"]] = record
-        return found
-
     @staticmethod
-    def _heads(conn: psycopg.Connection[Any], keys: list[str]) -> dict[str, tuple[int, str]]:
-        rows = conn.execute(
-            "SELECT DISTINCT ON (key) key, sequence, hash FROM events "
-            "WHERE key = ANY(%s) ORDER BY key, sequence DESC",
-            (keys,),
-        ).fetchall()
-        return {row["key"]: (row["sequence"], row["hash"]) for row in rows}
-
-    @staticmethod
-    def _insert(conn: psycopg.Connection[Any], envelopes: list[Envelope]) -> dict[UUID, int]:
-        if not envelopes:
-            return {}
-        columns = list(
-            zip(
-                *(
-                    (
-                        e.event_id,
-                        e.type,
-                        e.schema_version,
-                        e.occurred_at,
-                        e.tenant_id,
-                        e.key,
-                        e.sequence,
-                        e.causation_id,
-                        e.correlation_id,
-                        Jsonb(e.trace),
-                        e.prev_hash,
-                        e.hash,
-                        Jsonb(e.payload),
-                    )
-                    for e in envelopes
-                ),
-                strict=True,
+    def _stored(row: Mapping[str, Any]) -> RecordedEvent:
+        record = _decode_row(row)
+        if isinstance(record, DeadLetter):
+            raise EventIdConflict(
+                f"event {row['event_id']} is stored but cannot be decoded: {record.reason}"
             )
-        )
+        return record
+
+    @staticmethod
+    def _insert(conn: DictConnection, fresh: list[Sealed]) -> dict[UUID, int]:
+        if not fresh:
+            return {}
+        columns: list[list[Any]] = [[] for _ in range(13)]
+        for sealed in fresh:
+            e = sealed.envelope
+            values = (
+                e.event_id, e.type, e.schema_version, e.occurred_at, e.tenant_id, e.key,
+                e.sequence, e.causation_id, e.correlation_id, json.dumps(e.trace), e.prev_hash,
+                e.hash, sealed.payload_json,
+            )  # fmt: skip
+            for column, value in zip(columns, values, strict=True):
+                column.append(value)
         try:
-            rows = conn.execute(
+            inserted = conn.execute(
                 "INSERT INTO events (event_id, type, schema_version, occurred_at, tenant_id, key, "
                 "sequence, causation_id, correlation_id, trace, prev_hash, hash, payload) "
-                "SELECT * FROM unnest(%s::uuid[], %s::text[], %s::int[], %s::timestamptz[], "
-                "%s::text[], %s::text[], %s::bigint[], %s::uuid[], %s::uuid[], %s::jsonb[], "
-                "%s::text[], %s::text[], %s::jsonb[]) RETURNING event_id, position",
-                [list(c) for c in columns],
-            ).fetchall()
+                "SELECT u.event_id, u.type, u.schema_version, u.occurred_at, u.tenant_id, u.key, "
+                "u.sequence, u.causation_id, u.correlation_id, u.trace::jsonb, u.prev_hash, "
+                "u.hash, u.payload::jsonb FROM unnest(%s::uuid[], %s::text[], %s::int[], "
+                "%s::timestamptz[], %s::text[], %s::text[], %s::bigint[], %s::uuid[], "
+                "%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[]) AS u(event_id, "
+                "type, schema_version, occurred_at, tenant_id, key, sequence, causation_id, "
+                "correlation_id, trace, prev_hash, hash, payload) RETURNING event_id, position",
+                columns,
+            )
+            conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
+            rows = inserted.fetchall()
         except psycopg.errors.UniqueViolation as exc:
             if exc.diag.constraint_name == "events_key_sequence_key":
                 raise SequenceConflict("another writer appended to the same key first") from exc
             raise EventIdConflict("an event id was appended concurrently") from exc
-        except psycopg.errors.UntranslatableCharacter as exc:
-            raise InvalidEvent(f"payload cannot be stored: {exc.diag.message_primary}") from exc
+        except (psycopg.errors.UntranslatableCharacter, psycopg.errors.CheckViolation) as exc:
+            raise InvalidEvent(f"event cannot be stored: {exc.diag.message_primary}") from exc
         return {row["event_id"]: row["position"] for row in rows}
 
     # --- read -------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ class PostgresEventLog:
         first = (start or {}).get(PARTITION, 1)
         stop = (end or self.end_positions())[PARTITION]
         for row in self._scan(first, stop, key, types):
-            record = decode_stored(LogPosition(PARTITION, row["position"]), _envelope_fields(row))
+            record = _decode_row(row)
             if isinstance(record, DeadLetter):
                 self._dead_letter(record)
                 continue
@@ -193,7 +193,7 @@ class PostgresEventLog:
 
     def envelopes(self, *, key: str | None = None) -> Iterator[Envelope]:
         for row in self._scan(1, None, key, None):
-            yield Envelope.model_validate(_envelope_fields(row))
+            yield _envelope(row)
 
     def tail(
         self, *, start: Mapping[int, int] | None = None, idle_timeout: float = 1.0
@@ -209,9 +209,7 @@ class PostgresEventLog:
                 for row in self._scan(cursor, None, None, None):
                     cursor = row["position"] + 1
                     progressed = True
-                    record = decode_stored(
-                        LogPosition(PARTITION, row["position"]), _envelope_fields(row)
-                    )
+                    record = _decode_row(row)
                     if isinstance(record, DeadLetter):
                         self._dead_letter(record)
                         continue

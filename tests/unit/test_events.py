@@ -13,7 +13,7 @@ from core.chain import verify_chain
 from core.errors import InvalidEvent, UnknownEventType, UnknownSchemaVersion
 from core.events import CATALOGUE, Envelope, FeedbackGiven, NewEvent, TurnReceived, decode_payload
 from core.ids import uuid7, uuid7_time_ms
-from core.log import LogPosition, RecordedEvent, decode_stored
+from core.log import LogPosition, RecordedEvent, decode_stored, parse_envelope
 from core.upcasting import UpcasterRegistry
 from tests.factories import raw_envelope, turn
 
@@ -59,27 +59,29 @@ def test_catalogue_names_every_event_of_the_data_flow() -> None:
 
 def test_seal_links_and_hashes() -> None:
     first = turn("conv-1", 0).seal(1, None)
-    second = turn("conv-1", 1).seal(2, first.hash)
-    assert first.computed_hash() == first.hash
-    assert second.prev_hash == first.hash
-    assert verify_chain([first, second]) == []
+    second = turn("conv-1", 1).seal(2, first.envelope.hash)
+    assert first.envelope.computed_hash() == first.envelope.hash
+    assert second.envelope.prev_hash == first.envelope.hash
+    assert verify_chain([first.envelope, second.envelope]) == []
+    # The JSON written to a broker parses back to the same envelope.
+    assert parse_envelope(second.envelope_json()) == second.envelope
+    assert second.content_digest == second.envelope.content_digest()
     with pytest.raises(ValidationError):
-        first.model_copy(update={"hash": "x"}).model_validate(  # frozen model, strict fields
-            {**first.model_dump(), "hash": "not-a-hash"}
-        )
+        Envelope.model_validate({**first.envelope.to_json(), "hash": "not-a-hash"})
 
 
 def test_chain_catches_change_gap_and_relink() -> None:
-    events = [turn("k", n) for n in range(4)]
     chain: list[Envelope] = []
     prev = None
-    for n, event in enumerate(events, start=1):
-        chain.append(event.seal(n, prev))
+    for n in range(4):
+        chain.append(turn("k", n).seal(n + 1, prev).envelope)
         prev = chain[-1].hash
     changed = chain[1].model_copy(update={"payload": {**chain[1].payload, "content": "x"}})
     kinds = [v.kind for v in verify_chain([chain[0], changed, chain[2], chain[3]])]
     assert kinds == ["hash_mismatch"]
     assert [v.kind for v in verify_chain([chain[0], chain[2], chain[3]])] == ["sequence_gap"]
+    relinked = chain[2].model_copy(update={"prev_hash": chain[0].hash})
+    assert "prev_hash_mismatch" in [v.kind for v in verify_chain([chain[0], chain[1], relinked])]
     # An exact repeat (at-least-once delivery) is not a violation.
     assert verify_chain([chain[0], chain[1], chain[1], chain[2]]) == []
     # A forged copy under the same id is.
