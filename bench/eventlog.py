@@ -21,11 +21,9 @@ from pathlib import Path
 
 import psycopg
 from kafka import KafkaConsumer, KafkaProducer, TopicPartition
-from psycopg.types.json import Jsonb
 from rich.progress import Progress
 
 from bench.report import Row, report, row
-from core.canonical import canonical_json
 from core.events import NewEvent, TurnReceived
 from core.settings import Settings
 from infra.kafka.eventlog import KafkaEventLog
@@ -70,25 +68,26 @@ def rate(n: int, fn: Callable[[], object]) -> float:
 
 
 def raw_rows(events: list[NewEvent]) -> list[tuple[object, ...]]:
-    """The rows a raw writer would store: same columns, sealed (hash precomputed, untimed)."""
+    """The rows a raw writer would store: same columns and serialised JSON, sealed untimed."""
     rows = []
-    for seq, e in enumerate(events, start=1):
-        env = e.seal(seq, None)
+    for seq, event in enumerate(events, start=1):
+        sealed = event.seal(seq, None)
+        e = sealed.envelope
         rows.append(
             (
-                env.event_id,
-                env.type,
-                env.schema_version,
-                env.occurred_at,
-                env.tenant_id,
-                f"{env.key}-{seq}",
+                e.event_id,
+                e.type,
+                e.schema_version,
+                e.occurred_at,
+                e.tenant_id,
+                f"{e.key}-{seq}",
                 1,
                 None,
                 None,
-                Jsonb({}),
+                "{}",
                 None,
-                env.hash,
-                Jsonb(env.payload),
+                e.hash,
+                sealed.payload_json,
             )
         )
     return rows
@@ -161,10 +160,8 @@ def bench_kafka(bootstrap: str, pool: Pool, n: int, batch: int, single: int) -> 
     )
 
     def raw_values(events: list[NewEvent]) -> list[tuple[bytes, bytes]]:
-        return [
-            (env.key.encode(), canonical_json(env.to_json()))
-            for env in (e.seal(i, None) for i, e in enumerate(events, start=1))
-        ]
+        sealed = (e.seal(i, None) for i, e in enumerate(events, start=1))
+        return [(s.envelope.key.encode(), s.envelope_json()) for s in sealed]
 
     singles = make_events(single, "single")
     ours_single = rate(single, lambda: [log.append([e]) for e in singles])

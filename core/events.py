@@ -7,12 +7,21 @@ payload. The envelope stores the payload as plain JSON at the schema version it 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+)
 
 from core.canonical import canonical_json, sha256_hex
 from core.errors import InvalidEvent, UnknownEventType
@@ -33,31 +42,43 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
-class Envelope(BaseModel):
+Name = Annotated[str, Field(pattern=_NAME)]
+Hash = Annotated[str, Field(pattern=_HASH)]
+UtcTime = Annotated[datetime, AfterValidator(_utc)]
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
     """One stored event.
 
     ``hash`` = sha256(canonical JSON of every other field, with the payload replaced by
     ``payload_sha256``, its own sha256 over canonical JSON). Hashing the payload separately lets
     a writer serialise it once for both the hash and storage.
+
+    A plain dataclass: the log builds trusted envelopes directly (cheap on replay); anything
+    from outside goes through ``Envelope.validate``.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+    __pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     event_id: UUID
-    type: str = Field(min_length=1, max_length=100)
-    schema_version: int = Field(ge=1)
-    occurred_at: datetime
-    tenant_id: str = Field(pattern=_NAME)
-    key: str = Field(pattern=_NAME)
-    sequence: int = Field(ge=1)
-    causation_id: UUID | None = None
-    correlation_id: UUID | None = None
-    trace: dict[str, str] = Field(default_factory=dict)
-    prev_hash: str | None = Field(default=None, pattern=_HASH)
-    hash: str = Field(pattern=_HASH)
+    type: Annotated[str, Field(min_length=1, max_length=100)]
+    schema_version: Annotated[int, Field(ge=1)]
+    occurred_at: UtcTime
+    tenant_id: Name
+    key: Name
+    sequence: Annotated[int, Field(ge=1)]
+    causation_id: UUID | None
+    correlation_id: UUID | None
+    trace: dict[str, str]
+    prev_hash: Hash | None
+    hash: Hash
     payload: dict[str, JsonValue]
 
-    _normalise_time = field_validator("occurred_at")(_utc)
+    @staticmethod
+    def validate(data: Any) -> Envelope:
+        """Validate untrusted JSON values into an envelope (raises ``ValidationError``)."""
+        return _ENVELOPE.validate_python(data)
 
     def header(self) -> dict[str, Any]:
         """Every field but ``hash`` and ``payload``, as JSON values."""
@@ -87,6 +108,9 @@ class Envelope(BaseModel):
     def to_json(self) -> dict[str, Any]:
         """The whole envelope as JSON values."""
         return {**self.header(), "hash": self.hash, "payload": self.payload}
+
+
+_ENVELOPE: TypeAdapter[Envelope] = TypeAdapter(Envelope)
 
 
 def _str_or_none(value: UUID | None) -> str | None:
@@ -158,8 +182,8 @@ class NewEvent(BaseModel):
         payload = self.payload.model_dump(mode="json")
         payload_bytes = canonical_json(payload)
         payload_sha256 = sha256_hex(payload_bytes)
-        # Every field is already validated (by this model and the payload's): no re-validation.
-        envelope = Envelope.model_construct(
+        # Every field is already validated (by this model and the payload's): built directly.
+        unhashed = Envelope(
             event_id=self.event_id,
             type=self.payload.event_type,
             schema_version=self.payload.schema_version,
@@ -174,9 +198,7 @@ class NewEvent(BaseModel):
             hash="",
             payload=payload,
         )
-        envelope = envelope.model_copy(
-            update={"hash": chain_hash(envelope.header(), payload_sha256)}
-        )
+        envelope = replace(unhashed, hash=chain_hash(unhashed.header(), payload_sha256))
         digest = content_digest(
             envelope.type, envelope.schema_version, self.tenant_id, self.key, payload_sha256
         )

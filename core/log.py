@@ -51,7 +51,7 @@ def parse_envelope(raw: bytes | str | Mapping[str, Any]) -> Envelope:
     """Parse stored bytes or JSON into an envelope; anything malformed is ``InvalidEvent``."""
     try:
         data = json.loads(raw) if isinstance(raw, bytes | str) else dict(raw)
-        return Envelope.model_validate(data)
+        return Envelope.validate(data)
     except (ValueError, ValidationError, TypeError) as exc:
         raise InvalidEvent(f"malformed envelope: {exc}") from exc
 

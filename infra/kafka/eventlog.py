@@ -110,9 +110,10 @@ class KafkaEventLog:
                 ([e.event_id for e in events],),
             )
             head_rows = conn.execute(
-                "SELECT DISTINCT ON (key) key, sequence, hash FROM kafka_appends "
-                "WHERE topic = %s AND key = ANY(%s) ORDER BY key, sequence DESC",
-                (self._topic, keys),
+                "SELECT k.key, h.sequence, h.hash FROM unnest(%s::text[]) AS k(key) "
+                "CROSS JOIN LATERAL (SELECT sequence, hash FROM kafka_appends a "
+                "WHERE a.topic = %s AND a.key = k.key ORDER BY sequence DESC LIMIT 1) AS h",
+                (keys, self._topic),
             )
             stored = {row["event_id"]: row for row in stored_rows.fetchall()}
             heads = {row["key"]: (row["sequence"], row["hash"]) for row in head_rows.fetchall()}

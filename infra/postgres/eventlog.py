@@ -45,7 +45,7 @@ _FIELDS = _COLUMNS.split(", ")[1:]
 def _envelope(row: Mapping[str, Any]) -> Envelope:
     """Rows come from a table whose types and checks match the envelope's (migrations/0001),
     so the envelope is built without validating it again; the payload is validated on decode."""
-    return Envelope.model_construct(**{name: row[name] for name in _FIELDS})
+    return Envelope(**{name: row[name] for name in _FIELDS})
 
 
 def _decode_row(row: Mapping[str, Any]) -> RecordedEvent | DeadLetter:
@@ -79,8 +79,9 @@ class PostgresEventLog:
                 ([e.event_id for e in events],),
             )
             head_rows = conn.execute(
-                "SELECT DISTINCT ON (key) key, sequence, hash FROM events "
-                "WHERE key = ANY(%s) ORDER BY key, sequence DESC",
+                "SELECT k.key, h.sequence, h.hash FROM unnest(%s::text[]) AS k(key) "
+                "CROSS JOIN LATERAL (SELECT sequence, hash FROM events e WHERE e.key = k.key "
+                "ORDER BY sequence DESC LIMIT 1) AS h",
                 (keys,),
             )
             stored = {row["event_id"]: self._stored(row) for row in stored_rows.fetchall()}
@@ -123,9 +124,9 @@ class PostgresEventLog:
                 "sequence, causation_id, correlation_id, trace, prev_hash, hash, payload) "
                 "SELECT u.event_id, u.type, u.schema_version, u.occurred_at, u.tenant_id, u.key, "
                 "u.sequence, u.causation_id, u.correlation_id, u.trace::jsonb, u.prev_hash, "
-                "u.hash, u.payload::jsonb FROM unnest(%s::uuid[], %s::text[], %s::int[], "
-                "%s::timestamptz[], %s::text[], %s::text[], %s::bigint[], %s::uuid[], "
-                "%s::uuid[], %s::text[], %s::text[], %s::text[], %s::text[]) AS u(event_id, "
+                "u.hash, u.payload::jsonb FROM unnest(%b::uuid[], %b::text[], %b::int[], "
+                "%b::timestamptz[], %b::text[], %b::text[], %b::bigint[], %b::uuid[], "
+                "%b::uuid[], %b::text[], %b::text[], %b::text[], %b::text[]) AS u(event_id, "
                 "type, schema_version, occurred_at, tenant_id, key, sequence, causation_id, "
                 "correlation_id, trace, prev_hash, hash, payload) RETURNING event_id, position",
                 columns,

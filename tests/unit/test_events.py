@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
@@ -67,7 +68,7 @@ def test_seal_links_and_hashes() -> None:
     assert parse_envelope(second.envelope_json()) == second.envelope
     assert second.content_digest == second.envelope.content_digest()
     with pytest.raises(ValidationError):
-        Envelope.model_validate({**first.envelope.to_json(), "hash": "not-a-hash"})
+        Envelope.validate({**first.envelope.to_json(), "hash": "not-a-hash"})
 
 
 def test_chain_catches_change_gap_and_relink() -> None:
@@ -76,11 +77,11 @@ def test_chain_catches_change_gap_and_relink() -> None:
     for n in range(4):
         chain.append(turn("k", n).seal(n + 1, prev).envelope)
         prev = chain[-1].hash
-    changed = chain[1].model_copy(update={"payload": {**chain[1].payload, "content": "x"}})
+    changed = replace(chain[1], payload={**chain[1].payload, "content": "x"})
     kinds = [v.kind for v in verify_chain([chain[0], changed, chain[2], chain[3]])]
     assert kinds == ["hash_mismatch"]
     assert [v.kind for v in verify_chain([chain[0], chain[2], chain[3]])] == ["sequence_gap"]
-    relinked = chain[2].model_copy(update={"prev_hash": chain[0].hash})
+    relinked = replace(chain[2], prev_hash=chain[0].hash)
     assert "prev_hash_mismatch" in [v.kind for v in verify_chain([chain[0], chain[1], relinked])]
     # An exact repeat (at-least-once delivery) is not a violation.
     assert verify_chain([chain[0], chain[1], chain[1], chain[2]]) == []
@@ -133,7 +134,7 @@ def test_upcaster_registry() -> None:
 
 def test_turn_received_v1_is_upcast_to_v2() -> None:
     turn_id = uuid.uuid4()
-    stored = Envelope.model_validate(
+    stored = Envelope.validate(
         raw_envelope(
             key="k",
             type="TurnReceived",
@@ -152,12 +153,10 @@ def test_turn_received_v1_is_upcast_to_v2() -> None:
 
 
 def test_decode_errors_are_typed() -> None:
-    unknown = Envelope.model_validate(
-        raw_envelope(key="k", type="Nope", schema_version=1, payload={})
-    )
+    unknown = Envelope.validate(raw_envelope(key="k", type="Nope", schema_version=1, payload={}))
     with pytest.raises(UnknownEventType):
         decode_payload(unknown)
-    invalid = Envelope.model_validate(
+    invalid = Envelope.validate(
         raw_envelope(key="k", type="FeedbackGiven", schema_version=1, payload={"kind": "up"})
     )
     with pytest.raises(InvalidEvent):
