@@ -29,6 +29,7 @@ from core.ids import uuid7
 from core.upcasting import UpcasterRegistry
 
 _HASH = r"^[0-9a-f]{64}$"
+_TYPE = r"^[A-Za-z][A-Za-z0-9_.]{0,99}$"
 _NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,199}$"
 
 
@@ -62,7 +63,7 @@ class Envelope:
     __pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     event_id: UUID
-    type: Annotated[str, Field(min_length=1, max_length=100)]
+    type: Annotated[str, Field(pattern=_TYPE)]
     schema_version: Annotated[int, Field(ge=1)]
     occurred_at: UtcTime
     tenant_id: Name
@@ -128,8 +129,11 @@ def chain_hash(header: dict[str, Any], payload_sha256: str) -> str:
 def content_digest(
     type: str, schema_version: int, tenant_id: str, key: str, payload_sha256: str
 ) -> str:
-    """What makes two appends of one event id "the same event" (idempotent) or a conflict."""
-    return sha256_hex(canonical_json([type, schema_version, tenant_id, key, payload_sha256]))
+    """What makes two appends of one event id "the same event" (idempotent) or a conflict.
+
+    The parts are joined with a unit separator, which no type, tenant or key may contain."""
+    parts = (type, str(schema_version), tenant_id, key, payload_sha256)
+    return sha256_hex("\x1f".join(parts).encode())
 
 
 class EventPayload(BaseModel):

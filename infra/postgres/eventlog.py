@@ -7,14 +7,14 @@ commit order and a tailing reader can never pass over an event that commits late
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
-from uuid import UUID
 
 import psycopg
-from psycopg.rows import dict_row
+from psycopg.rows import DictRow, dict_row
 
+from core.canonical import canonical_json
 from core.errors import EventIdConflict, InvalidEvent, SequenceConflict
 from core.events import Envelope, NewEvent, Sealed
 from core.log import (
@@ -52,6 +52,19 @@ def _decode_row(row: Mapping[str, Any]) -> RecordedEvent | DeadLetter:
     return decode_envelope(LogPosition(PARTITION, row["position"]), _envelope(row))
 
 
+@contextmanager
+def _storage_errors() -> Iterator[None]:
+    """Map what PostgreSQL refuses on insert to typed errors (by SQLSTATE and constraint)."""
+    try:
+        yield
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name == "events_key_sequence_key":
+            raise SequenceConflict("another writer appended to the same key first") from exc
+        raise EventIdConflict("an event id was appended concurrently") from exc
+    except (psycopg.errors.UntranslatableCharacter, psycopg.errors.CheckViolation) as exc:
+        raise InvalidEvent(f"event cannot be stored: {exc.diag.message_primary}") from exc
+
+
 class PostgresEventLog:
     """``EventLog`` over the ``events`` table (see migrations/0001)."""
 
@@ -65,30 +78,36 @@ class PostgresEventLog:
         if not events:
             return []
         keys = sorted({e.key for e in events})
-        # Pipelined: BEGIN, lock and both look-ups travel in one round trip, the insert and
-        # NOTIFY in a second, COMMIT in a third.
+        # Pipelined: BEGIN, the lock and both look-ups travel in one round trip; the insert,
+        # NOTIFY and COMMIT in a second.
         with (
             unavailable_as_typed(),
+            _storage_errors(),
             self._pool.connection() as conn,
             conn.pipeline(),
-            conn.transaction(),
         ):
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK,))
-            stored_rows = conn.execute(
-                f"SELECT {_COLUMNS} FROM events WHERE event_id = ANY(%s)",
-                ([e.event_id for e in events],),
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK,))
+                stored_rows = conn.execute(
+                    f"SELECT {_COLUMNS} FROM events WHERE event_id = ANY(%s)",
+                    ([e.event_id for e in events],),
+                )
+                head_rows = conn.execute(
+                    "SELECT k.key, h.sequence, h.hash FROM unnest(%s::text[]) AS k(key) "
+                    "CROSS JOIN LATERAL (SELECT sequence, hash FROM events e "
+                    "WHERE e.key = k.key ORDER BY sequence DESC LIMIT 1) AS h",
+                    (keys,),
+                )
+                stored = {row["event_id"]: self._stored(row) for row in stored_rows.fetchall()}
+                heads = {r["key"]: (r["sequence"], r["hash"]) for r in head_rows.fetchall()}
+                digests = {i: r.envelope.content_digest() for i, r in stored.items()}
+                fresh = seal_batch(events, digests, heads)
+                inserted = self._insert(conn, fresh) if fresh else None
+            positions = (
+                {}
+                if inserted is None
+                else {row["event_id"]: row["position"] for row in inserted.fetchall()}
             )
-            head_rows = conn.execute(
-                "SELECT k.key, h.sequence, h.hash FROM unnest(%s::text[]) AS k(key) "
-                "CROSS JOIN LATERAL (SELECT sequence, hash FROM events e WHERE e.key = k.key "
-                "ORDER BY sequence DESC LIMIT 1) AS h",
-                (keys,),
-            )
-            stored = {row["event_id"]: self._stored(row) for row in stored_rows.fetchall()}
-            heads = {row["key"]: (row["sequence"], row["hash"]) for row in head_rows.fetchall()}
-            digests = {i: r.envelope.content_digest() for i, r in stored.items()}
-            fresh = seal_batch(events, digests, heads)
-            positions = self._insert(conn, fresh)
         for sealed in fresh:
             event_id = sealed.envelope.event_id
             position = LogPosition(PARTITION, positions[event_id])
@@ -105,41 +124,32 @@ class PostgresEventLog:
         return record
 
     @staticmethod
-    def _insert(conn: DictConnection, fresh: list[Sealed]) -> dict[UUID, int]:
-        if not fresh:
-            return {}
+    def _insert(conn: DictConnection, fresh: list[Sealed]) -> psycopg.Cursor[DictRow]:
+        """Queue the insert (column arrays in binary) and the NOTIFY; results come at commit."""
         columns: list[list[Any]] = [[] for _ in range(13)]
         for sealed in fresh:
             e = sealed.envelope
             values = (
                 e.event_id, e.type, e.schema_version, e.occurred_at, e.tenant_id, e.key,
-                e.sequence, e.causation_id, e.correlation_id, json.dumps(e.trace), e.prev_hash,
-                e.hash, sealed.payload_json,
+                e.sequence, e.causation_id, e.correlation_id, canonical_json(e.trace).decode(),
+                e.prev_hash, e.hash, sealed.payload_json,
             )  # fmt: skip
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
-        try:
-            inserted = conn.execute(
-                "INSERT INTO events (event_id, type, schema_version, occurred_at, tenant_id, key, "
-                "sequence, causation_id, correlation_id, trace, prev_hash, hash, payload) "
-                "SELECT u.event_id, u.type, u.schema_version, u.occurred_at, u.tenant_id, u.key, "
-                "u.sequence, u.causation_id, u.correlation_id, u.trace::jsonb, u.prev_hash, "
-                "u.hash, u.payload::jsonb FROM unnest(%b::uuid[], %b::text[], %b::int[], "
-                "%b::timestamptz[], %b::text[], %b::text[], %b::bigint[], %b::uuid[], "
-                "%b::uuid[], %b::text[], %b::text[], %b::text[], %b::text[]) AS u(event_id, "
-                "type, schema_version, occurred_at, tenant_id, key, sequence, causation_id, "
-                "correlation_id, trace, prev_hash, hash, payload) RETURNING event_id, position",
-                columns,
-            )
-            conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
-            rows = inserted.fetchall()
-        except psycopg.errors.UniqueViolation as exc:
-            if exc.diag.constraint_name == "events_key_sequence_key":
-                raise SequenceConflict("another writer appended to the same key first") from exc
-            raise EventIdConflict("an event id was appended concurrently") from exc
-        except (psycopg.errors.UntranslatableCharacter, psycopg.errors.CheckViolation) as exc:
-            raise InvalidEvent(f"event cannot be stored: {exc.diag.message_primary}") from exc
-        return {row["event_id"]: row["position"] for row in rows}
+        inserted = conn.execute(
+            "INSERT INTO events (event_id, type, schema_version, occurred_at, tenant_id, key, "
+            "sequence, causation_id, correlation_id, trace, prev_hash, hash, payload) "
+            "SELECT u.event_id, u.type, u.schema_version, u.occurred_at, u.tenant_id, u.key, "
+            "u.sequence, u.causation_id, u.correlation_id, u.trace::jsonb, u.prev_hash, "
+            "u.hash, u.payload::jsonb FROM unnest(%b::uuid[], %b::text[], %b::int[], "
+            "%b::timestamptz[], %b::text[], %b::text[], %b::bigint[], %b::uuid[], "
+            "%b::uuid[], %b::text[], %b::text[], %b::text[], %b::text[]) AS u(event_id, "
+            "type, schema_version, occurred_at, tenant_id, key, sequence, causation_id, "
+            "correlation_id, trace, prev_hash, hash, payload) RETURNING event_id, position",
+            columns,
+        )
+        conn.execute(f"NOTIFY {NOTIFY_CHANNEL}")
+        return inserted
 
     # --- read -------------------------------------------------------------------------------
 
