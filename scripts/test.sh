@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Set up, then run the whole test suite: lint, types and tests. The tests start and stop their
+# own PostgreSQL, Redis and Kafka-protocol broker (by PID); nothing needs to be running.
+# Exits non-zero when anything fails, when a test is skipped, or when no test ran.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+bash scripts/setup.sh
+echo "== ruff"
+.venv/bin/ruff check .
+.venv/bin/ruff format --check .
+echo "== mypy --strict"
+.venv/bin/mypy
+echo "== pytest"
+set +e
+.venv/bin/python -m pytest "$@"
+status=$?
+set -e
+if [ "$status" -eq 5 ]; then
+    echo "error: no tests ran" >&2
+    exit 1
+fi
+exit "$status"
