@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Iterable, Iterator
 from typing import Annotated
 
 import typer
@@ -12,6 +13,7 @@ from rich.table import Table
 
 from core.chain import verify_chain
 from core.errors import ConfigError, MacaronError
+from core.events import Envelope
 from core.settings import Settings
 from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack
@@ -130,6 +132,16 @@ def topics_create(ctx: typer.Context) -> None:
         console.print(f"{spec.name}: {spec.partitions} partitions ({state})")
 
 
+class _Counter:
+    def __init__(self) -> None:
+        self.seen = 0
+
+    def count(self, items: Iterable[Envelope]) -> Iterator[Envelope]:
+        for item in items:
+            self.seen += 1
+            yield item
+
+
 @log_app.command("verify")
 def log_verify(
     ctx: typer.Context,
@@ -137,23 +149,16 @@ def log_verify(
 ) -> None:
     """Verify the hash chain of every stored event (or one key's); exit 1 on any violation."""
     cfg = settings(ctx)
+    counter = _Counter()
     with wiring.pool(cfg) as pool:
         log = wiring.event_log(cfg, pool)
         try:
-            count = 0
-
-            def counted() -> object:
-                nonlocal count
-                for envelope in log.envelopes(key=key):
-                    count += 1
-                    yield envelope
-
-            violations = verify_chain(counted())  # type: ignore[arg-type]
+            violations = verify_chain(counter.count(log.envelopes(key=key)))
         finally:
             log.close()
     for violation in violations:
         err_console.print(f"[red]{violation}[/]")
-    console.print(f"{count} events checked, {len(violations)} violations")
+    console.print(f"{counter.seen} events checked, {len(violations)} violations")
     if violations:
         raise typer.Exit(1)
 
