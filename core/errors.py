@@ -72,3 +72,89 @@ class StackError(MacaronError):
     """The embedded local stack could not start, stop, or be inspected."""
 
     code = "stack_error"
+
+
+class ModelUnavailable(MacaronError):
+    """A base model cannot be fetched, converted or loaded (offline, corrupt, unknown)."""
+
+    code = "model_unavailable"
+
+
+class EngineOverloaded(MacaronError):
+    """The engine's queue is full: try again shortly."""
+
+    code = "overloaded"
+    retryable = True
+
+
+class AdapterNotFound(MacaronError):
+    """A request or command names an adapter that is not loaded."""
+
+    code = "adapter_not_found"
+
+
+class AdapterInvalid(MacaronError):
+    """An adapter's files are missing, malformed, or do not fit the base model."""
+
+    code = "adapter_invalid"
+
+
+class AdapterRankTooLarge(AdapterInvalid):
+    """An adapter's rank is above the engine's maximum."""
+
+    code = "adapter_rank_too_large"
+
+
+class AdapterCapacityExceeded(MacaronError):
+    """No room for another adapter: every loaded adapter is in use."""
+
+    code = "adapter_capacity"
+    retryable = True
+
+
+class RoutingError(MacaronError):
+    """The router cannot decide or train with what it was given."""
+
+    code = "routing_error"
+
+
+class InvalidFeatures(RoutingError):
+    """A feature vector has the wrong dimension for the router, or a value that is not finite."""
+
+    code = "invalid_features"
+
+
+class NoActiveSpecialist(RoutingError):
+    """Every specialist is switched off, so no turn can be routed."""
+
+    code = "no_active_specialist"
+
+
+class UnknownSpecialist(RoutingError):
+    """A specialist is named that the router's classifier does not know."""
+
+    code = "unknown_specialist"
+
+
+class InvalidSpecialistName(RoutingError):
+    """A specialist name that cannot also name an adapter (``coding`` in ``coding@7``)."""
+
+    code = "invalid_specialist_name"
+
+
+class SpecialistExists(RoutingError):
+    """A specialist is added under a name the router already knows."""
+
+    code = "specialist_exists"
+
+
+class InsufficientTrainingData(RoutingError):
+    """Training the router needs at least one example for every specialist it knows."""
+
+    code = "insufficient_training_data"
+
+
+class EmbedderUnavailable(MacaronError):
+    """The router's sentence-embedding model cannot be found or loaded."""
+
+    code = "embedder_unavailable"

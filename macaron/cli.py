@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from core.chain import verify_chain
@@ -17,6 +19,7 @@ from core.events import Envelope
 from core.settings import Settings
 from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack
+from infra.models import make_tiny_model, pull_model, tokenizer_for_tiny, verify_model
 from infra.postgres.migrate import migrate
 from macaron import wiring
 
@@ -33,10 +36,12 @@ db_app = typer.Typer(help="PostgreSQL registry and event store.", no_args_is_hel
 kafka_app = typer.Typer(help="Kafka event log administration.", no_args_is_help=True)
 topics_app = typer.Typer(help="Kafka topics.", no_args_is_help=True)
 log_app = typer.Typer(help="Inspect the event log.", no_args_is_help=True)
+model_app = typer.Typer(help="Base models: pull, make a tiny test model.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(kafka_app, name="kafka")
 kafka_app.add_typer(topics_app, name="topics")
 app.add_typer(log_app, name="log")
+app.add_typer(model_app, name="model")
 
 
 def settings(ctx: typer.Context) -> Settings:
@@ -184,6 +189,40 @@ def log_dead_letters(ctx: typer.Context) -> None:
             letter.reason[:120],
         )
     console.print(table)
+
+
+@model_app.command("pull")
+def model_pull(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Model to fetch.")] = "smollm2-135m-instruct",
+) -> None:
+    """Fetch and convert a base model once into MACARON_HOME/models (idempotent)."""
+    cfg = settings(ctx)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err_console) as progress:  # fmt: skip
+        task = progress.add_task(f"{name}: starting")
+        folder, changed = pull_model(
+            cfg.home, name, lambda step: progress.update(task, description=f"{name}: {step}")
+        )
+    manifest = verify_model(folder)
+    state = "pulled" if changed else "already pulled"
+    console.print(f"{name} {state}: {folder} (licence {manifest['licence']})")
+
+
+@model_app.command("tiny")
+def model_tiny(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Argument(help="Folder to write the tiny model into.")],
+    seed: Annotated[int, typer.Option(help="Random seed for the weights.")] = 0,
+) -> None:
+    """Make a tiny random Llama with SmolLM2's tokenizer, in seconds, for tests."""
+    cfg = settings(ctx)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), console=err_console) as bar:
+        task = bar.add_task("tokenizer")
+        tokenizer = tokenizer_for_tiny(cfg.home, lambda s: bar.update(task, description=s))
+        bar.update(task, description="writing the model")
+        make_tiny_model(path, tokenizer, seed=seed)
+    console.print(f"tiny model written to {path}")
 
 
 def main() -> None:

