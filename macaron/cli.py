@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from core.chain import verify_chain
 from core.errors import ConfigError, MacaronError
@@ -229,5 +230,6 @@ def main() -> None:
     try:
         app()
     except MacaronError as exc:
-        err_console.print(f"[red]error[{exc.code}][/]: {exc.message}", highlight=False)
+        message = Text.assemble(("error", "bold red"), f"[{exc.code}]: {exc.message}")
+        err_console.print(message, soft_wrap=True)
         sys.exit(2 if isinstance(exc, ConfigError) else 1)

@@ -203,6 +203,13 @@ class LocalEngine:
     def encode(self, text: str) -> list[int]:
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
+    def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
+        """Token ids of a conversation in the model's chat template, ready for the reply."""
+        ids = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_dict=True
+        )["input_ids"]
+        return tuple(int(t) for t in ids)
+
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         prompt = (
             list(request.prompt) if isinstance(request.prompt, tuple)
