@@ -144,9 +144,9 @@ def bench_postgres(url: str, pool: Pool, n: int, batch: int, single: int) -> lis
 
     base_replay = rate(total, raw_read)
     return [
-        row("postgres append, one event per call", ours_single, "events/s", base_single, 0.5),
-        row(f"postgres append, batches of {batch}", ours_batch, "events/s", base_batch, 0.5),
-        row("postgres replay from position 0", ours_replay, "events/s", base_replay, 0.7),
+        row("postgres append, one event per call", ours_single, "events/s", base_single, ">= 0.5x"),
+        row(f"postgres append, batches of {batch}", ours_batch, "events/s", base_batch, ">= 0.5x"),
+        row("postgres replay from position 0", ours_replay, "events/s", base_replay, ">= 0.7x"),
     ]
 
 
@@ -208,9 +208,9 @@ def bench_kafka(bootstrap: str, pool: Pool, n: int, batch: int, single: int) -> 
     producer.close()
     log.close()
     return [
-        row("kafka append, one event per call", ours_single, "events/s", base_single, 0.8),
-        row(f"kafka append, batches of {batch}", ours_batch, "events/s", base_batch, 0.8),
-        row("kafka replay from offset 0", ours_replay, "events/s", base_replay, 0.7),
+        row("kafka append, one event per call", ours_single, "events/s", base_single, ">= 0.8x"),
+        row(f"kafka append, batches of {batch}", ours_batch, "events/s", base_batch, ">= 0.8x"),
+        row("kafka replay from offset 0", ours_replay, "events/s", base_replay, ">= 0.7x"),
     ]
 
 

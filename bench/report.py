@@ -1,8 +1,15 @@
-"""The benchmark table: printed for people, written as JSON rows for tools."""
+"""The benchmark table: printed for people, written as JSON rows for tools.
+
+Each row is ``{name, value, unit, baseline, ratio, target, met}``: ``ratio`` is value over the
+baseline measured in the same run; ``target`` is written as the issue names it:
+``">= 3x"`` bounds the ratio, ``">= 90 %"`` or ``"<= 15 ms"`` bound the value itself, and
+``"report"`` has no bound (``met`` is null).
+"""
 
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -10,6 +17,7 @@ from rich.console import Console
 from rich.table import Table
 
 RESULTS = Path(__file__).resolve().parent / "results"
+_TARGET = re.compile(r"^(>=|<=) ([0-9.]+)(x| .+)$")
 
 
 @dataclass(frozen=True)
@@ -19,16 +27,21 @@ class Row:
     unit: str
     baseline: float
     ratio: float
-    target: float
-    met: bool
+    target: str
+    met: bool | None
 
 
-def row(name: str, value: float, unit: str, baseline: float, target: float) -> Row:
-    """``ratio`` is value over the baseline measured in the same run; met is ratio >= target."""
+def row(name: str, value: float, unit: str, baseline: float, target: str) -> Row:
     ratio = value / baseline if baseline else 0.0
-    return Row(
-        name, round(value, 1), unit, round(baseline, 1), round(ratio, 3), target, ratio >= target
-    )
+    met: bool | None = None
+    if target != "report":
+        match = _TARGET.match(target)
+        if match is None:
+            raise ValueError(f"target {target!r} is not '>= Nx', '>= N unit', '<= N unit'")
+        bound = float(match[2])
+        measured = ratio if match[3] == "x" else value
+        met = measured >= bound if match[1] == ">=" else measured <= bound
+    return Row(name, round(value, 2), unit, round(baseline, 2), round(ratio, 3), target, met)
 
 
 def report(bench: str, rows: list[Row]) -> Path:
@@ -36,16 +49,10 @@ def report(bench: str, rows: list[Row]) -> Path:
     for column in ("name", "value", "unit", "baseline", "ratio", "target", "met"):
         table.add_column(column, justify="left" if column in {"name", "unit"} else "right")
     for r in rows:
-        table.add_row(
-            r.name,
-            f"{r.value:,.1f}",
-            r.unit,
-            f"{r.baseline:,.1f}",
-            f"{r.ratio:.3f}",
-            f">= {r.target}",
-            "yes" if r.met else "NO",
-        )
-    Console().print(table)
+        met = "-" if r.met is None else ("yes" if r.met else "NO")
+        table.add_row(r.name, f"{r.value:,.2f}", r.unit, f"{r.baseline:,.2f}", f"{r.ratio:.3f}",
+                      r.target, met)  # fmt: skip
+    Console(width=140).print(table)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{bench}.json"
     path.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")

@@ -30,6 +30,7 @@ class SamplingParams(BaseModel):
     max_tokens: int = Field(default=256, ge=1, le=8192)
     stop: tuple[str, ...] = Field(default=(), max_length=8)
     seed: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    ignore_eos: bool = Field(default=False, description="generate max_tokens (benchmarks)")
 
     @field_validator("stop")
     @classmethod

@@ -357,7 +357,7 @@ class LocalEngine:
         stop_at = min((i for i in (text.find(s) for s in item.params.stop) if i >= 0), default=-1)
         if stop_at >= 0:
             text, finish = text[:stop_at], "stop"
-        elif token in self._eos:
+        elif token in self._eos and not item.params.ignore_eos:
             finish = "stop"
         elif len(item.out_ids) >= item.params.max_tokens:
             finish = "length"

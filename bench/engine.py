@@ -1,0 +1,203 @@
+"""Local engine throughput on SmolLM2-135M-Instruct with LoRA adapters.
+
+Workload: 8 concurrent requests x 64 new tokens (EOS ignored), greedy, rank-16 adapters on all
+linear layers: (a) all on one adapter, (b) eight different adapters, (c) no adapter.
+Baseline, measured in the same run: PEFT generating the same requests one by one, switching
+adapter each time. Peak RSS is measured in separate processes (engine; PEFT baseline).
+
+Usage: python -m bench.engine [--model PATH] [--requests N] [--tokens T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import save_file
+
+from bench.report import Row, report, row
+from core.engine import GenerationRequest, SamplingParams
+from core.settings import default_home
+from infra.models import pull_model
+from server.engines.lora import TARGETS
+
+RANK = 16
+PROMPTS = [
+    "Write a short poem about the sea.",
+    "Explain what a hash table is.",
+    "Give me three tips for better sleep.",
+    "What is the capital of France?",
+    "Describe a sunset in one paragraph.",
+    "How do I reverse a list in Python?",
+    "Suggest a name for a bakery.",
+    "Summarise the plot of Hamlet.",
+]
+
+
+def make_adapters(model_dir: Path, out: Path, count: int) -> dict[str, Path]:
+    """Random rank-16 LoRA adapters in PEFT format on every linear layer of the model."""
+    config = json.loads((model_dir / "config.json").read_text())
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = hidden // config["num_attention_heads"]
+    kv = config["num_key_value_heads"] * head_dim
+    shapes = {"q_proj": (hidden, hidden), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
+              "o_proj": (hidden, hidden), "gate_proj": (hidden, inter),
+              "up_proj": (hidden, inter), "down_proj": (inter, hidden)}  # fmt: skip
+    adapters = {}
+    for n in range(count):
+        generator = torch.Generator().manual_seed(n)
+        tensors = {}
+        for layer in range(config["num_hidden_layers"]):
+            for proj in TARGETS:
+                fan_in, fan_out = shapes[proj]
+                part = "self_attn" if proj in {"q_proj", "k_proj", "v_proj", "o_proj"} else "mlp"
+                prefix = f"base_model.model.model.layers.{layer}.{part}.{proj}"
+                tensors[f"{prefix}.lora_A.weight"] = (
+                    torch.randn(RANK, fan_in, generator=generator) * 0.01
+                )
+                tensors[f"{prefix}.lora_B.weight"] = (
+                    torch.randn(fan_out, RANK, generator=generator) * 0.01
+                )
+        folder = out / f"adapter-{n}"
+        folder.mkdir(parents=True)
+        save_file(tensors, str(folder / "adapter_model.safetensors"))
+        (folder / "adapter_config.json").write_text(json.dumps({
+            "peft_type": "LORA", "r": RANK, "lora_alpha": 2 * RANK, "target_modules": list(TARGETS),
+            "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM",
+            "base_model_name_or_path": str(model_dir),
+        }))  # fmt: skip
+        adapters[f"bench{n}@1"] = folder
+    return adapters
+
+
+def peak_rss_mb() -> float:
+    """This process's own high-water mark (VmHWM; ru_maxrss would carry the parent's over)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("VmHWM not found in /proc/self/status")
+
+
+def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> dict[str, float]:
+    from server.engines.local import LocalEngine
+
+    engine = LocalEngine(Path(model_dir))
+    for name, path in adapters.items():
+        engine.load_adapter(name, path)
+    names = list(adapters)
+    prompts = [engine.chat_prompt([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
+               for i in range(n)]  # fmt: skip
+    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
+
+    async def batch(assign: list[str | None]) -> float:
+        async def one(i: int) -> int:
+            request = GenerationRequest(request_id=f"b{i}", prompt=prompts[i], adapter=assign[i],
+                                        params=params)  # fmt: skip
+            return sum([len(c.token_ids) async for c in engine.generate(request)])
+
+        start = time.perf_counter()
+        produced = sum(await asyncio.gather(*(one(i) for i in range(n))))
+        return produced / (time.perf_counter() - start)
+
+    results = {}
+    asyncio.run(batch([names[0]] * n))  # warm-up
+    for label, assign in (
+        ("single", [names[0]] * n),
+        ("mixed", [names[i % len(names)] for i in range(n)]),
+        ("base", [None] * n),
+    ):
+        results[label] = max(asyncio.run(batch(assign)) for _ in range(2))
+    engine.close()
+    results["rss"] = peak_rss_mb()
+    return results
+
+
+def run_peft(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> dict[str, float]:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
+    base: Any = AutoModelForCausalLM.from_pretrained(model_dir)
+    names = list(adapters)
+    model: Any = PeftModel.from_pretrained(base, adapters[names[0]], adapter_name=names[0])
+    for name in names[1:]:
+        model.load_adapter(adapters[name], adapter_name=name)
+    model.eval()
+    prompts = [tokenizer.apply_chat_template(
+        [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], add_generation_prompt=True,
+        return_tensors="pt", return_dict=True) for i in range(n)]  # fmt: skip
+    produced = 0
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for i in range(n):
+            model.set_adapter(names[i % len(names)])
+            out = model.generate(**prompts[i], max_new_tokens=tokens, min_new_tokens=tokens,
+                                 do_sample=False)  # fmt: skip
+            produced += out.shape[1] - prompts[i]["input_ids"].shape[1]
+    return {"sequential": produced / (time.perf_counter() - start), "rss": peak_rss_mb()}
+
+
+def in_process(target: Any, *args: Any) -> dict[str, float]:
+    """Run ``target`` in a fresh process so its peak RSS is its own."""
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        result: dict[str, float] = pool.apply(target, args)
+        return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", type=Path, help="model folder (default: pull SmolLM2)")
+    parser.add_argument("--requests", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=64)
+    args = parser.parse_args()
+    if args.requests < 1 or args.tokens < 1:
+        parser.error("--requests and --tokens must be positive")
+    model_dir = args.model or pull_model(default_home(), "smollm2-135m-instruct", print)[0]
+    with tempfile.TemporaryDirectory(prefix="macaron-bench-") as tmp:
+        adapters = {k: str(v) for k, v in make_adapters(model_dir, Path(tmp), 8).items()}
+        print("engine: single adapter, eight adapters, no adapter")
+        engine = in_process(run_engine, str(model_dir), adapters, args.requests, args.tokens)
+        print("baseline: PEFT, one request at a time, switching adapters")
+        peft = in_process(run_peft, str(model_dir), adapters, args.requests, args.tokens)
+    seq = peft["sequential"]
+    unit = "tokens/s"
+    rows: list[Row] = [
+        row(
+            "engine, 8 requests on one adapter (vs PEFT sequential)",
+            engine["single"],
+            unit,
+            seq,
+            ">= 3x",
+        ),
+        row(
+            "engine, 8 requests on 8 adapters (vs PEFT sequential)",
+            engine["mixed"],
+            unit,
+            seq,
+            ">= 3x",
+        ),
+        row(
+            "engine, 8 requests on no adapter (vs PEFT sequential)",
+            engine["base"],
+            unit,
+            seq,
+            ">= 3x",
+        ),
+        row("mixed / single adapter", engine["mixed"], unit, engine["single"], ">= 0.85x"),
+        row(
+            "peak RSS, engine process (vs PEFT process)", engine["rss"], "MB", peft["rss"], "report"
+        ),
+    ]
+    path = report("engine", rows)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

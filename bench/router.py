@@ -1,0 +1,207 @@
+"""Router: decision latency (embed + decide, one turn at a time) and held-out accuracy.
+
+Trains the router on the seed set, then routes 50-word turns one at a time after a warm-up,
+and scores every held-out turn. Targets and baselines:
+- latency (lower is better): p99 <= 15 ms for embed + decide; the pure policy alone gets 1 ms of
+  that. No baseline is natural, so the target stands in for it (ratio = value / target).
+- accuracy: >= 90% on the held-out set (the target stands in for the baseline, as for latency),
+  and above a multinomial naive Bayes over words trained on the same seed set in the same run.
+- fitting the classifier on cached seed embeddings: well under a few seconds (<= 2 s).
+The encoder runs eagerly (as the tests run it) and through ``torch.compile``, turn by turn in
+alternation, so both see the same machine load.
+
+Usage: python -m bench.router [--decisions N] [--warmup W] [--threads T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import re
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+from transformers.utils import logging as transformers_logging
+
+from bench.report import Row, report, row
+from core.routing import LabelledTurn, RouterDecision, decide
+from server.router import (
+    SEED_EXAMPLES,
+    RouterService,
+    SentenceEmbedder,
+    TrainingConfig,
+    fit_router,
+    load_examples,
+)
+
+HELDOUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "routing_heldout.jsonl"
+TURN_WORDS = 50
+P99_TARGET_MS = 15.0
+POLICY_TARGET_MS = 1.0
+ACCURACY_TARGET = 90.0
+FIT_TARGET_MS = 2000.0
+_WORD = re.compile(r"[a-z0-9']+")
+
+
+def fifty_word_turns(texts: Sequence[str], stride: int = 10) -> list[str]:
+    """Windows of 50 consecutive words over the held-out turns run together: realistic words,
+    every window a different turn."""
+    words = " ".join(texts).split()
+    return [
+        " ".join(words[start : start + TURN_WORDS])
+        for start in range(0, len(words) - TURN_WORDS + 1, stride)
+    ]
+
+
+def percentile(samples: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile."""
+    ordered = sorted(samples)
+    return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
+
+
+def naive_bayes_accuracy(train: Sequence[LabelledTurn], test: Sequence[LabelledTurn]) -> float:
+    """Multinomial naive Bayes over lower-cased words with add-one smoothing: what routing
+    without embeddings gets from the same seed set."""
+    counts: dict[str, Counter[str]] = {}
+    for example in train:
+        counts.setdefault(example.specialist, Counter()).update(_WORD.findall(example.text.lower()))
+    vocabulary = set().union(*counts.values())
+    priors = Counter(e.specialist for e in train)
+    totals = {name: sum(c.values()) for name, c in counts.items()}
+
+    def log_posterior(name: str, words: list[str]) -> float:
+        denominator = totals[name] + len(vocabulary)
+        likelihood = sum(math.log((counts[name][w] + 1) / denominator) for w in words)
+        return math.log(priors[name] / len(train)) + likelihood
+
+    right = 0
+    for turn in test:
+        words = [w for w in _WORD.findall(turn.text.lower()) if w in vocabulary]
+        guess = max(sorted(counts), key=lambda name: log_posterior(name, words))
+        right += guess == turn.specialist
+    return right / len(test)
+
+
+def time_decisions(
+    routes: Sequence[Callable[[str], RouterDecision]],
+    turns: Sequence[str],
+    warmup: int,
+    decisions: int,
+) -> list[list[float]]:
+    """Milliseconds per decision for each way of routing, one turn at a time, after ``warmup``
+    untimed ones. The ways take turns on every text, so all see the same machine load."""
+    for i in range(warmup):
+        for route in routes:
+            route(turns[i % len(turns)])
+    latencies: list[list[float]] = [[] for _ in routes]
+    for i in range(decisions):
+        text = turns[i % len(turns)]
+        for route, samples in zip(routes, latencies, strict=True):
+            started = time.perf_counter()
+            route(text)
+            samples.append((time.perf_counter() - started) * 1000)
+    return latencies
+
+
+def latency_rows(label: str, latencies_ms: Sequence[float]) -> list[Row]:
+    """p50 against the target; p99 with the p50 as its baseline (ratio = tail over median)."""
+    p50, p99 = percentile(latencies_ms, 50), percentile(latencies_ms, 99)
+    return [
+        row(f"decision p50 ({label})", p50, "ms", p50, "report"),
+        row(f"decision p99 ({label})", p99, "ms", p50, f"<= {P99_TARGET_MS:g} ms"),
+    ]
+
+
+def accuracy(route: Callable[[str], RouterDecision], turns: Sequence[LabelledTurn]) -> float:
+    return 100 * sum(route(t.text).specialist == t.specialist for t in turns) / len(turns)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--decisions", type=int, default=300, help="timed decisions (>= 200)")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    args = parser.parse_args()
+    transformers_logging.disable_progress_bar()
+    load_before = os.getloadavg()[0]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    seed = load_examples(SEED_EXAMPLES)
+    heldout = load_examples(HELDOUT)
+    embedder = SentenceEmbedder()
+    router = RouterService(embedder, seed)
+    started = time.perf_counter()
+    compiled = SentenceEmbedder(compiled=True)
+    compile_s = time.perf_counter() - started
+
+    seed_features = embedder.embed([e.text for e in seed])
+    specialists = tuple(dict.fromkeys(e.specialist for e in seed))
+    started = time.perf_counter()
+    fit_router(seed_features, seed, specialists, TrainingConfig())
+    fit_ms = (time.perf_counter() - started) * 1000
+
+    turns = fifty_word_turns([t.text for t in heldout])
+    features = {text: embedder.embed_one(text) for text in turns}
+
+    def route_compiled(text: str) -> RouterDecision:
+        return decide(compiled.embed_one(text), router.model, router.active)
+
+    def policy_only(text: str) -> RouterDecision:
+        return decide(features[text], router.model, router.active)
+
+    eager_ms, compiled_ms, policy_ms = time_decisions(
+        [router.route, route_compiled, policy_only], turns, args.warmup, args.decisions
+    )
+    eager_accuracy = accuracy(router.route, heldout)
+    compiled_accuracy = accuracy(route_compiled, heldout)
+    baseline = 100 * naive_bayes_accuracy(seed, heldout)
+
+    print(
+        f"router {router.version}; {len(seed)} seed examples, {len(heldout)} held-out turns; "
+        f"{args.decisions} decisions over {len(turns)} distinct {TURN_WORDS}-word turns; "
+        f"torch threads: {torch.get_num_threads()}; torch.compile took {compile_s:.0f} s; "
+        f"load average before the run {load_before:.2f} on {os.cpu_count()} CPUs"
+    )
+    rows: list[Row] = [
+        *latency_rows("embed + decide", eager_ms),
+        *latency_rows("compiled embed + decide", compiled_ms),
+        row(
+            "policy p99 (decide only)",
+            percentile(policy_ms, 99),
+            "ms",
+            percentile(policy_ms, 50),
+            f"<= {POLICY_TARGET_MS:g} ms",
+        ),
+        row(
+            "held-out accuracy (vs word naive Bayes)",
+            eager_accuracy,
+            "%",
+            baseline,
+            f">= {ACCURACY_TARGET:g} %",
+        ),
+        row(
+            "held-out accuracy, compiled (vs word naive Bayes)",
+            compiled_accuracy,
+            "%",
+            baseline,
+            f">= {ACCURACY_TARGET:g} %",
+        ),
+        row(
+            "classifier fit on the seed set (embedded)",
+            fit_ms,
+            "ms",
+            fit_ms,
+            f"<= {FIT_TARGET_MS:g} ms",
+        ),
+    ]
+    path = report("router", rows)
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,280 @@
+"""Routing policy: which specialist answers a user turn.
+
+Pure: features (a sentence embedding) and the active specialists go in, a decision comes out.
+The classifier is data (a multinomial logistic regression: one weight row and one bias per
+specialist), so a logged decision can be recomputed from its turn and its router version alone.
+This module also decides which logged turns become training examples (corrections and feedback).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Collection, Iterable, Sequence
+from operator import mul
+from typing import Annotated, Literal, Self
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from core.canonical import canonical_json, sha256_hex
+from core.errors import (
+    InvalidFeatures,
+    InvalidSpecialistName,
+    NoActiveSpecialist,
+    UnknownSpecialist,
+)
+from core.events import RouterDecided
+
+SPECIALIST_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
+"""The specialist part of an adapter name (``coding`` in ``coding@7``)."""
+
+DEFAULT_SPECIALISTS = ("chat", "agent", "coding", "genui")
+
+SpecialistName = Annotated[str, Field(pattern=SPECIALIST_PATTERN)]
+RoutingReason = Literal["classifier", "hint", "only_specialist"]
+
+_SPECIALIST = re.compile(SPECIALIST_PATTERN)
+_SCORE_TOLERANCE = 1e-6
+
+
+def specialist_name(name: str) -> str:
+    """``name`` if it can name a specialist (and so an adapter), else ``InvalidSpecialistName``."""
+    if not _SPECIALIST.match(name):
+        raise InvalidSpecialistName(
+            f"invalid specialist name {name!r}: lower-case letters, digits, '_' or '-', "
+            "starting with a letter, at most 64 characters"
+        )
+    return name
+
+
+class RouterModel(BaseModel):
+    """A trained router classifier: ``logit[s] = weights[s] . features + bias[s]``.
+
+    ``version`` is a content hash of everything that determines decisions (specialists, weights,
+    bias) and of the training data's digest, so it changes whenever retraining changes anything,
+    and a stored model that was altered no longer validates.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    specialists: tuple[SpecialistName, ...] = Field(min_length=1)
+    weights: tuple[tuple[float, ...], ...]
+    bias: tuple[float, ...]
+    training_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    version: str
+
+    @classmethod
+    def create(
+        cls,
+        specialists: Sequence[str],
+        weights: Sequence[Sequence[float]],
+        bias: Sequence[float],
+        training_digest: str,
+    ) -> RouterModel:
+        """Build a model and stamp it with its content version."""
+        rows = tuple(tuple(float(w) for w in row) for row in weights)
+        biases = tuple(float(b) for b in bias)
+        version = model_version(tuple(specialists), rows, biases, training_digest)
+        return cls(
+            specialists=tuple(specialists),
+            weights=rows,
+            bias=biases,
+            training_digest=training_digest,
+            version=version,
+        )
+
+    @property
+    def dim(self) -> int:
+        """Length of the feature vectors this model scores."""
+        return len(self.weights[0])
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        n = len(self.specialists)
+        if len(set(self.specialists)) != n:
+            raise ValueError("specialists must be unique")
+        if len(self.weights) != n or len(self.bias) != n:
+            raise ValueError(f"need one weight row and one bias per specialist ({n})")
+        if not self.weights[0] or any(len(row) != len(self.weights[0]) for row in self.weights):
+            raise ValueError("weight rows must be non-empty and of one length")
+        expected = model_version(self.specialists, self.weights, self.bias, self.training_digest)
+        if self.version != expected:
+            raise ValueError(f"version {self.version!r} does not match the content ({expected})")
+        return self
+
+
+def model_version(
+    specialists: tuple[str, ...],
+    weights: tuple[tuple[float, ...], ...],
+    bias: tuple[float, ...],
+    training_digest: str,
+) -> str:
+    """``router-`` and the first 12 hex digits of the sha256 over the model's canonical JSON."""
+    content = {
+        "specialists": list(specialists),
+        "weights": [list(row) for row in weights],
+        "bias": list(bias),
+        "training_digest": training_digest,
+    }
+    return "router-" + sha256_hex(canonical_json(content))[:12]
+
+
+class RouterDecision(BaseModel):
+    """The specialist chosen for one turn, and why.
+
+    ``scores`` holds the classifier's probability for every active specialist (they sum to 1),
+    also when a hint overrode it, so the log shows what the classifier would have done.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    scores: dict[SpecialistName, Annotated[float, Field(ge=0.0, le=1.0)]] = Field(min_length=1)
+    specialist: SpecialistName
+    reason: RoutingReason
+    router_version: str = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Self:
+        if self.specialist not in self.scores:
+            raise ValueError(f"the chosen specialist {self.specialist!r} has no score")
+        total = math.fsum(self.scores.values())
+        if abs(total - 1.0) > _SCORE_TOLERANCE:
+            raise ValueError(f"scores must sum to 1, not {total}")
+        return self
+
+    def to_event(self, turn_id: UUID, adapter_version: str) -> RouterDecided:
+        """The ``RouterDecided`` payload, once the serving release names the adapter version."""
+        return RouterDecided(
+            turn_id=turn_id,
+            scores=dict(self.scores),
+            specialist=self.specialist,
+            adapter_version=adapter_version,
+            router_version=self.router_version,
+        )
+
+
+def decide(
+    features: Sequence[float],
+    model: RouterModel,
+    active: Collection[str],
+    hint: str | None = None,
+) -> RouterDecision:
+    """Choose one of the ``active`` specialists for a turn with these ``features``.
+
+    A lone active specialist is chosen outright; otherwise a hint naming an active specialist
+    wins; otherwise the most probable one (ties go to the earlier specialist of the model).
+    A hint naming an inactive or unknown specialist is ignored: clients cannot revive a
+    specialist an operator switched off.
+    """
+    if not active:
+        raise NoActiveSpecialist("no specialist is active: the router has nothing to choose")
+    unknown = sorted(set(active).difference(model.specialists))
+    if unknown:
+        raise UnknownSpecialist(
+            f"active specialists {unknown} are unknown to router {model.version}; "
+            "retrain it with examples for them"
+        )
+    if len(features) != model.dim:
+        raise InvalidFeatures(
+            f"router {model.version} takes {model.dim} features, not {len(features)}"
+        )
+    if not all(math.isfinite(x) for x in features):
+        raise InvalidFeatures("feature vector holds a value that is not a finite number")
+
+    candidates = [i for i, name in enumerate(model.specialists) if name in active]
+    logits = [sum(map(mul, model.weights[i], features)) + model.bias[i] for i in candidates]
+    probabilities = _softmax(logits)
+    scores = {model.specialists[i]: p for i, p in zip(candidates, probabilities, strict=True)}
+
+    reason: RoutingReason
+    if len(candidates) == 1:
+        chosen, reason = model.specialists[candidates[0]], "only_specialist"
+    elif hint is not None and hint in scores:
+        chosen, reason = hint, "hint"
+    else:
+        best = max(range(len(candidates)), key=lambda k: (logits[k], -k))
+        chosen, reason = model.specialists[candidates[best]], "classifier"
+    return RouterDecision(
+        scores=scores, specialist=chosen, reason=reason, router_version=model.version
+    )
+
+
+def _softmax(logits: Sequence[float]) -> list[float]:
+    top = max(logits)
+    exps = [math.exp(x - top) for x in logits]
+    total = math.fsum(exps)
+    return [e / total for e in exps]
+
+
+# --- training examples from the log ---------------------------------------------------------
+
+
+class LabelledTurn(BaseModel):
+    """One training example for the router; ``weight`` scales its share of its specialist."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    text: str = Field(min_length=1)
+    specialist: SpecialistName
+    weight: float = Field(default=1.0, gt=0.0)
+
+
+class RoutedTurn(BaseModel):
+    """A logged decision joined with its turn's text (``TurnReceived`` + ``RouterDecided``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    turn_id: UUID
+    text: str = Field(min_length=1)
+    specialist: SpecialistName
+
+
+class RoutingCorrection(BaseModel):
+    """A user or operator saying which specialist should have answered a turn."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    turn_id: UUID
+    specialist: SpecialistName
+
+
+class RoutingFeedback(BaseModel):
+    """Feedback on a turn's answer, as in ``FeedbackGiven``."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    turn_id: UUID
+    kind: Literal["up", "down", "edit", "regenerate"]
+
+
+def labels_from_log(
+    turns: Iterable[RoutedTurn],
+    corrections: Iterable[RoutingCorrection] = (),
+    feedback: Iterable[RoutingFeedback] = (),
+    *,
+    correction_weight: float = 1.0,
+) -> list[LabelledTurn]:
+    """The training examples that logged turns give, in log order.
+
+    A correction labels its turn (the latest one wins) with ``correction_weight``. Otherwise the
+    latest thumbs (up or down) decides: up confirms the logged specialist; down says only "not
+    that one" and usually judges the answer rather than the routing, so the turn is left out.
+    Unreviewed turns are left out too: the router's own guess is no evidence. Corrections and
+    feedback for turns not in ``turns`` are ignored (they belong to another window of the log).
+    """
+    corrected = {c.turn_id: c.specialist for c in corrections}
+    thumbs = {f.turn_id: f.kind for f in feedback if f.kind in ("up", "down")}
+    examples: list[LabelledTurn] = []
+    for turn in turns:
+        if turn.turn_id in corrected:
+            examples.append(
+                LabelledTurn(
+                    text=turn.text,
+                    specialist=corrected[turn.turn_id],
+                    weight=correction_weight,
+                )
+            )
+        elif thumbs.get(turn.turn_id) == "up":
+            examples.append(LabelledTurn(text=turn.text, specialist=turn.specialist))
+    return examples

@@ -1,0 +1,209 @@
+"""The router with real all-MiniLM-L6-v2 embeddings: accuracy on held-out turns it never trained
+on, retraining from corrections, a specialist added at run time, hints."""
+
+from __future__ import annotations
+
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from core.errors import SpecialistExists, UnknownSpecialist
+from core.routing import (
+    DEFAULT_SPECIALISTS,
+    LabelledTurn,
+    RoutedTurn,
+    RoutingCorrection,
+    RoutingFeedback,
+)
+from server.router import SEED_EXAMPLES, RouterService, SentenceEmbedder, load_examples
+
+HELDOUT = Path(__file__).resolve().parents[1] / "data" / "routing_heldout.jsonl"
+
+LEGAL_EXAMPLES = [
+    "Is a verbal agreement legally binding?",
+    "My landlord kept my deposit without explanation, what are my rights?",
+    "Can I be fired for posting about my employer on social media?",
+    "What is the difference between a will and a living trust?",
+    "Do I need a lawyer to file for divorce?",
+    "Is it legal to record a phone call without telling the other person?",
+    "What happens if I break my apartment lease early?",
+    "Can a company use my photo in an ad without my permission?",
+    "How does copyright apply to songs I cover on YouTube?",
+    "What are my rights if I'm stopped by the police while driving?",
+]
+LEGAL_PROBES = [
+    "My employer hasn't paid my overtime for three months, can I take legal action?",
+    "Is the non-compete clause in my employment contract enforceable?",
+    "Who is liable if my neighbour's tree falls on my car?",
+    "Can my landlord enter my apartment without giving notice?",
+    "What legal steps do I need to take to trademark my business name?",
+]
+
+
+def normalised(text: str) -> str:
+    return " ".join(text.casefold().split())
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    """On a shared CPU, torch's intra-op threads wait for each other whenever one is
+    descheduled (hundreds of ms per turn on a busy two-core machine); one thread is steady."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(scope="module")
+def embedder() -> SentenceEmbedder:
+    return SentenceEmbedder()
+
+
+@pytest.fixture(scope="module")
+def heldout() -> list[LabelledTurn]:
+    return load_examples(HELDOUT)
+
+
+@pytest.fixture(scope="module")
+def seed_router(embedder: SentenceEmbedder) -> RouterService:
+    """Shared by the tests that only route; tests that retrain build their own."""
+    return RouterService.from_seed(embedder)
+
+
+@pytest.fixture
+def router(embedder: SentenceEmbedder) -> Iterator[RouterService]:
+    yield RouterService.from_seed(embedder)
+
+
+def accuracy(router: RouterService, turns: list[LabelledTurn]) -> float:
+    right = sum(router.route(t.text).specialist == t.specialist for t in turns)
+    return right / len(turns)
+
+
+def test_the_heldout_set_is_large_balanced_and_never_trained_on(
+    heldout: list[LabelledTurn],
+) -> None:
+    seed = load_examples(SEED_EXAMPLES)
+    seed_counts = Counter(e.specialist for e in seed)
+    heldout_counts = Counter(t.specialist for t in heldout)
+    assert set(seed_counts) == set(heldout_counts) == set(DEFAULT_SPECIALISTS)
+    assert min(seed_counts.values()) >= 30
+    assert len(heldout) >= 200 and min(heldout_counts.values()) >= 50
+    assert not {normalised(t.text) for t in heldout} & {normalised(e.text) for e in seed}
+    assert len({normalised(t.text) for t in heldout}) == len(heldout), "no duplicate turns"
+
+
+def test_embeddings_are_unit_length_mean_pooled_sentence_vectors(
+    embedder: SentenceEmbedder,
+) -> None:
+    texts = ["How do I reverse a list in Python?", "Book me a table for two tonight, please."]
+    batch = embedder.embed(texts)
+    assert batch.shape == (2, 384)
+    assert torch.allclose(batch.norm(dim=1), torch.ones(2, dtype=batch.dtype), atol=1e-5)
+    # padding the shorter text in a batch must not change its embedding (the mask is honoured)
+    alone = torch.tensor([embedder.embed_one(t) for t in texts], dtype=batch.dtype)
+    assert torch.allclose(batch, alone, atol=1e-5)
+    paraphrase = torch.tensor(embedder.embed_one("What's the way to invert a Python list?"))
+    assert float(paraphrase @ batch[0]) > float(paraphrase @ batch[1]) + 0.3
+
+
+# torch.compile imports torch's own TorchScript MKL-DNN module, which warns on import
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
+def test_the_compiled_encoder_gives_the_same_embeddings(embedder: SentenceEmbedder) -> None:
+    compiled = SentenceEmbedder(compiled=True)  # compiled for one turn at a time, as served
+    for text in ["Show me a chart of my sleep", "Why is the sky blue?", "Email Ana the slides"]:
+        assert compiled.embed_one(text) == pytest.approx(embedder.embed_one(text), abs=1e-4)
+
+
+def test_heldout_accuracy_of_the_seed_router(
+    seed_router: RouterService, heldout: list[LabelledTurn]
+) -> None:
+    decisions = [seed_router.route(t.text) for t in heldout]
+    right = Counter(
+        t.specialist
+        for t, d in zip(heldout, decisions, strict=True)
+        if d.specialist == t.specialist
+    )
+    total = Counter(t.specialist for t in heldout)
+    assert sum(right.values()) / len(heldout) >= 0.90
+    for specialist in DEFAULT_SPECIALISTS:
+        assert right[specialist] / total[specialist] >= 0.80, specialist
+    assert all(d.reason == "classifier" for d in decisions)
+    assert all(d.router_version == seed_router.version for d in decisions)
+
+
+def test_training_is_deterministic(embedder: SentenceEmbedder, seed_router: RouterService) -> None:
+    again = RouterService.from_seed(embedder)
+    assert again.version == seed_router.version
+    assert again.model == seed_router.model
+
+
+def test_a_hint_overrides_the_classifier(seed_router: RouterService) -> None:
+    text = "Write a Python function that merges two sorted lists."
+    assert seed_router.route(text).specialist == "coding"
+    hinted = seed_router.route(text, hint="genui")
+    assert (hinted.specialist, hinted.reason) == ("genui", "hint")
+    assert seed_router.route(text, hint="nonexistent").specialist == "coding"
+
+
+def test_corrections_retrain_the_router(router: RouterService) -> None:
+    corrected = "Show me my calendar for next week"
+    first = router.route(corrected)
+    assert first.specialist == "agent", "precondition: the seed router sends it to agent"
+    turns = [
+        RoutedTurn(turn_id=uuid.uuid4(), text=corrected, specialist=first.specialist),
+        RoutedTurn(turn_id=uuid.uuid4(), text="Plot my running pace per km", specialist="genui"),
+        RoutedTurn(turn_id=uuid.uuid4(), text="Text Bob I'm on my way", specialist="coding"),
+    ]
+    before = router.version
+
+    # thumbs-down alone teaches nothing: same training data, same classifier
+    down = [RoutingFeedback(turn_id=turns[2].turn_id, kind="down")]
+    assert router.retrain(turns, feedback=down).version == before
+
+    with pytest.raises(UnknownSpecialist):
+        router.retrain(turns, [RoutingCorrection(turn_id=turns[0].turn_id, specialist="poetry")])
+    assert router.version == before
+
+    correction = [RoutingCorrection(turn_id=turns[0].turn_id, specialist="genui")]
+    up = [RoutingFeedback(turn_id=turns[1].turn_id, kind="up")]
+    model = router.retrain(turns, correction, [*up, *down])
+    assert model.version != before
+    after = router.route(corrected)
+    assert after.specialist == "genui"
+    assert after.router_version == model.version != first.router_version
+
+    # a specialist added later keeps what the corrections taught
+    router.add_specialist("legal", LEGAL_EXAMPLES)
+    assert router.route(corrected).specialist == "genui"
+
+
+def test_a_specialist_added_at_run_time_gets_its_turns(
+    router: RouterService, heldout: list[LabelledTurn]
+) -> None:
+    before = router.version
+    router.add_specialist("legal", LEGAL_EXAMPLES)
+    assert router.version != before
+    assert "legal" in router.active and router.specialists[-1] == "legal"
+    for probe in LEGAL_PROBES:
+        decision = router.route(probe)
+        assert decision.specialist == "legal", probe
+        assert set(decision.scores) == {*DEFAULT_SPECIALISTS, "legal"}
+    assert accuracy(router, heldout) >= 0.88, "the old specialists still get their turns"
+
+    router.deactivate("legal")
+    for probe in LEGAL_PROBES:
+        decision = router.route(probe, hint="legal")
+        assert decision.specialist != "legal"
+        assert "legal" not in decision.scores
+    router.activate("legal")
+    assert router.route(LEGAL_PROBES[0]).specialist == "legal"
+
+    with pytest.raises(SpecialistExists):
+        router.add_specialist("legal", ["Can I sue my neighbour?"])
+    with pytest.raises(UnknownSpecialist):
+        router.deactivate("astrology")

@@ -1,0 +1,273 @@
+"""The pure routing policy: decisions, hints, active specialists, typed errors, labels from the
+log. The classifiers here are small hand-written models: what the policy does with a model does
+not depend on how the model was trained."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import uuid
+
+import pytest
+from pydantic import ValidationError
+
+from core.errors import (
+    InvalidFeatures,
+    InvalidSpecialistName,
+    MacaronError,
+    NoActiveSpecialist,
+    UnknownSpecialist,
+)
+from core.events import NewEvent, RouterDecided
+from core.routing import (
+    DEFAULT_SPECIALISTS,
+    LabelledTurn,
+    RoutedTurn,
+    RouterDecision,
+    RouterModel,
+    RoutingCorrection,
+    RoutingFeedback,
+    decide,
+    labels_from_log,
+    specialist_name,
+)
+
+DIGEST = "0" * 64
+
+
+def one_hot_model(specialists: tuple[str, ...] = DEFAULT_SPECIALISTS) -> RouterModel:
+    """Feature ``i`` votes for specialist ``i``: the features say which one should win."""
+    n = len(specialists)
+    weights = [[4.0 if row == col else 0.0 for col in range(n)] for row in range(n)]
+    return RouterModel.create(specialists, weights, [0.0] * n, DIGEST)
+
+
+def towards(index: int, dim: int = 4) -> list[float]:
+    return [1.0 if i == index else 0.0 for i in range(dim)]
+
+
+MODEL = one_hot_model()
+ALL = frozenset(DEFAULT_SPECIALISTS)
+
+
+def test_classifier_picks_the_most_probable_and_scores_every_active_specialist() -> None:
+    decision = decide(towards(2), MODEL, ALL)
+    assert decision.specialist == "coding"
+    assert decision.reason == "classifier"
+    assert decision.router_version == MODEL.version
+    assert set(decision.scores) == ALL
+    assert math.isclose(sum(decision.scores.values()), 1.0, abs_tol=1e-12)
+    assert decision.scores["coding"] == max(decision.scores.values())
+    # softmax of logits (4, 0, 0, 0)
+    assert math.isclose(decision.scores["coding"], math.exp(4) / (math.exp(4) + 3))
+
+
+def test_scores_sum_to_one_for_any_features_and_active_set() -> None:
+    grid = [-3.0, -0.5, 0.0, 0.7, 2.5]
+    for features in itertools.product(grid, repeat=4):
+        for size in (2, 3, 4):
+            for active in itertools.combinations(DEFAULT_SPECIALISTS, size):
+                decision = decide(list(features), MODEL, active)
+                assert set(decision.scores) == set(active)
+                assert math.isclose(sum(decision.scores.values()), 1.0, abs_tol=1e-9)
+                assert decision.specialist in active
+
+
+def test_a_hint_naming_an_active_specialist_wins() -> None:
+    by_classifier = decide(towards(2), MODEL, ALL)
+    hinted = decide(towards(2), MODEL, ALL, hint="genui")
+    assert hinted.specialist == "genui"
+    assert hinted.reason == "hint"
+    assert hinted.scores == by_classifier.scores, "the log keeps what the classifier said"
+
+
+@pytest.mark.parametrize("hint", ["genui", "no-such-specialist"])
+def test_a_hint_naming_an_inactive_or_unknown_specialist_is_ignored(hint: str) -> None:
+    decision = decide(towards(3), MODEL, {"chat", "coding"}, hint=hint)
+    assert decision.reason == "classifier"
+    assert decision.specialist in {"chat", "coding"}
+
+
+def test_an_inactive_specialist_is_never_chosen() -> None:
+    active = ALL - {"coding"}
+    for strength in (0.5, 5.0, 50.0, 500.0):
+        features = [strength * x for x in towards(2)]
+        decision = decide(features, MODEL, active)
+        assert decision.specialist != "coding"
+        assert "coding" not in decision.scores
+        assert decide(features, MODEL, active, hint="coding").specialist != "coding"
+
+
+def test_a_lone_active_specialist_is_chosen_outright() -> None:
+    decision = decide(towards(0), MODEL, {"genui"}, hint="chat")
+    assert decision.specialist == "genui"
+    assert decision.reason == "only_specialist"
+    assert decision.scores == {"genui": 1.0}
+
+
+def test_a_specialist_added_at_run_time_can_be_chosen() -> None:
+    extended = one_hot_model((*DEFAULT_SPECIALISTS, "legal"))
+    decision = decide(towards(4, dim=5), extended, {*DEFAULT_SPECIALISTS, "legal"})
+    assert decision.specialist == "legal"
+    assert decision.reason == "classifier"
+    assert decide(towards(1, dim=5), extended, ALL | {"legal"}, hint="legal").specialist == "legal"
+
+
+def test_ties_go_to_the_earlier_specialist_of_the_model() -> None:
+    decision = decide([0.0] * 4, MODEL, ALL)
+    assert decision.specialist == "chat"
+    assert all(math.isclose(p, 0.25) for p in decision.scores.values())
+
+
+def test_wrong_feature_dimension_is_a_typed_error() -> None:
+    with pytest.raises(InvalidFeatures) as caught:
+        decide([0.1] * 5, MODEL, ALL)
+    assert caught.value.code == "invalid_features"
+    assert isinstance(caught.value, MacaronError)
+    assert "takes 4 features, not 5" in caught.value.message
+    with pytest.raises(InvalidFeatures):
+        decide([], MODEL, ALL)
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_non_finite_features_are_a_typed_error(bad: float) -> None:
+    with pytest.raises(InvalidFeatures):
+        decide([0.0, bad, 0.0, 0.0], MODEL, ALL)
+
+
+def test_an_empty_active_set_is_a_typed_error() -> None:
+    with pytest.raises(NoActiveSpecialist) as caught:
+        decide(towards(0), MODEL, set())
+    assert caught.value.code == "no_active_specialist"
+    assert isinstance(caught.value, MacaronError)
+
+
+def test_an_active_specialist_unknown_to_the_classifier_is_a_typed_error() -> None:
+    with pytest.raises(UnknownSpecialist) as caught:
+        decide(towards(0), MODEL, {"chat", "legal"})
+    assert caught.value.code == "unknown_specialist"
+
+
+def test_specialist_names_must_fit_adapter_names() -> None:
+    assert specialist_name("data-viz_2") == "data-viz_2"
+    for bad in ("", "Coding", "2fast", "coding@7", "x" * 65):
+        with pytest.raises(InvalidSpecialistName) as caught:
+            specialist_name(bad)
+        assert caught.value.code == "invalid_specialist_name"
+
+
+# --- the classifier as data ------------------------------------------------------------------
+
+
+def test_router_version_is_a_content_hash() -> None:
+    assert one_hot_model().version == MODEL.version
+    assert MODEL.version.startswith("router-") and len(MODEL.version) == len("router-") + 12
+    nudged = RouterModel.create(
+        MODEL.specialists, MODEL.weights, [0.0, 0.0, 0.0, 1e-9], MODEL.training_digest
+    )
+    assert nudged.version != MODEL.version
+    other_data = RouterModel.create(MODEL.specialists, MODEL.weights, MODEL.bias, "1" * 64)
+    assert other_data.version != MODEL.version
+
+
+def test_a_stored_model_round_trips_and_an_altered_one_does_not_validate() -> None:
+    stored = MODEL.model_dump_json()
+    assert RouterModel.model_validate_json(stored) == MODEL
+    altered = MODEL.model_dump(mode="json")
+    altered["bias"] = [0.0, 0.0, 0.5, 0.0]
+    with pytest.raises(ValidationError, match="does not match the content"):
+        RouterModel.model_validate(altered)
+
+
+@pytest.mark.parametrize(
+    ("specialists", "weights", "bias"),
+    [
+        (("chat", "chat"), [[1.0], [1.0]], [0.0, 0.0]),
+        (("chat", "agent"), [[1.0]], [0.0, 0.0]),
+        (("chat", "agent"), [[1.0], [1.0, 2.0]], [0.0, 0.0]),
+        (("chat", "agent"), [[], []], [0.0, 0.0]),
+        (("chat", "agent"), [[1.0], [1.0]], [0.0]),
+        (("Chat",), [[1.0]], [0.0]),
+        (("chat",), [[math.nan]], [0.0]),
+    ],
+)
+def test_inconsistent_models_do_not_validate(
+    specialists: tuple[str, ...], weights: list[list[float]], bias: list[float]
+) -> None:
+    with pytest.raises(ValidationError):
+        RouterModel(
+            specialists=specialists,
+            weights=tuple(tuple(row) for row in weights),
+            bias=tuple(bias),
+            training_digest=DIGEST,
+            version="router-000000000000",
+        )
+
+
+# --- decisions as events ---------------------------------------------------------------------
+
+
+def test_a_decision_becomes_the_router_decided_payload() -> None:
+    decision = decide(towards(1), MODEL, ALL)
+    turn_id = uuid.uuid4()
+    payload = decision.to_event(turn_id, "agent@3")
+    assert payload == RouterDecided(
+        turn_id=turn_id,
+        scores=decision.scores,
+        specialist="agent",
+        adapter_version="agent@3",
+        router_version=MODEL.version,
+    )
+    sealed = NewEvent(payload=payload, tenant_id="tenant-a", key="conv-1").seal(1, None)
+    assert sealed.envelope.payload["router_version"] == MODEL.version
+
+
+def test_a_decision_must_be_consistent() -> None:
+    with pytest.raises(ValidationError, match="sum to 1"):
+        RouterDecision(
+            scores={"chat": 0.5, "agent": 0.4},
+            specialist="chat",
+            reason="classifier",
+            router_version="router-x",
+        )
+    with pytest.raises(ValidationError, match="has no score"):
+        RouterDecision(
+            scores={"chat": 1.0}, specialist="agent", reason="hint", router_version="router-x"
+        )
+
+
+# --- training labels from the log ------------------------------------------------------------
+
+
+def test_labels_from_log_follow_corrections_and_feedback() -> None:
+    ids = [uuid.uuid4() for _ in range(7)]
+    turns = [RoutedTurn(turn_id=i, text=f"turn {n}", specialist="chat") for n, i in enumerate(ids)]
+    corrections = [
+        RoutingCorrection(turn_id=ids[0], specialist="agent"),
+        RoutingCorrection(turn_id=ids[1], specialist="agent"),
+        RoutingCorrection(turn_id=ids[1], specialist="genui"),  # the latest correction wins
+        RoutingCorrection(turn_id=uuid.uuid4(), specialist="coding"),  # not in this window
+    ]
+    feedback = [
+        RoutingFeedback(turn_id=ids[0], kind="down"),  # the correction says where it belongs
+        RoutingFeedback(turn_id=ids[2], kind="up"),
+        RoutingFeedback(turn_id=ids[3], kind="down"),
+        RoutingFeedback(turn_id=ids[4], kind="down"),
+        RoutingFeedback(turn_id=ids[4], kind="up"),  # the latest thumbs wins
+        RoutingFeedback(turn_id=ids[5], kind="regenerate"),
+        RoutingFeedback(turn_id=ids[5], kind="edit"),
+    ]
+    labels = labels_from_log(turns, corrections, feedback, correction_weight=3.0)
+    assert labels == [
+        LabelledTurn(text="turn 0", specialist="agent", weight=3.0),
+        LabelledTurn(text="turn 1", specialist="genui", weight=3.0),
+        LabelledTurn(text="turn 2", specialist="chat"),
+        LabelledTurn(text="turn 4", specialist="chat"),
+    ]
+    # turn 3 (thumbs down only), turn 5 (no thumbs) and turn 6 (unreviewed) teach nothing
+
+
+def test_thumbs_down_alone_is_never_a_positive_example() -> None:
+    turn = RoutedTurn(turn_id=uuid.uuid4(), text="book me a flight", specialist="coding")
+    down = RoutingFeedback(turn_id=turn.turn_id, kind="down")
+    assert labels_from_log([turn], feedback=[down]) == []
