@@ -15,6 +15,7 @@ import asyncio
 import json
 import multiprocessing
 import tempfile
+from concurrent.futures import ProcessPoolExecutor
 import time
 from pathlib import Path
 from typing import Any
@@ -146,8 +147,9 @@ def run_peft(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> d
 
 def in_process(target: Any, *args: Any) -> dict[str, float]:
     """Run ``target`` in a fresh process so its peak RSS is its own."""
-    with multiprocessing.get_context("spawn").Pool(1) as pool:
-        result: dict[str, float] = pool.apply(target, args)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        result: dict[str, float] = pool.submit(target, *args).result()
         return result
 
 

@@ -120,22 +120,54 @@ def read_adapter(
     return LoRAWeights(name, config, pairs)
 
 
-class BatchAdapters:
-    """Which adapter each batch row uses, set by the engine before every forward pass."""
+@dataclass(frozen=True)
+class _Stacked:
+    """One slot's weights gathered per batch row, zero where a row has none (adds exactly 0)."""
 
-    def __init__(self) -> None:
-        self.groups: list[tuple[LoRAWeights, torch.Tensor | None]] = []
+    a: torch.Tensor  # (rows, in, rank) = A.T per row
+    b: torch.Tensor  # (rows, rank, out) = B.T per row
+    scaling: torch.Tensor  # (rows, 1, 1)
+
+
+class BatchAdapters:
+    """Which adapter each batch row uses, set by the engine before every forward pass.
+
+    A uniform batch (every row on one adapter, or none) applies that adapter directly. A mixed
+    batch gathers each slot's weights per row once per batch composition (it changes only when
+    requests join or leave), so each step costs two batched matmuls per layer, not one pair per
+    adapter.
+    """
+
+    def __init__(self, shapes: dict[Slot, tuple[int, int]] | None = None) -> None:
+        self.shapes = shapes or {}
+        self.uniform: LoRAWeights | None = None
+        self.stacked: dict[Slot, _Stacked] = {}
+        self._composition: tuple[str | None, ...] = ()
 
     def assign(self, per_row: list[LoRAWeights | None]) -> None:
-        """Group rows by adapter; ``None`` rows in a group's place means every row."""
-        by_name: dict[str, tuple[LoRAWeights, list[int]]] = {}
-        for row, weights in enumerate(per_row):
-            if weights is not None:
-                by_name.setdefault(weights.name, (weights, []))[1].append(row)
-        self.groups = [
-            (weights, None if len(rows) == len(per_row) else torch.tensor(rows))
-            for weights, rows in by_name.values()
-        ]
+        composition = tuple(None if w is None else w.name for w in per_row)
+        if composition == self._composition:
+            return
+        self._composition = composition
+        self.stacked = {}
+        self.uniform = per_row[0] if len(set(composition)) == 1 else None
+        if len(set(composition)) == 1:
+            return
+        for slot, (fan_in, fan_out) in self.shapes.items():
+            pairs = [(row, w.pairs[slot], w.config.scaling) for row, w in enumerate(per_row)
+                     if w is not None and slot in w.pairs]  # fmt: skip
+            if not pairs:
+                continue
+            rank = max(a.shape[0] for _, (a, _), _ in pairs)
+            dtype = pairs[0][1][0].dtype
+            a_rows = torch.zeros(len(per_row), fan_in, rank, dtype=dtype)
+            b_rows = torch.zeros(len(per_row), rank, fan_out, dtype=dtype)
+            scaling = torch.zeros(len(per_row), 1, 1, dtype=dtype)
+            for row, (a, b), scale in pairs:
+                a_rows[row, :, : a.shape[0]] = a.T
+                b_rows[row, : a.shape[0], :] = b.T
+                scaling[row] = scale
+            self.stacked[slot] = _Stacked(a_rows, b_rows, scaling)
 
 
 class MultiLoRALinear(nn.Module):
@@ -149,21 +181,21 @@ class MultiLoRALinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y: torch.Tensor = self.base(x)
-        for weights, rows in self.batch.groups:
-            pair = weights.pairs.get(self.slot)
-            if pair is None:
-                continue
-            a, b = pair
-            scaling = weights.config.scaling
-            if rows is None:
-                y = y + F.linear(F.linear(x, a), b) * scaling
-            else:
-                y[rows] = y[rows] + F.linear(F.linear(x[rows], a), b) * scaling
+        uniform = self.batch.uniform
+        if uniform is not None:
+            pair = uniform.pairs.get(self.slot)
+            if pair is not None:
+                a, b = pair
+                y = y + F.linear(F.linear(x, a), b) * uniform.config.scaling
+            return y
+        stacked = self.batch.stacked.get(self.slot)
+        if stacked is not None:
+            y = y + torch.bmm(torch.bmm(x, stacked.a), stacked.b) * stacked.scaling
         return y
 
 
 def install(model: nn.Module, batch: BatchAdapters) -> dict[Slot, tuple[int, int]]:
-    """Wrap every target linear layer of a Llama-family model; returns each slot's
+    """Wrap every target linear layer of a Llama-family model; records and returns each slot's
     (in_features, out_features)."""
     shapes: dict[Slot, tuple[int, int]] = {}
     for index, layer in enumerate(model.model.layers):  # type: ignore[union-attr,arg-type]
@@ -173,4 +205,5 @@ def install(model: nn.Module, batch: BatchAdapters) -> dict[Slot, tuple[int, int
                 if isinstance(linear, nn.Linear):
                     setattr(parent, proj, MultiLoRALinear(linear, (index, proj), batch))
                     shapes[(index, proj)] = (linear.in_features, linear.out_features)
+    batch.shapes = shapes
     return shapes
