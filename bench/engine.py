@@ -15,8 +15,8 @@ import asyncio
 import json
 import multiprocessing
 import tempfile
-from concurrent.futures import ProcessPoolExecutor
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
