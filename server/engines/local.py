@@ -98,7 +98,7 @@ class LocalEngine:
             self.model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
         except (OSError, ValueError) as exc:
             raise ModelUnavailable(f"cannot load the base model from {model_dir}: {exc}") from exc
-        if self.model.config.model_type not in {"llama", "mistral", "qwen2"}:
+        if self.model.config.model_type != "llama":
             raise ModelUnavailable(f"{self.model.config.model_type} models are not supported")
         self.model.eval().requires_grad_(False)
         self._batch = BatchAdapters()
