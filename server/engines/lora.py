@@ -20,6 +20,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from core.errors import AdapterInvalid, AdapterRankTooLarge
+from kernels.lora import Gathered, LoRAStack, expand_gathered, gather, shrink_gathered
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _KEY = re.compile(
@@ -120,28 +121,19 @@ def read_adapter(
     return LoRAWeights(name, config, pairs)
 
 
-@dataclass(frozen=True)
-class _Stacked:
-    """One slot's weights gathered per batch row, zero where a row has none (adds exactly 0)."""
-
-    a: torch.Tensor  # (rows, in, rank) = A.T per row
-    b: torch.Tensor  # (rows, rank, out) = B.T per row
-    scaling: torch.Tensor  # (rows, 1, 1)
-
-
 class BatchAdapters:
     """Which adapter each batch row uses, set by the engine before every forward pass.
 
-    A uniform batch (every row on one adapter, or none) applies that adapter directly. A mixed
-    batch gathers each slot's weights per row once per batch composition (it changes only when
-    requests join or leave), so each step costs two batched matmuls per layer, not one pair per
-    adapter.
+    A uniform batch (every row on one adapter, or none) applies that adapter directly, exactly
+    as PEFT does. A mixed batch uses ``kernels.lora``'s gathered path: each slot's weights are
+    gathered per row once per batch composition (it changes only when requests join or leave),
+    so a step costs two batched matmuls per layer, not one pair per adapter.
     """
 
     def __init__(self, shapes: dict[Slot, tuple[int, int]] | None = None) -> None:
         self.shapes = shapes or {}
         self.uniform: LoRAWeights | None = None
-        self.stacked: dict[Slot, _Stacked] = {}
+        self.gathered: dict[Slot, Gathered] = {}
         self._composition: tuple[str | None, ...] = ()
 
     def assign(self, per_row: list[LoRAWeights | None]) -> None:
@@ -149,25 +141,21 @@ class BatchAdapters:
         if composition == self._composition:
             return
         self._composition = composition
-        self.stacked = {}
-        self.uniform = per_row[0] if len(set(composition)) == 1 else None
-        if len(set(composition)) == 1:
+        self.gathered = {}
+        mixed = len(set(composition)) > 1
+        self.uniform = None if mixed else per_row[0]
+        if not mixed:
             return
-        for slot, (fan_in, fan_out) in self.shapes.items():
-            pairs = [(row, w.pairs[slot], w.config.scaling) for row, w in enumerate(per_row)
-                     if w is not None and slot in w.pairs]  # fmt: skip
-            if not pairs:
+        for slot in self.shapes:
+            present = list(
+                {w.name: w for w in per_row if w is not None and slot in w.pairs}.values()
+            )
+            if not present:
                 continue
-            rank = max(a.shape[0] for _, (a, _), _ in pairs)
-            dtype = pairs[0][1][0].dtype
-            a_rows = torch.zeros(len(per_row), fan_in, rank, dtype=dtype)
-            b_rows = torch.zeros(len(per_row), rank, fan_out, dtype=dtype)
-            scaling = torch.zeros(len(per_row), 1, 1, dtype=dtype)
-            for row, (a, b), scale in pairs:
-                a_rows[row, :, : a.shape[0]] = a.T
-                b_rows[row, : a.shape[0], :] = b.T
-                scaling[row] = scale
-            self.stacked[slot] = _Stacked(a_rows, b_rows, scaling)
+            stack = LoRAStack.of([(*w.pairs[slot], w.config.scaling) for w in present])
+            position = {w.name: n for n, w in enumerate(present)}
+            idx = torch.tensor([-1 if w is None else position.get(w.name, -1) for w in per_row])
+            self.gathered[slot] = gather(stack, idx)
 
 
 class MultiLoRALinear(nn.Module):
@@ -188,9 +176,9 @@ class MultiLoRALinear(nn.Module):
                 a, b = pair
                 y = y + F.linear(F.linear(x, a), b) * uniform.config.scaling
             return y
-        stacked = self.batch.stacked.get(self.slot)
-        if stacked is not None:
-            y = y + torch.bmm(torch.bmm(x, stacked.a), stacked.b) * stacked.scaling
+        gathered = self.batch.gathered.get(self.slot)
+        if gathered is not None:
+            y = expand_gathered(y, shrink_gathered(x, gathered), gathered)
         return y
 
 

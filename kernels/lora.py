@@ -1,0 +1,171 @@
+"""Multi-LoRA ops for batches whose tokens use different adapters.
+
+Semantics (the specification is ``shrink_reference`` / ``expand_reference``), for every token i:
+
+    y[i] += (x[i] @ A[idx[i]].T) @ B[idx[i]].T * scale[idx[i]]      (idx[i] == -1: unchanged)
+
+split as ``h = lora_shrink(x, A, idx)`` and ``y = lora_expand(y, h, B, scale, idx)``. Adapters of
+one layer are stacked (``LoRAStack``), zero-padded to the largest rank: padding adds exactly 0.
+
+Fast CPU paths, measured in ``bench/kernels.py``:
+- *segments*: sort tokens by adapter, one matmul per adapter's contiguous run. Best when each
+  adapter has many tokens (prefill, long batches).
+- *gathered*: gather each token's weights once (``gather``), then two batched matmuls. Best when
+  each adapter has few tokens (decode steps); the local engine keeps the gather for as long as
+  its batch composition holds.
+The Triton kernel (``kernels/lora_triton.py``) is imported only where CUDA is present, or
+``TRITON_INTERPRET=1`` is set to check it on the CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LoRAStack:
+    """One layer's adapters: ``a`` (N, r, in), ``b`` (N, out, r), ``scale`` (N,)."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scale: torch.Tensor
+
+    @staticmethod
+    def of(pairs: list[tuple[torch.Tensor, torch.Tensor, float]]) -> LoRAStack:
+        """Stack (A (r, in), B (out, r), scale) per adapter, zero-padding to the largest rank."""
+        if not pairs:
+            raise ValueError("a LoRA stack needs at least one adapter")
+        rank = max(a.shape[0] for a, _, _ in pairs)
+        fan_in, fan_out = pairs[0][0].shape[1], pairs[0][1].shape[0]
+        dtype = pairs[0][0].dtype
+        a_all = torch.zeros(len(pairs), rank, fan_in, dtype=dtype)
+        b_all = torch.zeros(len(pairs), fan_out, rank, dtype=dtype)
+        for n, (a, b, _) in enumerate(pairs):
+            a_all[n, : a.shape[0]] = a
+            b_all[n, :, : b.shape[1]] = b
+        scale = torch.tensor([s for _, _, s in pairs], dtype=dtype)
+        return LoRAStack(a_all, b_all, scale)
+
+
+@dataclass(frozen=True)
+class Gathered:
+    """Per-token weights: ``a`` (T, in, r), ``b`` (T, r, out), ``scale`` (T, 1); zero for -1."""
+
+    a: torch.Tensor
+    b: torch.Tensor
+    scale: torch.Tensor
+
+
+# --- the specification ----------------------------------------------------------------------
+
+
+def shrink_reference(x: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """h[i] = x[i] @ a[idx[i]].T, zeros where idx[i] == -1. x (T, in), a (N, r, in)."""
+    h = torch.zeros(x.shape[0], a.shape[1], dtype=x.dtype)
+    for i, n in enumerate(idx.tolist()):
+        if n >= 0:
+            h[i] = x[i] @ a[n].T
+    return h
+
+
+def expand_reference(
+    y: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, idx: torch.Tensor
+) -> torch.Tensor:
+    """y[i] + h[i] @ b[idx[i]].T * scale[idx[i]], y[i] where idx[i] == -1. b (N, out, r)."""
+    out = y.clone()
+    for i, n in enumerate(idx.tolist()):
+        if n >= 0:
+            out[i] = y[i] + (h[i] @ b[n].T) * scale[n]
+    return out
+
+
+# --- fast CPU path: segments ----------------------------------------------------------------
+
+
+def _segments(idx: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
+    """Token order sorted by adapter, and (adapter, start, end) runs in that order (no -1)."""
+    order = torch.argsort(idx, stable=True)
+    adapters, counts = torch.unique_consecutive(idx[order], return_counts=True)
+    runs, start = [], 0
+    for n, count in zip(adapters.tolist(), counts.tolist(), strict=True):
+        if n >= 0:
+            runs.append((n, start, start + count))
+        start += count
+    return order, runs
+
+
+def shrink_segments(x: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    order, runs = _segments(idx)
+    xs = x[order]
+    hs = torch.zeros(x.shape[0], a.shape[1], dtype=x.dtype)
+    for n, start, end in runs:
+        hs[start:end] = xs[start:end] @ a[n].T
+    h = torch.empty_like(hs)
+    h[order] = hs
+    return h
+
+
+def expand_segments(
+    y: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, idx: torch.Tensor
+) -> torch.Tensor:
+    order, runs = _segments(idx)
+    hs = h[order]
+    delta = torch.zeros(y.shape, dtype=y.dtype)
+    sorted_delta = torch.zeros(y.shape, dtype=y.dtype)
+    for n, start, end in runs:
+        sorted_delta[start:end] = (hs[start:end] @ b[n].T) * scale[n]
+    delta[order] = sorted_delta
+    return y + delta
+
+
+# --- fast CPU path: gathered weights --------------------------------------------------------
+
+
+def gather(stack: LoRAStack, idx: torch.Tensor) -> Gathered:
+    """Each token's weights (zeros for -1), laid out for batched matmuls."""
+    safe = idx.clamp(min=0)
+    used = (idx >= 0).to(stack.a.dtype)
+    a = stack.a[safe].transpose(1, 2) * used[:, None, None]
+    b = stack.b[safe].transpose(1, 2)
+    scale = (stack.scale[safe] * used)[:, None]
+    return Gathered(a.contiguous(), b.contiguous(), scale)
+
+
+def shrink_gathered(x: torch.Tensor, gathered: Gathered) -> torch.Tensor:
+    """x (T, in) or (T, S, in) with one adapter per row: h = x @ a per row."""
+    rows = x if x.dim() == 3 else x[:, None, :]
+    h = torch.bmm(rows, gathered.a)
+    return h if x.dim() == 3 else h[:, 0, :]
+
+
+def expand_gathered(y: torch.Tensor, h: torch.Tensor, gathered: Gathered) -> torch.Tensor:
+    rows = h if h.dim() == 3 else h[:, None, :]
+    delta = torch.bmm(rows, gathered.b)
+    if h.dim() == 3:
+        return y + delta * gathered.scale[:, :, None]
+    return y + delta[:, 0, :] * gathered.scale
+
+
+# --- dispatch -------------------------------------------------------------------------------
+
+
+def lora_shrink(x: torch.Tensor, stack: LoRAStack, idx: torch.Tensor) -> torch.Tensor:
+    """h[i] = x[i] @ A[idx[i]].T (zeros for -1): Triton on CUDA, segments on the CPU."""
+    if x.is_cuda:
+        from kernels.lora_triton import shrink_triton
+
+        return shrink_triton(x, stack.a, idx)
+    return shrink_segments(x, stack.a, idx)
+
+
+def lora_expand(
+    y: torch.Tensor, h: torch.Tensor, stack: LoRAStack, idx: torch.Tensor
+) -> torch.Tensor:
+    """y[i] + h[i] @ B[idx[i]].T * scale[idx[i]] (unchanged for -1)."""
+    if y.is_cuda:
+        from kernels.lora_triton import expand_triton
+
+        return expand_triton(y, h, stack.b, stack.scale, idx)
+    return expand_segments(y, h, stack.b, stack.scale, idx)
