@@ -8,8 +8,9 @@ split as ``h = lora_shrink(x, A, idx)`` and ``y = lora_expand(y, h, B, scale, id
 one layer are stacked (``LoRAStack``), zero-padded to the largest rank: padding adds exactly 0.
 
 Fast CPU paths, measured in ``bench/kernels.py``:
-- *segments*: sort tokens by adapter, one matmul per adapter's contiguous run. Best when each
-  adapter has many tokens (prefill, long batches).
+- *segments*: group tokens by adapter, pad the groups to the longest, and run one batched
+  matmul over them. Best when each adapter has many tokens (prefill, long batches); a very
+  uneven batch pays for the padding.
 - *gathered*: gather each token's weights once (``gather``), then two batched matmuls. Best when
   each adapter has few tokens (decode steps); the local engine keeps the gather for as long as
   its batch composition holds.
@@ -84,40 +85,49 @@ def expand_reference(
 # --- fast CPU path: segments ----------------------------------------------------------------
 
 
-def _segments(idx: torch.Tensor) -> tuple[torch.Tensor, list[tuple[int, int, int]]]:
-    """Token order sorted by adapter, and (adapter, start, end) runs in that order (no -1)."""
-    order = torch.argsort(idx, stable=True)
+@dataclass(frozen=True)
+class _Segments:
+    """Tokens grouped by adapter, each group padded to the longest: ``tokens`` (K, L) holds
+    token positions (0 where padded), ``valid`` (K, L) marks real ones, ``adapters`` (K,)."""
+
+    tokens: torch.Tensor
+    valid: torch.Tensor
+    adapters: torch.Tensor
+
+
+def _segments(idx: torch.Tensor) -> _Segments:
+    used = torch.nonzero(idx >= 0).flatten()
+    order = used[torch.argsort(idx[used], stable=True)]
     adapters, counts = torch.unique_consecutive(idx[order], return_counts=True)
-    runs, start = [], 0
-    for n, count in zip(adapters.tolist(), counts.tolist(), strict=True):
-        if n >= 0:
-            runs.append((n, start, start + count))
-        start += count
-    return order, runs
+    longest = int(counts.max()) if len(counts) else 0
+    starts = torch.cumsum(counts, 0) - counts
+    offsets = torch.arange(longest)
+    valid = offsets[None, :] < counts[:, None]
+    where = (starts[:, None] + offsets[None, :]).clamp(max=max(len(order) - 1, 0))
+    tokens = torch.where(valid, order[where] if len(order) else where, 0)
+    return _Segments(tokens, valid, adapters)
 
 
 def shrink_segments(x: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    order, runs = _segments(idx)
-    xs = x[order]
-    hs = torch.zeros(x.shape[0], a.shape[1], dtype=x.dtype)
-    for n, start, end in runs:
-        hs[start:end] = xs[start:end] @ a[n].T
-    h = torch.empty_like(hs)
-    h[order] = hs
+    """One batched matmul over the adapters' token groups (padded to the longest group)."""
+    seg = _segments(idx)
+    h = torch.zeros(x.shape[0], a.shape[1], dtype=x.dtype)
+    if seg.adapters.numel():
+        grouped = torch.bmm(x[seg.tokens], a[seg.adapters].transpose(1, 2))
+        h[seg.tokens[seg.valid]] = grouped[seg.valid]
     return h
 
 
 def expand_segments(
     y: torch.Tensor, h: torch.Tensor, b: torch.Tensor, scale: torch.Tensor, idx: torch.Tensor
 ) -> torch.Tensor:
-    order, runs = _segments(idx)
-    hs = h[order]
-    delta = torch.zeros(y.shape, dtype=y.dtype)
-    sorted_delta = torch.zeros(y.shape, dtype=y.dtype)
-    for n, start, end in runs:
-        sorted_delta[start:end] = (hs[start:end] @ b[n].T) * scale[n]
-    delta[order] = sorted_delta
-    return y + delta
+    seg = _segments(idx)
+    out = y.clone()
+    if seg.adapters.numel():
+        grouped = torch.bmm(h[seg.tokens], b[seg.adapters].transpose(1, 2))
+        grouped = grouped * scale[seg.adapters][:, None, None]
+        out.index_add_(0, seg.tokens[seg.valid], grouped[seg.valid])
+    return out
 
 
 # --- fast CPU path: gathered weights --------------------------------------------------------
