@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -46,3 +49,11 @@ def raw_envelope(
     }
     digest = sha256_hex(canonical_json(payload))
     return {**header, "hash": chain_hash(header, digest), "payload": payload}
+
+
+def run_macaron(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """The ``macaron`` command as an operator runs it, with only the given MACARON_ settings."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MACARON_")}
+    environ.update({"COLUMNS": "200", **env})
+    return subprocess.run([sys.executable, "-m", "macaron", *args], env=environ,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import os
 import socket
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -18,27 +16,17 @@ from infra.local_stack import LocalStack
 from infra.postgres.db import open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from tests.conftest import stack_settings
-from tests.factories import turn
+from tests.factories import run_macaron, turn
 
 
 def macaron(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MACARON_")}
-    env.update(
-        {
-            "MACARON_HOME": str(settings.home),
-            "MACARON_POSTGRES_PORT": str(settings.postgres_port),
-            "MACARON_REDIS_PORT": str(settings.redis_port),
-            "MACARON_KAFKA_PORT": str(settings.kafka_port),
-            "MACARON_KAFKA_BOOTSTRAP": f"127.0.0.1:{settings.kafka_port}",
-            "COLUMNS": "200",
-        }
-    )
-    return subprocess.run(
-        [sys.executable, "-m", "macaron", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=180,
+    return run_macaron(
+        *args,
+        MACARON_HOME=str(settings.home),
+        MACARON_POSTGRES_PORT=str(settings.postgres_port),
+        MACARON_REDIS_PORT=str(settings.redis_port),
+        MACARON_KAFKA_PORT=str(settings.kafka_port),
+        MACARON_KAFKA_BOOTSTRAP=f"127.0.0.1:{settings.kafka_port}",
     )
 
 
@@ -100,19 +88,8 @@ def test_stale_pid_file_is_a_clear_error_and_down_clears_it(own_stack: Settings)
     assert macaron(own_stack, "up").returncode == 0
 
 
-def test_invalid_settings_are_a_clear_error(own_stack: Settings) -> None:
-    env_settings = own_stack.model_copy()
-    result = subprocess.run(
-        [sys.executable, "-m", "macaron", "status"],
-        env={
-            **os.environ,
-            "MACARON_HOME": str(env_settings.home),
-            "MACARON_EVENT_LOG": "carrier-pigeon",
-        },
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+def test_invalid_settings_are_a_clear_error(tmp_path: Path) -> None:
+    result = run_macaron("status", MACARON_HOME=str(tmp_path), MACARON_EVENT_LOG="carrier-pigeon")
     assert result.returncode == 2
     assert "MACARON_EVENT_LOG" in result.stderr and "Traceback" not in result.stderr
 

@@ -5,25 +5,17 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from core.engine import GenerationRequest, SamplingParams
 from server.engines.local import LocalEngine
+from tests.factories import run_macaron
 
 
 def macaron(home: Path, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("MACARON_")}
-    environ.update({"MACARON_HOME": str(home), "COLUMNS": "200", **env})
-    return subprocess.run(
-        [sys.executable, "-m", "macaron", *args],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
+    return run_macaron(*args, MACARON_HOME=str(home), **env)
 
 
 @pytest.fixture(scope="module")
