@@ -10,14 +10,14 @@ from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-ADAPTER_NAME = re.compile(r"^[a-z][a-z0-9_-]{0,63}@[0-9]{1,9}$")
+ADAPTER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}@[0-9]{1,9}")  # use fullmatch
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
 def adapter_name(specialist: str, version: int) -> str:
     """Versioned adapter names are never reused, so no cache of an old version is served."""
     name = f"{specialist}@{version}"
-    if not ADAPTER_NAME.match(name):
+    if not ADAPTER_NAME.fullmatch(name):
         raise ValueError(f"invalid adapter name {name!r}")
     return name
 
@@ -53,7 +53,7 @@ class GenerationRequest(BaseModel):
     @field_validator("adapter")
     @classmethod
     def _versioned(cls, value: str | None) -> str | None:
-        if value is not None and not ADAPTER_NAME.match(value):
+        if value is not None and not ADAPTER_NAME.fullmatch(value):
             raise ValueError("adapter must be a versioned name such as coding@3")
         return value
 

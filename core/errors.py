@@ -158,3 +158,16 @@ class EmbedderUnavailable(MacaronError):
     """The router's sentence-embedding model cannot be found or loaded."""
 
     code = "embedder_unavailable"
+
+
+class EngineUnavailable(MacaronError):
+    """The engine is shut down (or shutting down) and takes no more requests."""
+
+    code = "unavailable"
+    retryable = True
+
+
+class EngineError(MacaronError):
+    """The engine failed while generating this request; other requests keep being served."""
+
+    code = "engine_error"

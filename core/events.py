@@ -183,6 +183,12 @@ class NewEvent(BaseModel):
 
     def seal(self, sequence: int, prev_hash: str | None) -> Sealed:
         """Fix this event at ``sequence`` after ``prev_hash`` and compute its hash."""
+        try:
+            return self._seal(sequence, prev_hash)
+        except (UnicodeEncodeError, ValueError) as exc:  # lone surrogates, NaN
+            raise InvalidEvent(f"{self.payload.event_type} cannot be stored: {exc}") from exc
+
+    def _seal(self, sequence: int, prev_hash: str | None) -> Sealed:
         payload = self.payload.model_dump(mode="json")
         payload_bytes = canonical_json(payload)
         payload_sha256 = sha256_hex(payload_bytes)

@@ -61,14 +61,18 @@ def decode_envelope(position: LogPosition, envelope: Envelope) -> RecordedEvent 
     try:
         return RecordedEvent(position, envelope, decode_payload(envelope))
     except MacaronError as exc:
-        raw = json.dumps(envelope.to_json(), default=str)
-        return DeadLetter(position, exc.code, exc.message, raw)
+        code, reason = exc.code, exc.message
+    except Exception as exc:  # an upcaster meeting a payload it cannot lift, say
+        code, reason = InvalidEvent.code, f"{envelope.type} v{envelope.schema_version}: {exc!r}"
+    return DeadLetter(position, code, reason, json.dumps(envelope.to_json(), default=str))
 
 
 def decode_stored(
-    position: LogPosition, raw: bytes | str | Mapping[str, Any]
+    position: LogPosition, raw: bytes | str | Mapping[str, Any] | None
 ) -> RecordedEvent | DeadLetter:
     """Parse and decode one stored record, or say why it goes to the dead-letter stream."""
+    if raw is None:  # a Kafka tombstone: never written by this log
+        return DeadLetter(position, InvalidEvent.code, "record has no value", "")
     try:
         envelope = parse_envelope(raw)
     except InvalidEvent as exc:

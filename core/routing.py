@@ -40,7 +40,7 @@ _SCORE_TOLERANCE = 1e-6
 
 def specialist_name(name: str) -> str:
     """``name`` if it can name a specialist (and so an adapter), else ``InvalidSpecialistName``."""
-    if not _SPECIALIST.match(name):
+    if not _SPECIALIST.fullmatch(name):
         raise InvalidSpecialistName(
             f"invalid specialist name {name!r}: lower-case letters, digits, '_' or '-', "
             "starting with a letter, at most 64 characters"

@@ -10,10 +10,12 @@ CREATE TABLE events (
     sequence        BIGINT      NOT NULL CHECK (sequence >= 1),
     causation_id    UUID,
     correlation_id  UUID,
-    trace           JSONB       NOT NULL DEFAULT '{}'::jsonb CHECK (jsonb_typeof(trace) = 'object'),
+    trace           JSON        NOT NULL DEFAULT '{}'::json CHECK (json_typeof(trace) = 'object'),
     prev_hash       TEXT        CHECK (prev_hash ~ '^[0-9a-f]{64}$'),
     hash            TEXT        NOT NULL CHECK (hash ~ '^[0-9a-f]{64}$'),
-    payload         JSONB       NOT NULL CHECK (jsonb_typeof(payload) = 'object'),
+    -- JSON, not JSONB: the canonical text is kept exactly as hashed (JSONB would normalise
+    -- numbers such as 1.152921504606847e+18 and -0.0, and the hash would no longer verify).
+    payload         JSON        NOT NULL CHECK (json_typeof(payload) = 'object'),
     recorded_at     TIMESTAMPTZ NOT NULL DEFAULT now(),
     CONSTRAINT events_event_id_key UNIQUE (event_id),
     CONSTRAINT events_key_sequence_key UNIQUE (key, sequence)

@@ -35,7 +35,7 @@ from core.log import (
     seal_batch,
 )
 from infra.kafka.topics import dead_letter_topic
-from infra.postgres.db import Pool, unavailable_as_typed
+from infra.postgres.db import Pool, storage_errors, unavailable_as_typed
 
 SEND_TIMEOUT = 30.0
 POLL_MS = 500
@@ -95,6 +95,7 @@ class KafkaEventLog:
         keys = sorted({e.key for e in events})
         with (
             unavailable_as_typed(),
+            storage_errors("kafka_appends_key_sequence_key"),
             self._pool.connection() as conn,
             conn.pipeline(),
             conn.transaction(),

@@ -9,7 +9,7 @@ import psycopg
 from psycopg.rows import DictRow, dict_row
 from psycopg_pool import ConnectionPool
 
-from core.errors import LogUnavailable
+from core.errors import EventIdConflict, InvalidEvent, LogUnavailable, SequenceConflict
 
 DictConnection = psycopg.Connection[DictRow]
 Pool = ConnectionPool[DictConnection]
@@ -44,3 +44,16 @@ def unavailable_as_typed() -> Iterator[None]:
         yield
     except (psycopg.OperationalError, psycopg.errors.AdminShutdown) as exc:
         raise LogUnavailable(f"PostgreSQL is unavailable: {exc}") from exc
+
+
+@contextmanager
+def storage_errors(sequence_constraint: str) -> Iterator[None]:
+    """Map what PostgreSQL refuses on an append to typed errors (by SQLSTATE and constraint)."""
+    try:
+        yield
+    except psycopg.errors.UniqueViolation as exc:
+        if exc.diag.constraint_name == sequence_constraint:
+            raise SequenceConflict("another writer appended to the same key first") from exc
+        raise EventIdConflict("an event id was appended concurrently") from exc
+    except (psycopg.errors.UntranslatableCharacter, psycopg.errors.CheckViolation) as exc:
+        raise InvalidEvent(f"event cannot be stored: {exc.diag.message_primary}") from exc

@@ -8,14 +8,13 @@ commit order and a tailing reader can never pass over an event that commits late
 from __future__ import annotations
 
 from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
-from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 from psycopg.rows import DictRow, dict_row
 
 from core.canonical import canonical_json
-from core.errors import EventIdConflict, InvalidEvent, SequenceConflict
+from core.errors import EventIdConflict
 from core.events import Envelope, NewEvent, Sealed
 from core.log import (
     DeadLetter,
@@ -25,7 +24,7 @@ from core.log import (
     decode_envelope,
     seal_batch,
 )
-from infra.postgres.db import DictConnection, Pool, unavailable_as_typed
+from infra.postgres.db import DictConnection, Pool, storage_errors, unavailable_as_typed
 
 APPEND_LOCK = 0x6D6163_61726F6E  # "macaron": the one lock every append takes
 NOTIFY_CHANNEL = "macaron_events"
@@ -52,19 +51,6 @@ def _decode_row(row: Mapping[str, Any]) -> RecordedEvent | DeadLetter:
     return decode_envelope(LogPosition(PARTITION, row["position"]), _envelope(row))
 
 
-@contextmanager
-def _storage_errors() -> Iterator[None]:
-    """Map what PostgreSQL refuses on insert to typed errors (by SQLSTATE and constraint)."""
-    try:
-        yield
-    except psycopg.errors.UniqueViolation as exc:
-        if exc.diag.constraint_name == "events_key_sequence_key":
-            raise SequenceConflict("another writer appended to the same key first") from exc
-        raise EventIdConflict("an event id was appended concurrently") from exc
-    except (psycopg.errors.UntranslatableCharacter, psycopg.errors.CheckViolation) as exc:
-        raise InvalidEvent(f"event cannot be stored: {exc.diag.message_primary}") from exc
-
-
 class PostgresEventLog:
     """``EventLog`` over the ``events`` table (see migrations/0001)."""
 
@@ -82,7 +68,7 @@ class PostgresEventLog:
         # NOTIFY and COMMIT in a second.
         with (
             unavailable_as_typed(),
-            _storage_errors(),
+            storage_errors("events_key_sequence_key"),
             self._pool.connection() as conn,
             conn.pipeline(),
         ):
@@ -140,8 +126,8 @@ class PostgresEventLog:
             "INSERT INTO events (event_id, type, schema_version, occurred_at, tenant_id, key, "
             "sequence, causation_id, correlation_id, trace, prev_hash, hash, payload) "
             "SELECT u.event_id, u.type, u.schema_version, u.occurred_at, u.tenant_id, u.key, "
-            "u.sequence, u.causation_id, u.correlation_id, u.trace::jsonb, u.prev_hash, "
-            "u.hash, u.payload::jsonb FROM unnest(%b::uuid[], %b::text[], %b::int[], "
+            "u.sequence, u.causation_id, u.correlation_id, u.trace::json, u.prev_hash, "
+            "u.hash, u.payload::json FROM unnest(%b::uuid[], %b::text[], %b::int[], "
             "%b::timestamptz[], %b::text[], %b::text[], %b::bigint[], %b::uuid[], "
             "%b::uuid[], %b::text[], %b::text[], %b::text[], %b::text[]) AS u(event_id, "
             "type, schema_version, occurred_at, tenant_id, key, sequence, causation_id, "

@@ -35,7 +35,10 @@ from core.errors import (
     AdapterCapacityExceeded,
     AdapterInvalid,
     AdapterNotFound,
+    EngineError,
     EngineOverloaded,
+    EngineUnavailable,
+    MacaronError,
     ModelUnavailable,
 )
 from server.engines.lora import (
@@ -48,6 +51,10 @@ from server.engines.lora import (
 )
 
 KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (1, kv_heads, length, head_dim)
+
+
+def _engine_error(exc: Exception) -> MacaronError:
+    return exc if isinstance(exc, MacaronError) else EngineError(f"generation failed: {exc}")
 
 
 @dataclass(frozen=True)
@@ -119,7 +126,7 @@ class LocalEngine:
     # --- adapters ---------------------------------------------------------------------------
 
     def load_adapter(self, name: str, path: str) -> None:
-        if not ADAPTER_NAME.match(name):
+        if not ADAPTER_NAME.fullmatch(name):
             raise AdapterInvalid(f"{name!r} is not a versioned adapter name such as coding@3")
         folder = Path(path)
         with self._lock:
@@ -220,6 +227,8 @@ class LocalEngine:
         vocab = self.model.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if self._stopping.is_set():
+            raise EngineUnavailable("the engine was shut down")
         adapter = self._acquire(request.adapter)
         loop = asyncio.get_running_loop()
         item = _Request(request, adapter, prompt, loop, asyncio.Queue())
@@ -247,17 +256,32 @@ class LocalEngine:
         return self._pending.qsize()
 
     def close(self) -> None:
+        """Stop the worker; every request still queued or running gets ``EngineUnavailable``."""
         self._stopping.set()
         self._worker.join(timeout=30)
+        closed = EngineUnavailable("the engine was shut down")
+        for item in self._active:
+            self._finish(item, "cancelled", error=closed)
+        self._active = []
+        while True:
+            try:
+                self._finish(self._pending.get_nowait(), "cancelled", error=closed)
+            except queue.Empty:
+                break
 
     # --- the worker -------------------------------------------------------------------------
 
     def _run(self) -> None:
         with torch.inference_mode():
             while not self._stopping.is_set():
-                self._admit()
-                if self._active:
-                    self._step()
+                try:
+                    self._admit()
+                    if self._active:
+                        self._step()
+                except Exception as exc:  # last resort: fail what is running, keep serving
+                    for item in self._active:
+                        self._finish(item, "cancelled", error=_engine_error(exc))
+                    self._active = []
                 self.stats["active"] = len(self._active)
 
     def _admit(self) -> None:
@@ -271,10 +295,11 @@ class LocalEngine:
                 continue
             try:
                 logits = self._forward([item], [item.prompt_ids])
-                self._active.append(item)
-                self._advance(item, logits[0])
             except Exception as exc:  # one bad request must not stop the engine
-                self._finish(item, "cancelled", error=exc)
+                self._finish(item, "cancelled", error=_engine_error(exc))
+                continue
+            self._active.append(item)
+            self._advance_safely(item, logits[0])
 
     def _step(self) -> None:
         running = [r for r in self._active if not r.cancelled.is_set()]
@@ -289,12 +314,20 @@ class LocalEngine:
         try:
             logits = self._forward(running, [[r.out_ids[-1]] for r in running])
         except Exception as exc:  # fail this batch's requests, keep the engine serving
-            for item in list(running):
-                self._active.remove(item)
-                self._finish(item, "cancelled", error=exc)
+            self._active = []
+            for item in running:
+                self._finish(item, "cancelled", error=_engine_error(exc))
             return
         for item, row in zip(list(running), logits, strict=True):
-            self._advance(item, row)
+            self._advance_safely(item, row)
+
+    def _advance_safely(self, item: _Request, logits: torch.Tensor) -> None:
+        try:
+            self._advance(item, logits)
+        except Exception as exc:  # e.g. NaN logits from a broken adapter: only this request
+            if item in self._active:
+                self._active.remove(item)
+            self._finish(item, "cancelled", error=_engine_error(exc))
 
     def _forward(self, items: list[_Request], tokens: list[list[int]]) -> torch.Tensor:
         """One pass: ``tokens`` per request (all the same length), continuing each request's

@@ -134,15 +134,18 @@ class BatchAdapters:
         self.shapes = shapes or {}
         self.uniform: LoRAWeights | None = None
         self.gathered: dict[Slot, Gathered] = {}
-        self._composition: tuple[str | None, ...] = ()
+        self._composition: list[LoRAWeights | None] = []
 
     def assign(self, per_row: list[LoRAWeights | None]) -> None:
-        composition = tuple(None if w is None else w.name for w in per_row)
-        if composition == self._composition:
+        # Compared by identity: a name unloaded and loaded again is other weights.
+        same = len(per_row) == len(self._composition) and all(
+            a is b for a, b in zip(per_row, self._composition, strict=True)
+        )
+        if same:
             return
-        self._composition = composition
+        self._composition = list(per_row)
         self.gathered = {}
-        mixed = len(set(composition)) > 1
+        mixed = len({id(w) for w in per_row}) > 1
         self.uniform = None if mixed else per_row[0]
         if not mixed:
             return

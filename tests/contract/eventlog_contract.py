@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from core.chain import verify_chain
-from core.errors import EventIdConflict, SequenceConflict
-from core.events import TurnReceived
+from core.errors import EventIdConflict, InvalidEvent, SequenceConflict
+from core.events import HarnessActionExecuted, NewEvent, TurnReceived
 from core.log import EventLog, RecordedEvent
 from tests.factories import raw_envelope, turn
 
@@ -200,6 +200,33 @@ class EventLogContract:
         assert violations, "tampering went unnoticed"
         assert violations[0].kind == "hash_mismatch"
         assert violations[0].sequence == 2
+
+    def test_payload_is_kept_exactly_as_hashed(self, log: EventLog) -> None:
+        key = f"conv-{uuid.uuid4()}"
+        action = HarnessActionExecuted(
+            turn_id=uuid.uuid4(), action_id=uuid.uuid4(), name="calculator",
+            args={"expression": "2**60"},
+            result={"big": 2.0**60, "negative_zero": -0.0, "tiny": 1e-7, "text": "a\x00b é"},
+            ok=True,
+        )  # fmt: skip
+        event = NewEvent(payload=action, tenant_id="tenant-a", key=key)
+        [stored] = log.append([event])
+        [read] = list(log.read(key=key))
+        assert read.envelope == stored.envelope
+        assert read.envelope.computed_hash() == read.envelope.hash
+        assert verify_chain(log.envelopes(key=key)) == []
+        [again] = log.append([event])  # idempotent: the stored content digest still matches
+        assert again.position == stored.position
+
+    def test_unstorable_text_is_a_typed_error_and_stores_nothing(self, log: EventLog) -> None:
+        key = f"conv-{uuid.uuid4()}"
+        event = turn(key, 0)
+        lone_surrogate = event.model_copy(
+            update={"payload": event.payload.model_copy(update={"content": "bad \ud800"})}
+        )
+        with pytest.raises(InvalidEvent):
+            log.append([turn(key, 1), lone_surrogate])
+        assert list(log.read(key=key)) == []
 
     def test_types_filter(self, log: EventLog) -> None:
         key = f"conv-{uuid.uuid4()}"

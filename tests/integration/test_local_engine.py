@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
 from core.engine import GenerationChunk, GenerationRequest, SamplingParams
@@ -20,7 +21,9 @@ from core.errors import (
     AdapterInvalid,
     AdapterNotFound,
     AdapterRankTooLarge,
+    EngineError,
     EngineOverloaded,
+    EngineUnavailable,
 )
 from server.engines.local import EngineLimits, LocalEngine
 
@@ -198,11 +201,12 @@ def test_unload_lets_requests_in_flight_finish(
                 request_id="inflight",
                 prompt="hello",
                 adapter="coding@1",
-                params=SamplingParams(max_tokens=12),
+                params=SamplingParams(max_tokens=60, ignore_eos=True),
             )
         )
         chunks = [await anext(stream)]
         engine.unload_adapter("coding@1")
+        assert "coding@1" not in engine.loaded_adapters()  # retired: no new requests
         with pytest.raises(AdapterNotFound):
             await collect(
                 engine, GenerationRequest(request_id="late", prompt="x", adapter="coding@1")
@@ -211,10 +215,29 @@ def test_unload_lets_requests_in_flight_finish(
         return chunks
 
     chunks = asyncio.run(scenario())
-    assert chunks[-1].finish_reason in {"length", "stop"}
-    assert "coding@1" not in engine.loaded_adapters()
+    assert chunks[-1].finish_reason == "length"
+    assert len(tokens(chunks)) == 60, "the in-flight request was cut short"
     with pytest.raises(AdapterNotFound):
         engine.unload_adapter("coding@1")
+
+
+def test_reloading_a_name_serves_the_new_weights(
+    engine: LocalEngine, tiny_model: Path, adapters: dict[str, Path]
+) -> None:
+    prompt = tuple(engine.encode("Hello there"))
+
+    def run(adapter: str | None) -> list[int]:
+        request = GenerationRequest(
+            request_id="r", prompt=prompt, adapter=adapter, params=SamplingParams(max_tokens=8)
+        )
+        return tokens(asyncio.run(collect(engine, request)))
+
+    engine.load_adapter("coding@5", str(adapters["coding@1"]))
+    first = run("coding@5")
+    engine.unload_adapter("coding@5")
+    engine.load_adapter("coding@5", str(adapters["genui@1"]))
+    assert run("coding@5") == peft_greedy(tiny_model, adapters["genui@1"], list(prompt), 8)
+    assert run("coding@5") != first
 
 
 def test_sampling_controls(engine: LocalEngine) -> None:
@@ -231,14 +254,15 @@ def test_sampling_controls(engine: LocalEngine) -> None:
     assert seeded[0] == seeded[1]
     other = tokens(run(temperature=1.0, top_p=0.9, seed=8, max_tokens=12))
     assert other != seeded[0]
-    greedy_text = "".join(c.text for c in run(max_tokens=20))
-    assert greedy_text, "the tiny model produced no text"
-    stop = greedy_text[len(greedy_text) // 2 : len(greedy_text) // 2 + 2]
-    if stop.strip():
-        stopped = run(max_tokens=20, stop=[stop])
-        text = "".join(c.text for c in stopped)
-        assert stopped[-1].finish_reason == "stop" and stop not in text
-        assert greedy_text.startswith(text)
+    greedy_text = "".join(c.text for c in run(max_tokens=20, ignore_eos=True))
+    visible = [i for i, ch in enumerate(greedy_text) if i > 0 and not ch.isspace()]
+    assert visible, "the tiny model produced no text"
+    at = visible[len(visible) // 2]
+    stop = greedy_text[at : at + 2]
+    stopped = run(max_tokens=20, ignore_eos=True, stop=[stop])
+    text = "".join(c.text for c in stopped)
+    assert stopped[-1].finish_reason == "stop" and stop not in text
+    assert text == greedy_text[: greedy_text.index(stop)]
 
 
 def test_cancel_stops_work(engine: LocalEngine) -> None:
@@ -250,7 +274,7 @@ def test_cancel_stops_work(engine: LocalEngine) -> None:
         )
         await anext(stream)
         await stream.aclose()
-        for _ in range(200):
+        for _ in range(1000):
             if engine.stats["cancelled"] == 1 and engine.stats["active"] == 0:
                 return
             await asyncio.sleep(0.01)
@@ -281,6 +305,64 @@ def test_bounded_queue_answers_overloaded(tiny_model: Path) -> None:
         asyncio.run(scenario())
     finally:
         engine.close()
+
+
+def test_a_failing_request_gets_a_typed_error_and_the_engine_keeps_serving(
+    engine: LocalEngine, tiny_model: Path, tmp_path: Path, adapters: dict[str, Path]
+) -> None:
+    broken = make_adapter(tiny_model, tmp_path / "nan", 4, ["down_proj"], 9)
+    weights = load_file(str(broken / "adapter_model.safetensors"))
+    save_file({k: torch.full_like(v, float("nan")) for k, v in weights.items()},
+              str(broken / "adapter_model.safetensors"))  # fmt: skip
+    engine.load_adapter("coding@7", str(broken))
+    engine.load_adapter("coding@1", str(adapters["coding@1"]))
+    sampled = SamplingParams(temperature=1.0, seed=1, max_tokens=8)
+
+    async def scenario() -> None:
+        healthy = asyncio.ensure_future(
+            collect(
+                engine,
+                GenerationRequest(
+                    request_id="ok", prompt="fine", adapter="coding@1", params=sampled
+                ),
+            )
+        )
+        with pytest.raises(EngineError) as caught:
+            await collect(
+                engine,
+                GenerationRequest(
+                    request_id="nan", prompt="boom", adapter="coding@7", params=sampled
+                ),
+            )
+        assert caught.value.code == "engine_error"
+        assert (await healthy)[-1].finish_reason == "length"
+
+    asyncio.run(scenario())
+    after = asyncio.run(collect(engine, GenerationRequest(request_id="after", prompt="still")))
+    assert after[-1].finish_reason in {"length", "stop"}
+
+
+def test_close_answers_waiting_requests_and_refuses_new_ones(tiny_model: Path) -> None:
+    engine = LocalEngine(tiny_model, limits=EngineLimits(max_batch=1))
+
+    async def scenario() -> None:
+        long = SamplingParams(max_tokens=5000, ignore_eos=True)
+        running = engine.generate(GenerationRequest(request_id="a", prompt="a", params=long))
+        await anext(running)
+        waiting = asyncio.ensure_future(
+            collect(engine, GenerationRequest(request_id="b", prompt="b", params=long))
+        )
+        await asyncio.sleep(0.05)
+        await asyncio.get_running_loop().run_in_executor(None, engine.close)
+        with pytest.raises(EngineUnavailable):
+            await waiting
+        with pytest.raises(EngineUnavailable):
+            async for _ in running:
+                pass
+        with pytest.raises(EngineUnavailable):
+            await collect(engine, GenerationRequest(request_id="c", prompt="c"))
+
+    asyncio.run(scenario())
 
 
 def test_bad_requests_are_refused(engine: LocalEngine) -> None:

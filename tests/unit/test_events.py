@@ -176,3 +176,24 @@ def test_decode_stored_sets_malformed_records_aside(raw: bytes, code: str) -> No
     result = decode_stored(LogPosition(0, 7), raw)
     assert not isinstance(result, RecordedEvent)
     assert result.code == code and result.position == LogPosition(0, 7)
+
+
+def test_undecodable_records_become_dead_letters_not_crashes() -> None:
+    tombstone = decode_stored(LogPosition(2, 5), None)
+    assert not isinstance(tombstone, RecordedEvent) and tombstone.code == "invalid_event"
+    # A v1 TurnReceived without its "text" field: the upcaster cannot lift it.
+    broken_v1 = raw_envelope(key="k", type="TurnReceived", schema_version=1,
+                             payload={"conversation_id": str(uuid.uuid4()),
+                                      "turn_id": str(uuid.uuid4())})  # fmt: skip
+    letter = decode_stored(LogPosition(0, 9), broken_v1)
+    assert not isinstance(letter, RecordedEvent)
+    assert letter.code == "invalid_event" and "TurnReceived v1" in letter.reason
+
+
+def test_lone_surrogates_are_refused_when_sealing() -> None:
+    event = turn("k", 0)
+    bad = event.model_copy(
+        update={"payload": event.payload.model_copy(update={"content": "x \ud800"})}
+    )
+    with pytest.raises(InvalidEvent):
+        bad.seal(1, None)
