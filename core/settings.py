@@ -29,8 +29,15 @@ class Settings(BaseSettings):
     redis_port: int = Field(default=56379, ge=1, le=65535)
 
     event_log: Literal["postgres", "kafka"] = "postgres"
-    kafka_bootstrap: str = Field(default="127.0.0.1:59092", description="host:port[,host:port]")
+    kafka_bootstrap: str | None = Field(
+        default=None, description="host:port[,host:port]; unset means the embedded broker"
+    )
     kafka_port: int = Field(default=59092, ge=1, le=65535, description="embedded broker port")
     kafka_topic: str = Field(default="macaron.events", pattern=r"^[A-Za-z0-9._-]{1,200}$")
     kafka_partitions: int = Field(default=6, ge=1, le=1024)
     kafka_replication: int = Field(default=1, ge=1, le=16)
+
+    @property
+    def kafka_servers(self) -> str:
+        """The Kafka bootstrap servers: the configured ones, or the embedded broker's."""
+        return self.kafka_bootstrap or f"{self.bind_host}:{self.kafka_port}"

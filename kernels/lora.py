@@ -35,18 +35,19 @@ class LoRAStack:
 
     @staticmethod
     def of(pairs: list[tuple[torch.Tensor, torch.Tensor, float]]) -> LoRAStack:
-        """Stack (A (r, in), B (out, r), scale) per adapter, zero-padding to the largest rank."""
+        """Stack (A (r, in), B (out, r), scale) per adapter, zero-padding to the largest rank,
+        on the device and in the dtype of the first adapter."""
         if not pairs:
             raise ValueError("a LoRA stack needs at least one adapter")
         rank = max(a.shape[0] for a, _, _ in pairs)
         fan_in, fan_out = pairs[0][0].shape[1], pairs[0][1].shape[0]
-        dtype = pairs[0][0].dtype
-        a_all = torch.zeros(len(pairs), rank, fan_in, dtype=dtype)
-        b_all = torch.zeros(len(pairs), fan_out, rank, dtype=dtype)
+        dtype, device = pairs[0][0].dtype, pairs[0][0].device
+        a_all = torch.zeros(len(pairs), rank, fan_in, dtype=dtype, device=device)
+        b_all = torch.zeros(len(pairs), fan_out, rank, dtype=dtype, device=device)
         for n, (a, b, _) in enumerate(pairs):
             a_all[n, : a.shape[0]] = a
             b_all[n, :, : b.shape[1]] = b
-        scale = torch.tensor([s for _, _, s in pairs], dtype=dtype)
+        scale = torch.tensor([s for _, _, s in pairs], dtype=dtype, device=device)
         return LoRAStack(a_all, b_all, scale)
 
 
@@ -64,7 +65,7 @@ class Gathered:
 
 def shrink_reference(x: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """h[i] = x[i] @ a[idx[i]].T, zeros where idx[i] == -1. x (T, in), a (N, r, in)."""
-    h = torch.zeros(x.shape[0], a.shape[1], dtype=x.dtype)
+    h = torch.zeros(x.shape[0], a.shape[1], dtype=x.dtype, device=x.device)
     for i, n in enumerate(idx.tolist()):
         if n >= 0:
             h[i] = x[i] @ a[n].T
@@ -101,7 +102,7 @@ def _segments(idx: torch.Tensor) -> _Segments:
     adapters, counts = torch.unique_consecutive(idx[order], return_counts=True)
     longest = int(counts.max()) if len(counts) else 0
     starts = torch.cumsum(counts, 0) - counts
-    offsets = torch.arange(longest)
+    offsets = torch.arange(longest, device=idx.device)
     valid = offsets[None, :] < counts[:, None]
     where = (starts[:, None] + offsets[None, :]).clamp(max=max(len(order) - 1, 0))
     tokens = torch.where(valid, order[where] if len(order) else where, 0)
@@ -111,7 +112,7 @@ def _segments(idx: torch.Tensor) -> _Segments:
 def shrink_segments(x: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     """One batched matmul over the adapters' token groups (padded to the longest group)."""
     seg = _segments(idx)
-    h = torch.zeros(x.shape[0], a.shape[1], dtype=x.dtype)
+    h = torch.zeros(x.shape[0], a.shape[1], dtype=x.dtype, device=x.device)
     if seg.adapters.numel():
         grouped = torch.bmm(x[seg.tokens], a[seg.adapters].transpose(1, 2))
         h[seg.tokens[seg.valid]] = grouped[seg.valid]

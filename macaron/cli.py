@@ -132,7 +132,7 @@ def topics_create(ctx: typer.Context) -> None:
     """Create the event topic and its dead-letter topic with the configured partitions."""
     cfg = settings(ctx)
     specs = event_topics(cfg.kafka_topic, cfg.kafka_partitions, cfg.kafka_replication)
-    created = create_topics(cfg.kafka_bootstrap, specs)
+    created = create_topics(cfg.kafka_servers, specs)
     for spec in specs:
         state = "created" if spec.name in created else "exists"
         console.print(f"{spec.name}: {spec.partitions} partitions ({state})")

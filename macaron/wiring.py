@@ -16,7 +16,7 @@ def database_url(settings: Settings) -> str:
 
 def event_log(settings: Settings, pool: Pool) -> EventLog:
     if settings.event_log == "kafka":
-        return KafkaEventLog(settings.kafka_bootstrap, settings.kafka_topic, pool)
+        return KafkaEventLog(settings.kafka_servers, settings.kafka_topic, pool)
     return PostgresEventLog(pool, database_url(settings))
 
 

@@ -15,7 +15,8 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --upgrade pip
-# torch first and by exact version: the CPU build 2.13.0 (a plain 'torch' could pull a CUDA build).
+# torch first and by exact version: on these machines pip's configuration finds the CPU build of
+# 2.13.0 on local disk; a plain 'torch', or a machine without that configuration, gets a CUDA build.
 .venv/bin/python -m pip install --quiet "torch==2.13.0"
 .venv/bin/python -m pip install --quiet -e ".[dev]"
 # faust-streaming pins click<8.4 for its own CLI, which Macaron never uses, while

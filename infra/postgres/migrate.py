@@ -6,6 +6,8 @@ from pathlib import Path
 
 from yoyo import get_backend, read_migrations
 
+from infra.postgres.db import unavailable_as_typed
+
 MIGRATIONS_DIR = Path(__file__).resolve().parents[2] / "migrations"
 
 
@@ -18,10 +20,11 @@ def _yoyo_url(database_url: str) -> str:
 
 def migrate(database_url: str) -> list[str]:
     """Apply every migration not yet applied; returns the ids applied now (idempotent)."""
-    backend = get_backend(_yoyo_url(database_url))
+    with unavailable_as_typed():
+        backend = get_backend(_yoyo_url(database_url))
     migrations = read_migrations(str(MIGRATIONS_DIR))
     try:
-        with backend.lock():
+        with unavailable_as_typed(), backend.lock():
             pending = backend.to_apply(migrations)
             backend.apply_migrations(pending)
     finally:

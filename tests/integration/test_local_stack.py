@@ -26,7 +26,6 @@ def macaron(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
         MACARON_POSTGRES_PORT=str(settings.postgres_port),
         MACARON_REDIS_PORT=str(settings.redis_port),
         MACARON_KAFKA_PORT=str(settings.kafka_port),
-        MACARON_KAFKA_BOOTSTRAP=f"127.0.0.1:{settings.kafka_port}",
     )
 
 
