@@ -8,10 +8,11 @@ commit order and a tailing reader can never pass over an event that commits late
 from __future__ import annotations
 
 from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
+from dataclasses import fields
 from typing import Any
 
 import psycopg
-from psycopg.rows import DictRow, dict_row
+from psycopg.rows import DictRow, dict_row, tuple_row
 
 from core.canonical import canonical_json
 from core.errors import EventIdConflict
@@ -38,17 +39,19 @@ _COLUMNS = (
 )
 
 
-_FIELDS = _COLUMNS.split(", ")[1:]
+Row = tuple[Any, ...]  # position, then the envelope's fields in declaration order
+if _COLUMNS.split(", ")[1:] != [f.name for f in fields(Envelope)]:
+    raise RuntimeError("events columns and Envelope fields must be listed in the same order")
 
 
-def _envelope(row: Mapping[str, Any]) -> Envelope:
+def _envelope(row: Row) -> Envelope:
     """Rows come from a table whose types and checks match the envelope's (migrations/0001),
     so the envelope is built without validating it again; the payload is validated on decode."""
-    return Envelope(**{name: row[name] for name in _FIELDS})
+    return Envelope(*row[1:])
 
 
-def _decode_row(row: Mapping[str, Any]) -> RecordedEvent | DeadLetter:
-    return decode_envelope(LogPosition(PARTITION, row["position"]), _envelope(row))
+def _decode_row(row: Row) -> RecordedEvent | DeadLetter:
+    return decode_envelope(LogPosition(PARTITION, row[0]), _envelope(row))
 
 
 class PostgresEventLog:
@@ -74,7 +77,7 @@ class PostgresEventLog:
         ):
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK,))
-                stored_rows = conn.execute(
+                stored_rows = conn.cursor(row_factory=tuple_row).execute(
                     f"SELECT {_COLUMNS} FROM events WHERE event_id = ANY(%s)",
                     ([e.event_id for e in events],),
                 )
@@ -84,7 +87,7 @@ class PostgresEventLog:
                     "WHERE e.key = k.key ORDER BY sequence DESC LIMIT 1) AS h",
                     (keys,),
                 )
-                stored = {row["event_id"]: self._stored(row) for row in stored_rows.fetchall()}
+                stored = {row[1]: self._stored(row) for row in stored_rows.fetchall()}
                 heads = {r["key"]: (r["sequence"], r["hash"]) for r in head_rows.fetchall()}
                 digests = {i: r.envelope.content_digest() for i, r in stored.items()}
                 fresh = seal_batch(events, digests, heads)
@@ -101,11 +104,11 @@ class PostgresEventLog:
         return [stored[event.event_id] for event in events]
 
     @staticmethod
-    def _stored(row: Mapping[str, Any]) -> RecordedEvent:
+    def _stored(row: Row) -> RecordedEvent:
         record = _decode_row(row)
         if isinstance(record, DeadLetter):
             raise EventIdConflict(
-                f"event {row['event_id']} is stored but cannot be decoded: {record.reason}"
+                f"event {row[1]} is stored but cannot be decoded: {record.reason}"
             )
         return record
 
@@ -145,7 +148,7 @@ class PostgresEventLog:
         end: int | None,
         key: str | None,
         types: Collection[str] | None,
-    ) -> Iterator[dict[str, Any]]:
+    ) -> Iterator[Row]:
         where = ["position >= %(cursor)s"]
         if end is not None:
             where.append("position < %(end)s")
@@ -165,11 +168,11 @@ class PostgresEventLog:
         }
         while True:
             with unavailable_as_typed(), self._pool.connection() as conn:
-                rows = conn.execute(sql, params).fetchall()
+                rows = conn.cursor(row_factory=tuple_row).execute(sql, params).fetchall()
             yield from rows
             if len(rows) < READ_BATCH:
                 return
-            params["cursor"] = rows[-1]["position"] + 1
+            params["cursor"] = rows[-1][0] + 1
 
     def read(
         self,
@@ -204,7 +207,7 @@ class PostgresEventLog:
             while True:
                 progressed = False
                 for row in self._scan(cursor, None, None, None):
-                    cursor = row["position"] + 1
+                    cursor = row[0] + 1
                     progressed = True
                     record = _decode_row(row)
                     if isinstance(record, DeadLetter):
