@@ -7,6 +7,8 @@ commit order and a tailing reader can never pass over an event that commits late
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
 from dataclasses import fields
 from typing import Any
@@ -15,7 +17,7 @@ import psycopg
 from psycopg.rows import DictRow, dict_row, tuple_row
 
 from core.canonical import canonical_json
-from core.errors import EventIdConflict
+from core.errors import EventIdConflict, SequenceConflict
 from core.events import Envelope, NewEvent, Sealed
 from core.log import (
     DeadLetter,
@@ -31,6 +33,7 @@ APPEND_LOCK = 0x6D6163_61726F6E  # "macaron": the one lock every append takes
 NOTIFY_CHANNEL = "macaron_events"
 PARTITION = 0
 READ_BATCH = 2000
+HEAD_CACHE_SIZE = 65_536
 SOURCE = "postgres"
 
 _COLUMNS = (
@@ -60,21 +63,59 @@ class PostgresEventLog:
     def __init__(self, pool: Pool, conninfo: str) -> None:
         self._pool = pool
         self._conninfo = conninfo
+        self._heads: OrderedDict[str, tuple[int, str]] = OrderedDict()  # least recent first
+        self._heads_lock = threading.Lock()
 
     # --- append -----------------------------------------------------------------------------
 
     def append(self, events: Sequence[NewEvent]) -> list[RecordedEvent]:
         if not events:
             return []
-        keys = sorted({e.key for e in events})
-        # Pipelined: BEGIN, the lock and both look-ups travel in one round trip; the insert,
-        # NOTIFY and COMMIT in a second.
         with (
             unavailable_as_typed(),
             storage_errors("events_key_sequence_key"),
             self._pool.connection() as conn,
-            conn.pipeline(),
         ):
+            recorded = self._append_optimistic(conn, events)
+            if recorded is None:
+                recorded = self._append_checked(conn, events)
+        self._remember(recorded)
+        return recorded
+
+    def _append_optimistic(
+        self, conn: DictConnection, events: Sequence[NewEvent]
+    ) -> list[RecordedEvent] | None:
+        """One round trip (lock, insert, NOTIFY, commit), chaining onto the heads this process
+        last saw (a key it has not seen starts at 1). If another writer moved a head, or an id
+        is a repeat, a unique constraint refuses the insert and ``None`` sends the append down
+        the checked path."""
+        with self._heads_lock:
+            heads = {e.key: self._heads[e.key] for e in events if e.key in self._heads}
+        try:
+            fresh = seal_batch(events, {}, heads)
+        except SequenceConflict:  # the remembered head may be stale: let the log decide
+            return None
+        try:
+            with conn.pipeline(), conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK,))
+                inserted = self._insert(conn, fresh)
+        except psycopg.errors.UniqueViolation:
+            return None
+        positions = {row["event_id"]: row["position"] for row in inserted.fetchall()}
+        recorded = {
+            s.envelope.event_id: RecordedEvent(
+                LogPosition(PARTITION, positions[s.envelope.event_id]), s.envelope, s.payload
+            )
+            for s in fresh
+        }
+        return [recorded[e.event_id] for e in events]
+
+    def _append_checked(
+        self, conn: DictConnection, events: Sequence[NewEvent]
+    ) -> list[RecordedEvent]:
+        """Look up stored ids and chain heads under the lock, then insert: two round trips."""
+        keys = sorted({e.key for e in events})
+        with conn.pipeline():
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (APPEND_LOCK,))
                 stored_rows = conn.cursor(row_factory=tuple_row).execute(
@@ -102,6 +143,17 @@ class PostgresEventLog:
             position = LogPosition(PARTITION, positions[event_id])
             stored[event_id] = RecordedEvent(position, sealed.envelope, sealed.payload)
         return [stored[event.event_id] for event in events]
+
+    def _remember(self, recorded: list[RecordedEvent]) -> None:
+        """Keep the newest head of each key this process appended to (bounded, LRU)."""
+        with self._heads_lock:
+            for record in recorded:
+                env = record.envelope
+                if self._heads.get(env.key, (0, ""))[0] <= env.sequence:
+                    self._heads[env.key] = (env.sequence, env.hash)
+                    self._heads.move_to_end(env.key)
+            while len(self._heads) > HEAD_CACHE_SIZE:
+                self._heads.popitem(last=False)
 
     @staticmethod
     def _stored(row: Row) -> RecordedEvent:

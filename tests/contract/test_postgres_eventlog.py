@@ -11,6 +11,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Json
 
+from core.chain import verify_chain
+from core.errors import SequenceConflict
 from core.log import EventLog, RecordedEvent
 from infra.postgres.db import Pool
 from infra.postgres.eventlog import PostgresEventLog
@@ -111,3 +113,21 @@ class TestPostgresEventLog(EventLogContract):
         assert positions == sorted(positions)
         assert len(set(positions)) == len(positions)
         assert {r.envelope.event_id for r in seen} == {r.envelope.event_id for r in log.read()}
+
+    def test_two_writers_with_their_own_head_caches_stay_chained(
+        self, log: PostgresEventLog, pool: Pool, database_url: str
+    ) -> None:
+        """Each log instance remembers the heads it wrote; when the other writer moved a head,
+        the optimistic insert is refused by the unique constraint and the checked path runs."""
+        other = PostgresEventLog(pool, database_url)
+        key = f"conv-{uuid.uuid4()}"
+        for n in range(6):
+            (log if n % 2 else other).append([turn(key, n)])
+        repeat = turn(key, 99)
+        log.append([repeat])
+        other.append([repeat])  # a repeat through the writer that never saw it: idempotent
+        records = list(log.read(key=key))
+        assert [r.envelope.sequence for r in records] == list(range(1, 8))
+        assert verify_chain(r.envelope for r in records) == []
+        with pytest.raises(SequenceConflict):
+            other.append([turn(key, 100, sequence=3)])
