@@ -171,3 +171,9 @@ class EngineError(MacaronError):
     """The engine failed while generating this request; other requests keep being served."""
 
     code = "engine_error"
+
+
+class InvalidApiKey(MacaronError):
+    """No key, a malformed key, an unknown key, or a revoked key: all look the same outside."""
+
+    code = "unauthenticated"

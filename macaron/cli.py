@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
+from uuid import UUID
 
 import typer
 from pydantic import ValidationError
@@ -21,6 +23,7 @@ from core.settings import Settings
 from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack
 from infra.models import make_tiny_model, pull_model, tokenizer_for_tiny, verify_model
+from infra.postgres.keys import create_key, list_keys, revoke_key
 from infra.postgres.migrate import migrate
 from macaron import wiring
 
@@ -37,12 +40,14 @@ db_app = typer.Typer(help="PostgreSQL registry and event store.", no_args_is_hel
 kafka_app = typer.Typer(help="Kafka event log administration.", no_args_is_help=True)
 topics_app = typer.Typer(help="Kafka topics.", no_args_is_help=True)
 log_app = typer.Typer(help="Inspect the event log.", no_args_is_help=True)
+keys_app = typer.Typer(help="API keys: create, list, revoke.", no_args_is_help=True)
 model_app = typer.Typer(help="Base models: pull, make a tiny test model.", no_args_is_help=True)
 app.add_typer(db_app, name="db")
 app.add_typer(kafka_app, name="kafka")
 kafka_app.add_typer(topics_app, name="topics")
 app.add_typer(log_app, name="log")
 app.add_typer(model_app, name="model")
+app.add_typer(keys_app, name="keys")
 
 
 def settings(ctx: typer.Context) -> Settings:
@@ -224,6 +229,57 @@ def model_tiny(
         bar.update(task, description="writing the model")
         make_tiny_model(path, tokenizer, seed=seed)
     console.print(f"tiny model written to {path}")
+
+
+class ScopeName(StrEnum):
+    chat = "chat"
+    admin = "admin"
+
+
+@keys_app.command("create")
+def keys_create(
+    ctx: typer.Context,
+    tenant: Annotated[str, typer.Option(help="Tenant that owns the key (created if new).")],
+    scope: Annotated[list[ScopeName], typer.Option(help="chat and/or admin; repeatable.")],
+) -> None:
+    """Make an API key. It is printed once, here; only its hash is stored."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool, pool.connection() as conn:
+        key_id, key = create_key(conn, tenant, {s.value for s in scope})
+    err_console.print(f"key {key_id} for tenant {tenant}: store it now, it is not shown again")
+    print(key)
+
+
+@keys_app.command("list")
+def keys_list(
+    ctx: typer.Context,
+    tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None,
+) -> None:
+    """List keys (ids, tenants, scopes; never the keys themselves)."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool, pool.connection() as conn:
+        records = list_keys(conn, tenant)
+    table = Table(title="API keys")
+    for column in ("key id", "tenant", "scopes", "created", "revoked"):
+        table.add_column(column)
+    for r in records:
+        table.add_row(str(r.key_id), r.tenant_id, ",".join(r.scopes),
+                      f"{r.created_at:%Y-%m-%d %H:%M}", f"{r.revoked_at:%Y-%m-%d %H:%M}"
+                      if r.revoked_at else "-")  # fmt: skip
+    console.print(table)
+
+
+@keys_app.command("revoke")
+def keys_revoke(
+    ctx: typer.Context, key_id: Annotated[UUID, typer.Argument(help="The key's id.")]
+) -> None:
+    """Revoke a key: it stops working at once."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool, pool.connection() as conn:
+        revoked = revoke_key(conn, key_id)
+    if not revoked:
+        raise ConfigError(f"no live key {key_id}")
+    console.print(f"revoked {key_id}")
 
 
 def main() -> None:
