@@ -14,14 +14,6 @@ ADAPTER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}@[0-9]{1,9}")  # use fullmatch
 FinishReason = Literal["stop", "length", "cancelled"]
 
 
-def adapter_name(specialist: str, version: int) -> str:
-    """Versioned adapter names are never reused, so no cache of an old version is served."""
-    name = f"{specialist}@{version}"
-    if not ADAPTER_NAME.fullmatch(name):
-        raise ValueError(f"invalid adapter name {name!r}")
-    return name
-
-
 class SamplingParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 

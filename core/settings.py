@@ -25,7 +25,6 @@ class Settings(BaseSettings):
     )
     postgres_port: int = Field(default=55432, ge=1, le=65535)
 
-    redis_url: str | None = Field(default=None, description="Redis URL; unset means embedded")
     redis_port: int = Field(default=56379, ge=1, le=65535)
 
     event_log: Literal["postgres", "kafka"] = "postgres"

@@ -21,6 +21,7 @@ from core.canonical import canonical_json, sha256_hex
 from core.errors import (
     EmbedderUnavailable,
     InsufficientTrainingData,
+    RoutingError,
     SpecialistExists,
     UnknownSpecialist,
 )
@@ -130,7 +131,7 @@ def load_examples(path: Path) -> list[LabelledTurn]:
         try:
             examples.append(LabelledTurn.model_validate_json(line))
         except ValidationError as exc:
-            raise ValueError(f"{path}:{number}: not a labelled turn: {exc}") from exc
+            raise RoutingError(f"{path}:{number}: not a labelled turn: {exc}") from exc
     return examples
 
 
@@ -320,7 +321,6 @@ class RouterService:
         self, examples: Sequence[LabelledTurn], specialists: Sequence[str] | None = None
     ) -> RouterModel:
         names = self._specialists if specialists is None else specialists
-        check_training_set(examples, names)
         features = self._features_of([e.text for e in examples])
         return fit_router(features, examples, names, self._config)
 

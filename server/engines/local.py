@@ -252,9 +252,6 @@ class LocalEngine:
         finally:
             item.cancelled.set()
 
-    def queue_depth(self) -> int:
-        return self._pending.qsize()
-
     def close(self) -> None:
         """Stop the worker; every request still queued or running gets ``EngineUnavailable``."""
         self._stopping.set()

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.errors import SpecialistExists, UnknownSpecialist
+from core.errors import RoutingError, SpecialistExists, UnknownSpecialist
 from core.routing import (
     DEFAULT_SPECIALISTS,
     LabelledTurn,
@@ -207,3 +207,11 @@ def test_a_specialist_added_at_run_time_gets_its_turns(
         router.add_specialist("legal", ["Can I sue my neighbour?"])
     with pytest.raises(UnknownSpecialist):
         router.deactivate("astrology")
+
+
+def test_a_malformed_examples_file_is_a_typed_error(tmp_path: Path) -> None:
+    bad = tmp_path / "examples.jsonl"
+    bad.write_text('{"text": "hi", "specialist": "chat"}\n{"text": "", "specialist": "Chat!"}\n')
+    with pytest.raises(RoutingError) as caught:
+        load_examples(bad)
+    assert caught.value.code == "routing_error" and "examples.jsonl:2" in caught.value.message
