@@ -24,7 +24,7 @@ from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from rich.progress import Progress
 
 from bench.report import Row, report, row
-from core.events import NewEvent, TurnReceived
+from core.events import HarnessStamp, NewEvent, TurnReceived
 from core.settings import Settings
 from infra.kafka.eventlog import KafkaEventLog
 from infra.kafka.topics import create_topics, event_topics
@@ -34,6 +34,7 @@ from infra.postgres.eventlog import PostgresEventLog
 from infra.postgres.migrate import migrate
 
 PARTITIONS = 3
+STAMP = HarnessStamp(harness_version="bench", hcp_version="bench")
 KEYS = 100
 
 
@@ -53,6 +54,8 @@ def make_events(n: int, tag: str) -> list[NewEvent]:
                 turn_id=uuid.uuid4(),
                 client_msg_id=f"m-{i}",
                 content=f"user message number {i}: " + "lorem ipsum " * 8,
+                release_id="bench",
+                harness=STAMP,
             ),
             tenant_id="bench",
             key=keys[i % KEYS],

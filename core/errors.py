@@ -177,3 +177,54 @@ class InvalidApiKey(MacaronError):
     """No key, a malformed key, an unknown key, or a revoked key: all look the same outside."""
 
     code = "unauthenticated"
+
+
+class Forbidden(MacaronError):
+    """The key is valid but lacks the scope this action needs (``admin``, say)."""
+
+    code = "forbidden"
+
+
+class InvalidFrame(MacaronError):
+    """A WebSocket frame or HTTP body that is not valid for protocol v1."""
+
+    code = "invalid_frame"
+
+
+class ConversationNotFound(MacaronError):
+    """No such conversation for this tenant (another tenant's looks exactly the same)."""
+
+    code = "conversation_not_found"
+
+
+class TurnNotFound(MacaronError):
+    """No such turn in this tenant's conversations."""
+
+    code = "turn_not_found"
+
+
+class TurnInFlight(MacaronError):
+    """The conversation already has a turn being answered; one at a time."""
+
+    code = "turn_in_flight"
+    retryable = True
+
+
+class RateLimited(MacaronError):
+    """Too many turns per minute for this key."""
+
+    code = "rate_limited"
+    retryable = True
+
+
+class TooManyConnections(MacaronError):
+    """The tenant has as many open connections as it may."""
+
+    code = "too_many_connections"
+    retryable = True
+
+
+class NoActiveRelease(MacaronError):
+    """The registry has no active release to serve."""
+
+    code = "no_active_release"

@@ -218,23 +218,48 @@ class NewEvent(BaseModel):
 # --- conversation events ------------------------------------------------------------------
 
 
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
 class ConversationStarted(EventPayload):
     event_type = "ConversationStarted"
     conversation_id: UUID
     release_id: str
     title: str | None = None
+    history: list[ChatMessage] = Field(default_factory=list)
+    """Earlier messages a client brought with it (the OpenAI API sends them with each request),
+    so the model's context can be rebuilt from the log alone."""
+
+
+class HarnessStamp(BaseModel):
+    """Which harness and HCP version produced a turn's event (part of the release, recorded on
+    every event of the turn so an auditor needs no join)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    harness_version: str = Field(min_length=1, max_length=100)
+    hcp_version: str = Field(min_length=1, max_length=100)
 
 
 class TurnReceived(EventPayload):
-    """v2 renamed ``text`` to ``content`` and added ``client_msg_id`` and ``specialist_hint``."""
+    """v2 renamed ``text`` to ``content`` and added ``client_msg_id`` and ``specialist_hint``;
+    v3 added the serving release, the harness stamp (``None`` on turns upcast from before the
+    harness existed) and ``input_kind`` (a typed message, or a GenUI ``ui_event``)."""
 
     event_type = "TurnReceived"
-    schema_version = 2
+    schema_version = 3
     conversation_id: UUID
     turn_id: UUID
     client_msg_id: str = Field(min_length=1, max_length=200)
     content: str
     specialist_hint: str | None = None
+    input_kind: Literal["text", "ui_event"] = "text"
+    release_id: str | None
+    harness: HarnessStamp | None
 
 
 class RouterDecided(EventPayload):
@@ -244,6 +269,7 @@ class RouterDecided(EventPayload):
     specialist: str
     adapter_version: str
     router_version: str
+    harness: HarnessStamp
 
 
 class HarnessActionExecuted(EventPayload):
@@ -255,6 +281,7 @@ class HarnessActionExecuted(EventPayload):
     result: JsonValue
     ok: bool
     state_delta: dict[str, JsonValue] = Field(default_factory=dict)
+    harness: HarnessStamp
 
 
 class GenUIRendered(EventPayload):
@@ -264,6 +291,7 @@ class GenUIRendered(EventPayload):
     valid: bool
     errors: list[str] = Field(default_factory=list)
     catalogue_version: str
+    harness: HarnessStamp
 
 
 class ModelResponded(EventPayload):
@@ -272,8 +300,7 @@ class ModelResponded(EventPayload):
     release_id: str
     specialist: str
     adapter_version: str
-    harness_version: str
-    hcp_version: str
+    harness: HarnessStamp
     text: str
     finish_reason: Literal["stop", "length", "cancelled", "error"]
     prompt_tokens: int = Field(ge=0)
@@ -285,6 +312,7 @@ class TurnCompleted(EventPayload):
     turn_id: UUID
     latency_ms: float = Field(ge=0)
     time_to_first_token_ms: float | None = Field(default=None, ge=0)
+    harness: HarnessStamp
 
 
 class FeedbackGiven(EventPayload):
@@ -385,6 +413,14 @@ def _turn_received_v1(payload: dict[str, Any]) -> dict[str, Any]:
     payload["content"] = payload.pop("text")
     payload.setdefault("client_msg_id", str(payload["turn_id"]))
     payload.setdefault("specialist_hint", None)
+    return payload
+
+
+@UPCASTERS.register("TurnReceived", 2)
+def _turn_received_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """v2 turns predate the harness: no release or harness stamp was recorded."""
+    payload.setdefault("release_id", None)
+    payload.setdefault("harness", None)
     return payload
 
 

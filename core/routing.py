@@ -24,7 +24,7 @@ from core.errors import (
     NoActiveSpecialist,
     UnknownSpecialist,
 )
-from core.events import RouterDecided
+from core.events import HarnessStamp, RouterDecided
 
 SPECIALIST_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 """The specialist part of an adapter name (``coding`` in ``coding@7``)."""
@@ -143,9 +143,10 @@ class RouterDecision(BaseModel):
             raise ValueError(f"scores must sum to 1, not {total}")
         return self
 
-    def to_event(self, turn_id: UUID, adapter_version: str) -> RouterDecided:
+    def to_event(self, turn_id: UUID, adapter_version: str, harness: HarnessStamp) -> RouterDecided:
         """The ``RouterDecided`` payload, once the serving release names the adapter version."""
         return RouterDecided(
+            harness=harness,
             turn_id=turn_id,
             scores=dict(self.scores),
             specialist=self.specialist,

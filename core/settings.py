@@ -36,6 +36,15 @@ class Settings(BaseSettings):
     kafka_partitions: int = Field(default=6, ge=1, le=1024)
     kafka_replication: int = Field(default=1, ge=1, le=16)
 
+    http_port: int = Field(default=8420, ge=1, le=65535, description="`macaron serve` port")
+    model_dir: Path | None = Field(
+        default=None, description="base model folder; unset means the pulled SmolLM2-135M"
+    )
+    max_frame_bytes: int = Field(default=65_536, ge=1024, le=16 * 2**20)
+    turns_per_minute: int = Field(default=30, ge=1, le=100_000, description="per API key")
+    max_connections_per_tenant: int = Field(default=100, ge=1, le=100_000)
+    max_new_tokens: int = Field(default=256, ge=1, le=8192)
+
     @property
     def kafka_servers(self) -> str:
         """The Kafka bootstrap servers: the configured ones, or the embedded broker's."""

@@ -10,6 +10,7 @@ from typing import Annotated
 from uuid import UUID
 
 import typer
+import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
@@ -195,6 +196,27 @@ def log_dead_letters(ctx: typer.Context) -> None:
             letter.reason[:120],
         )
     console.print(table)
+
+
+@app.command()
+def serve(
+    ctx: typer.Context,
+    port: Annotated[int | None, typer.Option(help="Port (default MACARON_HTTP_PORT).")] = None,
+) -> None:
+    """Serve chat: the WebSocket protocol at /v1/ws, the OpenAI-compatible API at /v1 and the
+    web UI at /, on MACARON_BIND_HOST (127.0.0.1 unless configured)."""
+    cfg = settings(ctx)
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err_console) as progress:  # fmt: skip
+        task = progress.add_task("starting")
+        server = wiring.chat_server(cfg, lambda s: progress.update(task, description=s))
+    chosen = port or cfg.http_port
+    console.print(f"serving on http://{cfg.bind_host}:{chosen}/ (Ctrl-C stops)")
+    try:
+        uvicorn.run(server.app, host=cfg.bind_host, port=chosen, ws_max_size=cfg.max_frame_bytes,
+                    log_level="warning")  # fmt: skip
+    finally:
+        server.close()
 
 
 @model_app.command("pull")

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from starlette.applications import Starlette
+
+from core.engine import Engine
+from core.errors import ModelUnavailable
 from core.log import EventLog
 from core.settings import Settings
+from infra.artifacts import ArtifactStore
 from infra.kafka.eventlog import KafkaEventLog
 from infra.local_stack import LocalStack
+from infra.models import models_dir
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
+from server.app import create_app
+from server.chat import ChatLimits, ChatService
+from server.engines.local import LocalEngine
+from server.gate import Gate
+from server.releases import ensure_root_release, load_release
+from server.router import RouterService, SentenceEmbedder
 
 
 def database_url(settings: Settings) -> str:
@@ -22,3 +38,61 @@ def event_log(settings: Settings, pool: Pool) -> EventLog:
 
 def pool(settings: Settings) -> Pool:
     return open_pool(database_url(settings))
+
+
+@dataclass
+class Server:
+    """The chat server's parts, wired; ``close`` releases them in reverse order."""
+
+    app: Starlette
+    chat: ChatService
+    engine: Engine
+    log: EventLog
+    pool: Pool
+
+    def close(self) -> None:
+        self.engine.close()
+        self.log.close()
+        self.pool.close()
+
+
+def model_dir(settings: Settings) -> Path:
+    folder = settings.model_dir or models_dir(settings.home) / "smollm2-135m-instruct"
+    if not (folder / "config.json").is_file():
+        raise ModelUnavailable(
+            f"no base model at {folder}: run `macaron model pull` or set MACARON_MODEL_DIR"
+        )
+    return folder
+
+
+def chat_server(
+    settings: Settings,
+    step: Callable[[str], None],
+    *,
+    engine: Engine | None = None,
+    router: RouterService | None = None,
+) -> Server:
+    """Everything ``macaron serve`` runs: engine, router, log, registry, the root release.
+    Benchmarks and tests may bring their own engine or an already trained router."""
+    folder = model_dir(settings)
+    step("connecting to PostgreSQL")
+    db = pool(settings)
+    log = event_log(settings, db)
+    if engine is None:
+        step(f"loading the base model from {folder}")
+        engine = LocalEngine(folder)
+    if router is None:
+        step("training the router from its seed examples")
+        router = RouterService.from_seed(SentenceEmbedder())
+    step("loading the active release")
+    store = ArtifactStore(settings.home / "adapters")
+    release = ensure_root_release(
+        db, log, store, model_dir=folder, base_model=folder.name,
+        router_version=router.version, specialists=router.specialists,
+    )  # fmt: skip
+    load_release(engine, store, release)
+    limits = ChatLimits(turns_per_minute=settings.turns_per_minute,
+                        max_new_tokens=settings.max_new_tokens)  # fmt: skip
+    chat = ChatService(log, engine, router, release, limits=limits)
+    gate = Gate(db, max_connections_per_tenant=settings.max_connections_per_tenant)
+    return Server(create_app(chat, gate), chat, engine, log, db)

@@ -10,7 +10,9 @@ from __future__ import annotations
 import socket
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -19,6 +21,9 @@ from core.settings import Settings
 from infra.local_stack import LocalStack
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.migrate import migrate
+
+if TYPE_CHECKING:
+    from server.router import RouterService
 
 TEMPLATE_DB = "macaron_template"
 
@@ -52,9 +57,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
         local.down()
 
 
-@pytest.fixture
-def database_url(stack: LocalStack) -> Iterator[str]:
-    """A fresh, migrated database for one test, dropped afterwards."""
+@contextmanager
+def fresh_database(stack: LocalStack) -> Iterator[str]:
+    """A fresh, migrated database, dropped afterwards."""
     name = f"t_{uuid.uuid4().hex[:16]}"
     admin_url = stack.postgres.url("postgres")
     with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -62,6 +67,21 @@ def database_url(stack: LocalStack) -> Iterator[str]:
     yield stack.postgres.url(name)
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+@pytest.fixture
+def database_url(stack: LocalStack) -> Iterator[str]:
+    """A fresh, migrated database for one test."""
+    with fresh_database(stack) as url:
+        yield url
+
+
+@pytest.fixture(scope="session")
+def router() -> RouterService:
+    """The router trained on its seed examples (seconds to build: once per run)."""
+    from server.router import RouterService, SentenceEmbedder
+
+    return RouterService.from_seed(SentenceEmbedder())
 
 
 @pytest.fixture

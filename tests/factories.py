@@ -19,6 +19,8 @@ def turn(key: str, n: int = 0, *, tenant: str = "tenant-a", **kw: Any) -> NewEve
         turn_id=uuid.uuid4(),
         client_msg_id=f"msg-{n}",
         content=f"message {n} on {key}",
+        release_id=None,
+        harness=None,
     )
     return NewEvent(payload=payload, tenant_id=tenant, key=key, **kw)
 

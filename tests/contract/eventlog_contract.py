@@ -15,7 +15,7 @@ import pytest
 
 from core.chain import verify_chain
 from core.errors import EventIdConflict, InvalidEvent, SequenceConflict
-from core.events import HarnessActionExecuted, NewEvent, TurnReceived
+from core.events import HarnessActionExecuted, HarnessStamp, NewEvent, TurnReceived
 from core.log import EventLog, RecordedEvent
 from tests.factories import raw_envelope, turn
 
@@ -207,7 +207,7 @@ class EventLogContract:
             turn_id=uuid.uuid4(), action_id=uuid.uuid4(), name="calculator",
             args={"expression": "2**60"},
             result={"big": 2.0**60, "negative_zero": -0.0, "tiny": 1e-7, "text": "a\x00b é"},
-            ok=True,
+            ok=True, harness=HarnessStamp(harness_version="h-test", hcp_version="hcp-1"),
         )  # fmt: skip
         event = NewEvent(payload=action, tenant_id="tenant-a", key=key)
         [stored] = log.append([event])

@@ -132,7 +132,7 @@ def test_upcaster_registry() -> None:
         registry.register("Thing", 1)(v1)
 
 
-def test_turn_received_v1_is_upcast_to_v2() -> None:
+def test_turn_received_v1_is_upcast_to_v3() -> None:
     turn_id = uuid.uuid4()
     stored = Envelope.validate(
         raw_envelope(
@@ -149,6 +149,7 @@ def test_turn_received_v1_is_upcast_to_v2() -> None:
         str(turn_id),
         None,
     )
+    assert (payload.input_kind, payload.release_id, payload.harness) == ("text", None, None)
     assert stored.payload["text"] == "hi"  # decoding never changes the stored envelope
 
 

@@ -18,7 +18,7 @@ from core.errors import (
     NoActiveSpecialist,
     UnknownSpecialist,
 )
-from core.events import NewEvent, RouterDecided
+from core.events import HarnessStamp, NewEvent, RouterDecided
 from core.routing import (
     DEFAULT_SPECIALISTS,
     LabelledTurn,
@@ -210,8 +210,10 @@ def test_inconsistent_models_do_not_validate(
 def test_a_decision_becomes_the_router_decided_payload() -> None:
     decision = decide(towards(1), MODEL, ALL)
     turn_id = uuid.uuid4()
-    payload = decision.to_event(turn_id, "agent@3")
+    stamp = HarnessStamp(harness_version="harness-test", hcp_version="hcp-1")
+    payload = decision.to_event(turn_id, "agent@3", stamp)
     assert payload == RouterDecided(
+        harness=stamp,
         turn_id=turn_id,
         scores=decision.scores,
         specialist="agent",

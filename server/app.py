@@ -1,0 +1,95 @@
+"""The ASGI application: routes, and errors mapped to responses by type.
+
+Data endpoints authenticate every request; the web UI's static files carry no data (the page
+asks for a key and speaks the WebSocket protocol).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from uuid import UUID
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket
+
+from core import errors
+from server.chat import ChatService, transcript
+from server.gate import Gate
+from server.openai_api import chat_completions, models
+from server.ws import ChatConnection
+
+WEB = Path(__file__).parent / "web"
+
+STATUS: dict[type[errors.MacaronError], int] = {
+    errors.InvalidApiKey: 401,
+    errors.Forbidden: 403,
+    errors.InvalidFrame: 400,
+    errors.ConversationNotFound: 404,
+    errors.TurnNotFound: 404,
+    errors.UnknownSpecialist: 404,
+    errors.TurnInFlight: 409,
+    errors.RateLimited: 429,
+    errors.TooManyConnections: 429,
+    errors.EngineOverloaded: 503,
+    errors.EngineUnavailable: 503,
+    errors.LogUnavailable: 503,
+}
+
+
+def status_of(exc: errors.MacaronError) -> int:
+    """The HTTP status for an error: the nearest class in its hierarchy that has one."""
+    for cls in type(exc).__mro__:
+        if cls in STATUS:
+            return STATUS[cls]
+    return 500
+
+
+async def macaron_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, errors.MacaronError)
+    body = {"code": exc.code, "message": exc.message, "type": exc.code,
+            "retryable": exc.retryable}  # fmt: skip
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, errors.InvalidApiKey) else None
+    return JSONResponse({"error": body}, status_of(exc), headers=headers)
+
+
+async def websocket_chat(websocket: WebSocket) -> None:
+    state = websocket.app.state
+    await ChatConnection(websocket, state.chat, state.gate).serve()
+
+
+async def conversation(request: Request) -> Response:
+    """A tenant's own conversation, turn by turn."""
+    state = request.app.state
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    principal = await state.gate.authenticate(key if scheme.lower() == "bearer" else "", "chat")
+    try:
+        conversation_id = UUID(request.path_params["conversation_id"])
+    except ValueError:
+        raise errors.ConversationNotFound("no such conversation") from None
+    found = await state.chat.conversation(principal, conversation_id)
+    return JSONResponse(transcript(found).model_dump(mode="json"))
+
+
+async def index(request: Request) -> Response:
+    return FileResponse(WEB / "index.html")
+
+
+def create_app(chat: ChatService, gate: Gate) -> Starlette:
+    app = Starlette(
+        routes=[
+            Route("/", index),
+            Mount("/web", StaticFiles(directory=WEB), name="web"),
+            WebSocketRoute("/v1/ws", websocket_chat),
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models),
+            Route("/v1/conversations/{conversation_id}", conversation),
+        ],
+        exception_handlers={errors.MacaronError: macaron_error},
+    )
+    app.state.chat = chat
+    app.state.gate = gate
+    return app

@@ -1,0 +1,1 @@
+"""The harness: deterministic tools the agent specialist calls, and their replayable state."""

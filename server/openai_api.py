@@ -1,0 +1,212 @@
+"""The OpenAI-compatible API: ``POST /v1/chat/completions`` (streamed or not) and
+``GET /v1/models``, over the same chat service, auth and events as the WebSocket.
+
+Each request is a new conversation: the messages before the last user message are recorded in
+``ConversationStarted`` as its history, so the context stays rebuildable from the log.
+``model`` is ``auto`` (the router decides) or a specialist name (a hint the router honours).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from core.auth import Principal
+from core.errors import InvalidFrame, MacaronError, UnknownSpecialist
+from core.events import ChatMessage
+from core.ids import uuid7
+from server import protocol as wire
+from server.chat import ChatService, TurnOutcome, TurnRequest
+from server.gate import Gate
+from server.protocol import MAX_CONTENT_CHARS
+
+AUTO = "auto"
+
+
+class ChatCompletionMessage(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    role: Literal["system", "user", "assistant"]
+    content: str = Field(max_length=MAX_CONTENT_CHARS)
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatCompletionRequest(BaseModel):
+    """The fields we honour; other OpenAI parameters are refused, not silently ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(min_length=1, max_length=100)
+    messages: list[ChatCompletionMessage] = Field(min_length=1, max_length=200)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(default=None, max_length=200)
+
+
+async def _principal(request: Request, gate: Gate) -> Principal:
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    return await gate.authenticate(key.strip() if scheme.lower() == "bearer" else "", "chat")
+
+
+async def _body(request: Request) -> ChatCompletionRequest:
+    raw = await request.body()
+    try:
+        return ChatCompletionRequest.model_validate_json(raw)
+    except ValidationError as exc:
+        reasons = "; ".join(
+            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:10]
+        )
+        raise InvalidFrame(reasons) from exc
+
+
+def _turn_request(body: ChatCompletionRequest, service: ChatService) -> TurnRequest:
+    *earlier, last = body.messages
+    if last.role != "user" or not last.content:
+        raise InvalidFrame("messages must end with a non-empty user message")
+    hint = None
+    if body.model != AUTO:
+        if body.model not in service.release.adapters:
+            raise UnknownSpecialist(f"no model {body.model!r}: use auto or a specialist name")
+        hint = body.model
+    return TurnRequest(
+        client_msg_id=f"openai-{uuid7()}", content=last.content, specialist_hint=hint,
+        history=tuple(ChatMessage(role=m.role, content=m.content) for m in earlier),
+    )  # fmt: skip
+
+
+def _finish(reason: str) -> str:
+    return "length" if reason == "length" else "stop"
+
+
+def _content(outcome: TurnOutcome, frames: list[wire.Frame]) -> str:
+    """What the user got: streamed text, or the GenUI tree as JSON."""
+    for frame in frames:
+        if isinstance(frame, wire.GenUI):
+            return json.dumps(frame.tree)
+    return "".join(f.delta for f in frames if isinstance(f, wire.Token)) or outcome.text
+
+
+async def chat_completions(request: Request) -> Response:
+    service: ChatService = request.app.state.chat
+    principal = await _principal(request, request.app.state.gate)
+    body = await _body(request)
+    turn = _turn_request(body, service)
+    if body.stream:
+        return StreamingResponse(
+            _stream(service, principal, turn, body), media_type="text/event-stream"
+        )
+    frames: list[wire.Frame] = []
+
+    async def collect(frame: wire.Frame) -> None:
+        frames.append(frame)
+
+    outcome = await service.run_turn(principal, turn, collect, asyncio.Event())
+    started = next(f for f in frames if isinstance(f, wire.TurnStarted))
+    return JSONResponse(
+        {
+            "id": f"chatcmpl-{outcome.turn_id}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": started.specialist,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": _content(outcome, frames)},
+                    "finish_reason": _finish(outcome.finish_reason),
+                }
+            ],
+            "usage": _usage(outcome.prompt_tokens, outcome.completion_tokens),
+            "macaron": _provenance(started),
+        }
+    )
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}  # fmt: skip
+
+
+def _provenance(started: wire.TurnStarted) -> dict[str, str]:
+    return {
+        "turn_id": str(started.turn_id), "conversation_id": str(started.conversation_id),
+        "specialist": started.specialist, "adapter_version": started.adapter_version,
+        "release_id": started.release_id,
+    }  # fmt: skip
+
+
+async def _stream(
+    service: ChatService, principal: Principal, turn: TurnRequest, body: ChatCompletionRequest
+) -> AsyncIterator[str]:
+    """Server-sent events in OpenAI's chunk format; the last chunk comes only once the turn is
+    durable. A client that goes away does not stop the turn from being recorded."""
+    queue: asyncio.Queue[wire.Frame | None] = asyncio.Queue()
+
+    async def sink(frame: wire.Frame) -> None:
+        await queue.put(frame)
+
+    async def run() -> None:
+        try:
+            await service.run_turn(principal, turn, sink, asyncio.Event())
+        except MacaronError as exc:
+            await queue.put(wire.Error.of(exc))
+        finally:
+            await queue.put(None)
+
+    task = asyncio.create_task(run())
+    base: dict[str, Any] = {"object": "chat.completion.chunk", "created": int(time.time())}
+    while (frame := await queue.get()) is not None:
+        match frame:
+            case wire.TurnStarted():
+                base |= {"id": f"chatcmpl-{frame.turn_id}", "model": frame.specialist,
+                         "macaron": _provenance(frame)}  # fmt: skip
+                yield _event(base, {"role": "assistant", "content": ""}, None)
+            case wire.Token():
+                yield _event(base, {"content": frame.delta}, None)
+            case wire.GenUI():
+                yield _event(base, {"content": json.dumps(frame.tree)}, None)
+            case wire.TurnCompleted():
+                chunk = _chunk(base, {}, _finish(frame.finish_reason))
+                if body.stream_options is not None and body.stream_options.include_usage:
+                    chunk["usage"] = _usage(frame.usage.prompt_tokens,
+                                            frame.usage.completion_tokens)  # fmt: skip
+                yield f"data: {json.dumps(chunk)}\n\n"
+            case wire.Error():
+                error = {"code": frame.code, "message": frame.message, "type": frame.code,
+                         "retryable": frame.retryable}  # fmt: skip
+                yield f"data: {json.dumps({'error': error})}\n\n"
+    await task
+    yield "data: [DONE]\n\n"
+
+
+def _chunk(base: dict[str, Any], delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+    return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def _event(base: dict[str, Any], delta: dict[str, str], finish: str | None) -> str:
+    return f"data: {json.dumps(_chunk(base, delta, finish))}\n\n"
+
+
+async def models(request: Request) -> Response:
+    service: ChatService = request.app.state.chat
+    await _principal(request, request.app.state.gate)
+    release = service.release
+    created = int(time.time())
+    data = [{"id": AUTO, "object": "model", "created": created, "owned_by": "macaron",
+             "release_id": release.release_id}]  # fmt: skip
+    data += [
+        {"id": name, "object": "model", "created": created, "owned_by": "macaron",
+         "adapter_version": adapter.name, "adapter_sha256": adapter.sha256,
+         "release_id": release.release_id}
+        for name, adapter in sorted(release.adapters.items())
+    ]  # fmt: skip
+    return JSONResponse({"object": "list", "data": data})

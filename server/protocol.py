@@ -1,0 +1,190 @@
+"""WebSocket chat protocol v1: every frame either side may send, as pydantic models.
+
+Frames are JSON text objects with a ``type``. ``parse_client_frame`` is the one way in: anything
+that is not a valid client frame raises ``InvalidFrame`` with the path-level reasons, and the
+connection answers with an ``error`` frame (see docs/protocol.md for the connection policy).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
+
+from core.errors import InvalidFrame, MacaronError
+
+PROTOCOL_VERSION = 1
+MAX_CONTENT_CHARS = 16_000
+"""Longest ``user_turn`` content accepted (characters)."""
+
+ClientMsgId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
+SpecialistName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$")]
+
+
+class Frame(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+
+# --- client -> server ---------------------------------------------------------------------
+
+
+class Hello(Frame):
+    """Authenticates (when the upgrade carried no ``Authorization`` header) and may resume a
+    conversation."""
+
+    type: Literal["hello"]
+    api_key: str | None = Field(default=None, max_length=200)
+    conversation_id: UUID | None = None
+
+
+class UserTurn(Frame):
+    type: Literal["user_turn"]
+    conversation_id: UUID | None = None
+    client_msg_id: ClientMsgId
+    content: str = Field(min_length=1, max_length=MAX_CONTENT_CHARS)
+    specialist_hint: SpecialistName | None = None
+
+
+class Feedback(Frame):
+    type: Literal["feedback"]
+    turn_id: UUID
+    kind: Literal["up", "down", "edit", "regenerate"]
+    edited_text: str | None = Field(default=None, min_length=1, max_length=MAX_CONTENT_CHARS)
+
+
+class UIEvent(Frame):
+    type: Literal["ui_event"]
+    turn_id: UUID
+    component_id: str = Field(min_length=1, max_length=100)
+    action: str = Field(min_length=1, max_length=100)
+    value: JsonValue = None
+
+
+class Cancel(Frame):
+    type: Literal["cancel"]
+    turn_id: UUID
+
+
+class Ping(Frame):
+    type: Literal["ping"]
+
+
+ClientFrame = Annotated[
+    Hello | UserTurn | Feedback | UIEvent | Cancel | Ping, Field(discriminator="type")
+]
+_CLIENT: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
+
+
+# --- server -> client ---------------------------------------------------------------------
+
+
+class Ready(Frame):
+    type: Literal["ready"] = "ready"
+    protocol_version: int = PROTOCOL_VERSION
+    conversation_id: UUID | None
+    release_id: str
+    tenant_id: str
+
+
+class TurnStarted(Frame):
+    type: Literal["turn_started"] = "turn_started"
+    turn_id: UUID
+    conversation_id: UUID
+    client_msg_id: str
+    specialist: str
+    adapter_version: str
+    release_id: str
+
+
+class Token(Frame):
+    type: Literal["token"] = "token"
+    turn_id: UUID
+    delta: str
+
+
+class Action(Frame):
+    type: Literal["action"] = "action"
+    turn_id: UUID
+    name: str
+    args: dict[str, JsonValue]
+    result: JsonValue
+    ok: bool
+
+
+class GenUI(Frame):
+    type: Literal["genui"] = "genui"
+    turn_id: UUID
+    tree: dict[str, JsonValue]
+
+
+class Usage(Frame):
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class TurnCompleted(Frame):
+    """``resent`` is true when the turn was answered before (a repeated ``client_msg_id``)."""
+
+    type: Literal["turn_completed"] = "turn_completed"
+    turn_id: UUID
+    usage: Usage
+    latency_ms: float
+    finish_reason: str
+    resent: bool = False
+
+
+class Error(Frame):
+    type: Literal["error"] = "error"
+    code: str
+    message: str
+    retryable: bool
+    turn_id: UUID | None = None
+
+    @classmethod
+    def of(cls, exc: MacaronError, turn_id: UUID | None = None) -> Error:
+        return cls(code=exc.code, message=exc.message, retryable=exc.retryable, turn_id=turn_id)
+
+
+class Pong(Frame):
+    type: Literal["pong"] = "pong"
+
+
+ServerFrame = Annotated[
+    Ready | TurnStarted | Token | Action | GenUI | TurnCompleted | Error | Pong,
+    Field(discriminator="type"),
+]
+
+
+def parse_client_frame(text: str) -> ClientFrame:
+    """Decode one text frame; ``InvalidFrame`` says what is wrong, field by field."""
+    try:
+        data: Any = json.loads(text)
+    except ValueError as exc:
+        raise InvalidFrame(f"frame is not JSON: {exc}") from exc
+    if not isinstance(data, dict):
+        raise InvalidFrame("frame must be a JSON object with a type")
+    try:
+        return _CLIENT.validate_python(data)
+    except ValidationError as exc:
+        raise InvalidFrame("; ".join(_describe(e) for e in exc.errors()[:10])) from exc
+    except RecursionError as exc:
+        raise InvalidFrame("frame is nested too deeply") from exc
+
+
+def _describe(error: Any) -> str:
+    path = ".".join(str(p) for p in error["loc"]) or "frame"
+    return f"{path}: {error['msg']}"
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema of protocol v1: both directions, for docs/protocol.md and clients."""
+    client = _CLIENT.json_schema()
+    server = TypeAdapter(ServerFrame).json_schema()
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": f"Macaron WebSocket protocol v{PROTOCOL_VERSION}",
+        "$defs": {**client.pop("$defs", {}), **server.pop("$defs", {})},
+        "properties": {"client": client, "server": server},
+    }

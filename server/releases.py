@@ -1,0 +1,97 @@
+"""The serving release: the root release made on first start, and loading a release's adapters
+into an engine.
+
+The root release holds a version-0 adapter per specialist that computes exactly the base model
+(``B = 0``), so every request names an adapter and the first successor has a parent.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import zlib
+from pathlib import Path
+
+from core.engine import Engine
+from core.errors import NoActiveRelease
+from core.events import NewEvent, ReleasePromoted
+from core.log import EventLog
+from core.release import Release, release_id_for
+from infra.artifacts import ArtifactStore, write_identity_adapter
+from infra.postgres.db import Pool
+from infra.postgres.registry import (
+    active_release,
+    create_release,
+    ensure_specialists,
+    register_adapter,
+)
+from server.harness.hcp import HARNESS_VERSION, HCP_VERSION
+
+ROOT_RANK = 16
+SYSTEM_TENANT = "system"
+RELEASES_KEY = "releases"
+
+
+def ensure_root_release(
+    pool: Pool,
+    log: EventLog,
+    store: ArtifactStore,
+    *,
+    model_dir: Path,
+    base_model: str,
+    router_version: str,
+    specialists: tuple[str, ...],
+) -> Release:
+    """The active release; on first start, the root release is made, recorded and activated."""
+    with pool.connection() as conn:
+        try:
+            return active_release(conn)
+        except NoActiveRelease:
+            pass
+    stored = {}
+    for name in specialists:
+        with tempfile.TemporaryDirectory() as scratch:
+            write_identity_adapter(
+                model_dir, Path(scratch), base_model=base_model, rank=ROOT_RANK,
+                seed=zlib.crc32(name.encode()),
+            )  # fmt: skip
+            stored[name] = store.put(Path(scratch))
+    release_id = release_id_for(
+        None, base_model, router_version, HARNESS_VERSION, HCP_VERSION,
+        {name: sha for name, (sha, _) in stored.items()},
+    )  # fmt: skip
+    with pool.connection() as conn, conn.transaction():
+        conn.execute("LOCK TABLE releases IN EXCLUSIVE MODE")  # two servers starting at once
+        try:
+            return active_release(conn)
+        except NoActiveRelease:
+            pass
+        ensure_specialists(conn, list(specialists))
+        adapters = {
+            name: register_adapter(
+                conn, specialist=name, version=0, parent_id=None, sha256=sha, path=str(path),
+                rank=ROOT_RANK, base_model=base_model,
+            )
+            for name, (sha, path) in stored.items()
+        }  # fmt: skip
+        release = Release(
+            release_id=release_id, parent_release_id=None, base_model=base_model,
+            router_version=router_version, harness_version=HARNESS_VERSION,
+            hcp_version=HCP_VERSION, adapters=adapters,
+        )  # fmt: skip
+        create_release(conn, release, active=True)
+        log.append(
+            [
+                NewEvent(
+                    payload=ReleasePromoted(release_id=release_id, parent_release_id=None),
+                    tenant_id=SYSTEM_TENANT, key=RELEASES_KEY,
+                )
+            ]
+        )  # fmt: skip
+    return release
+
+
+def load_release(engine: Engine, store: ArtifactStore, release: Release) -> None:
+    """Make every adapter of ``release`` servable, each checked against its content address."""
+    for adapter in release.adapters.values():
+        folder = store.verified_path(adapter.sha256, adapter.path)
+        engine.load_adapter(adapter.name, str(folder))

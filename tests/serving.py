@@ -1,0 +1,92 @@
+"""A real chat server for tests: the app ``macaron serve`` wires, on uvicorn, on a free port."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from websockets.sync.client import ClientConnection, connect
+
+from core.engine import Engine
+from core.settings import Settings
+from infra.postgres.keys import create_key
+from macaron import wiring
+from server.router import RouterService
+from tests.conftest import free_port
+
+
+@dataclass
+class Running:
+    server: wiring.Server
+    settings: Settings
+    port: int
+
+    @property
+    def http(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}/v1/ws"
+
+    def key(self, tenant: str, *scopes: str) -> str:
+        with self.server.pool.connection() as conn:
+            return create_key(conn, tenant, set(scopes or ("chat",)))[1]  # type: ignore[arg-type]
+
+    def connect(self, key: str | None = None, **kw: Any) -> ClientConnection:
+        headers = {"Authorization": f"Bearer {key}"} if key is not None else None
+        return connect(self.ws_url, additional_headers=headers, open_timeout=10, **kw)
+
+    def events(self, key: str | None = None) -> list[Any]:
+        return list(self.server.log.read(key=key))
+
+
+@contextmanager
+def running_server(
+    settings: Settings, *, engine: Engine | None = None, router: RouterService | None = None
+) -> Iterator[Running]:
+    server = wiring.chat_server(settings, lambda _: None, engine=engine, router=router)
+    port = free_port()
+    config = uvicorn.Config(
+        server.app,
+        host="127.0.0.1",
+        port=port,
+        lifespan="off",
+        ws_max_size=settings.max_frame_bytes,
+        log_level="warning",
+    )
+    uv = uvicorn.Server(config)
+    thread = threading.Thread(target=uv.run, name="uvicorn", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not uv.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError("the test server did not start")
+        time.sleep(0.02)
+    try:
+        yield Running(server, settings, port)
+    finally:
+        uv.should_exit = True
+        thread.join(timeout=15)
+        server.close()
+
+
+def frames_until(ws: ClientConnection, kind: str, timeout: float = 60) -> list[dict[str, Any]]:
+    """Frames received up to and including the first of type ``kind``."""
+    got: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while True:
+        frame = json.loads(ws.recv(timeout=max(0.1, deadline - time.monotonic())))
+        got.append(frame)
+        if frame["type"] == kind:
+            return got
+
+
+def send(ws: ClientConnection, **frame: Any) -> None:
+    ws.send(json.dumps(frame))
