@@ -41,7 +41,10 @@ class Running:
 
     def connect(self, key: str | None = None, **kw: Any) -> ClientConnection:
         headers = {"Authorization": f"Bearer {key}"} if key is not None else None
-        return connect(self.ws_url, additional_headers=headers, open_timeout=10, **kw)
+        ws: ClientConnection = connect(
+            self.ws_url, additional_headers=headers, open_timeout=10, **kw
+        )
+        return ws
 
     def events(self, key: str | None = None) -> list[Any]:
         return list(self.server.log.read(key=key))

@@ -22,6 +22,7 @@ from typing import Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from core.canonical import canonical_json
+from core.conversation import empty_tool_state
 from core.merge_patch import apply_merge_patch, merge_patch_diff
 
 MAX_ACTIONS_PER_TURN = 4
@@ -36,11 +37,6 @@ MAX_MAGNITUDE = 1e100
 
 ToolState = dict[str, JsonValue]
 """``{"notes": {key: value}, "todos": {"<id>": {"text": str, "done": bool}}, "next_todo": int}``"""
-
-
-def empty_state() -> ToolState:
-    """The tool state of a conversation before its first call."""
-    return {"notes": {}, "todos": {}, "next_todo": 1}
 
 
 class ToolCall(BaseModel):
@@ -339,7 +335,7 @@ def _describe(exc: ValidationError) -> str:
 
 def replay(actions: Iterable[ActionOutcome]) -> ToolState:
     """The tool state after ``actions``: their deltas applied in order to the empty state."""
-    state = empty_state()
+    state = empty_tool_state()
     for action in actions:
         state = apply_merge_patch(state, action.state_delta)
     return state
@@ -355,7 +351,7 @@ def verify_replay(
     """
     if len(actions) != len(recorded_times):
         raise ValueError(f"{len(actions)} actions but {len(recorded_times)} recorded times")
-    state = empty_state()
+    state = empty_tool_state()
     for index, (action, now) in enumerate(zip(actions, recorded_times, strict=True)):
         again = execute(ToolCall(tool=action.name, args=action.args), state, now)
         differs = [

@@ -60,7 +60,7 @@ def test_a_turn_streams_tokens_and_every_step_is_in_the_log(served: Running) -> 
     events = served.events(started["conversation_id"])
     assert [e.envelope.type for e in events] == ["ConversationStarted", *TURN_EVENTS]
     responded = events[3].payload
-    assert responded.text == "".join(tokens)  # type: ignore[attr-defined]
+    assert responded.text == "".join(tokens)
     assert {e.envelope.tenant_id for e in events} == {ready["tenant_id"]}
     for event in events[1:]:
         assert event.envelope.payload["harness"] == {
@@ -143,14 +143,15 @@ def test_cancel_stops_generation(served: Running) -> None:
     assert completed["finish_reason"] == "cancelled"
     assert completed["usage"]["completion_tokens"] < 4000
     events = served.events(started["conversation_id"])
-    assert events[-2].payload.finish_reason == "cancelled"  # type: ignore[attr-defined]
+    assert events[-2].payload.finish_reason == "cancelled"
 
 
 def test_bad_frames_get_typed_errors_and_the_connection_goes_on(served: Running) -> None:
     key = served.key(tenant())
     with served.connect(key) as ws:
         [ready] = frames_until(ws, "ready")
-        bad = [b"\x00\x01binary", "{not json", "[1, 2]", json.dumps({"type": "nope"}),
+        bad: list[str | bytes] = [
+               b"\x00\x01binary", "{not json", "[1, 2]", json.dumps({"type": "nope"}),
                json.dumps({"type": "user_turn", "content": "no id"}),
                json.dumps({"type": "user_turn", "client_msg_id": "x", "content": "x" * 16001}),
                json.dumps({"type": "ping", "extra": 1}),

@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 from pydantic import JsonValue
 
+from core.conversation import empty_tool_state
 from core.merge_patch import apply_merge_patch, merge_patch_diff
 from server.harness.actions import (
     MAX_NOTES,
@@ -19,7 +20,6 @@ from server.harness.actions import (
     ActionOutcome,
     ToolCall,
     ToolState,
-    empty_state,
     execute,
     replay,
     verify_replay,
@@ -29,12 +29,14 @@ NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 
 
 def run(tool: str, state: ToolState | None = None, **args: JsonValue) -> ActionOutcome:
-    return execute(ToolCall(tool=tool, args=args), empty_state() if state is None else state, NOW)
+    return execute(
+        ToolCall(tool=tool, args=args), empty_tool_state() if state is None else state, NOW
+    )
 
 
 def run_all(calls: list[tuple[str, dict[str, JsonValue]]]) -> tuple[ToolState, ActionOutcome]:
     """Execute calls in order, applying each delta; the final state and the last outcome."""
-    state = empty_state()
+    state = empty_tool_state()
     outcome = None
     for tool, args in calls:
         outcome = execute(ToolCall(tool=tool, args=args), state, NOW)
@@ -136,7 +138,7 @@ def test_notes_set_get_delete_list() -> None:
     assert set_a.ok
     assert set_a.result == {"key": "a", "value": "apple"}
     assert set_a.state_delta == {"notes": {"a": "apple"}}
-    state = apply_merge_patch(empty_state(), set_a.state_delta)
+    state = apply_merge_patch(empty_tool_state(), set_a.state_delta)
     state = apply_merge_patch(state, run("notes", state, op="set", key="b", value="").state_delta)
 
     assert run("notes", state, op="get", key="a").result == {"key": "a", "value": "apple"}
@@ -158,7 +160,7 @@ def test_notes_set_get_delete_list() -> None:
 
 
 def test_notes_are_limited_in_number() -> None:
-    state = empty_state()
+    state = empty_tool_state()
     state["notes"] = {f"k{i}": "v" for i in range(MAX_NOTES)}
     assert error_code(run("notes", state, op="set", key="new", value="v")) == "too_many_notes"
     assert run("notes", state, op="set", key="k0", value="w").ok
@@ -189,7 +191,7 @@ def test_todo_add_list_complete() -> None:
 
 
 def test_todos_are_limited_in_number() -> None:
-    state = empty_state()
+    state = empty_tool_state()
     state["todos"] = {str(i): {"text": "t", "done": False} for i in range(1, MAX_TODOS + 1)}
     state["next_todo"] = MAX_TODOS + 1
     assert error_code(run("todo", state, op="add", text="one more")) == "too_many_todos"
@@ -198,14 +200,14 @@ def test_todos_are_limited_in_number() -> None:
 def test_clock_reports_the_given_time_in_utc() -> None:
     assert run("clock").result == {"now": "2025-03-04T05:06:07+00:00"}
     plus_two = timezone(timedelta(hours=2))
-    elsewhere = execute(ToolCall(tool="clock"), empty_state(), NOW.astimezone(plus_two))
+    elsewhere = execute(ToolCall(tool="clock"), empty_tool_state(), NOW.astimezone(plus_two))
     assert elsewhere.result == {"now": "2025-03-04T05:06:07+00:00"}
     assert elsewhere.state_delta == {}
 
 
 def test_execute_needs_an_aware_time() -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
-        execute(ToolCall(tool="clock"), empty_state(), datetime(2025, 1, 1))
+        execute(ToolCall(tool="clock"), empty_tool_state(), datetime(2025, 1, 1))
 
 
 # --- bad model output -----------------------------------------------------------------------
@@ -240,7 +242,10 @@ def test_unknown_tool_is_an_error_result() -> None:
     ],
 )
 def test_invalid_args_are_an_error_result(tool: str, args: dict[str, JsonValue]) -> None:
-    assert error_code(execute(ToolCall(tool=tool, args=args), empty_state(), NOW)) == "invalid_args"
+    assert (
+        error_code(execute(ToolCall(tool=tool, args=args), empty_tool_state(), NOW))
+        == "invalid_args"
+    )
 
 
 def test_execute_leaves_the_given_state_unchanged() -> None:
@@ -363,7 +368,7 @@ def random_calls(seed: int, count: int) -> list[tuple[ToolCall, datetime]]:
 
 def record(calls: list[tuple[ToolCall, datetime]]) -> tuple[list[ActionOutcome], ToolState]:
     """Execute calls live, as the harness does: each on the state the deltas so far give."""
-    state = empty_state()
+    state = empty_tool_state()
     outcomes = []
     for call, now in calls:
         outcomes.append(execute(call, state, now))

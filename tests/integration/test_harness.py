@@ -1,0 +1,184 @@
+"""The harness end to end over the WebSocket: agent tools with state rebuilt by replay, GenUI
+validation and ui_events, feedback. The model's side is played by ``InstantEngine`` with a
+script, because what is under test is the harness around the model, not the model."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.conversation import Conversation
+from core.events import FeedbackGiven, GenUIRendered, HarnessActionExecuted, TurnReceived
+from core.settings import Settings
+from infra.local_stack import LocalStack
+from server.engines.instant import InstantEngine
+from server.harness.actions import MAX_ACTIONS_PER_TURN, ActionOutcome, replay, verify_replay
+from server.router import RouterService
+from tests.conftest import fresh_database
+from tests.serving import Running, frames_until, running_server, send
+
+CARD = {"type": "Card", "title": "Plan", "children": [
+    {"type": "Text", "text": "Pick one"},
+    {"type": "Button", "id": "go", "label": "Go", "action": "start"},
+]}  # fmt: skip
+AGENT_SCRIPTS: dict[str, list[dict[str, Any] | str]] = {
+    "remember milk and compute": [
+        {"tool": "notes", "args": {"op": "set", "key": "shopping", "value": "milk"}},
+        {"tool": "calculator", "args": {"expression": "6*7"}},
+        {"tool": "clock", "args": {}},
+        "Noted milk; 6*7 is 42.",
+    ],
+    "plan my day": [
+        {"tool": "todo", "args": {"op": "add", "text": "buy milk"}},
+        {"tool": "todo", "args": {"op": "add", "text": "call mum"}},
+        {"tool": "todo", "args": {"op": "complete", "id": 1}},
+        {"tool": "calculator", "args": {"expression": "1/0"}},
+        "Two todos, one done.",
+    ],
+    "loop forever": [{"tool": "clock", "args": {}}] * 10,
+}
+
+
+def script(messages: list[dict[str, str]]) -> str:
+    """Answers by the last user words, and for the agent by how many tool results came back."""
+    user = max(i for i, m in enumerate(messages)
+               if m["role"] == "user" and not m["content"].startswith("Tool result:"))  # fmt: skip
+    content, step = messages[user]["content"], len(messages) - user - 1
+    steps = len([m for m in messages[user:] if m["content"].startswith("Tool result:")])
+    if content in AGENT_SCRIPTS:
+        answer = AGENT_SCRIPTS[content][steps]
+        return answer if isinstance(answer, str) else json.dumps(answer)
+    if content == "show me a card":
+        return json.dumps(CARD)
+    if content == "show me a broken view":
+        return json.dumps({"type": "Table", "columns": ["a", "b"], "rows": [["only one"]]})
+    if content.startswith("ui_event "):
+        return json.dumps(
+            {"type": "Text", "text": f"you pressed {json.loads(content[9:])['component_id']}"}
+        )
+    return f"plain answer {step}"
+
+
+@pytest.fixture(scope="module")
+def served(
+    stack: LocalStack,
+    tiny_model: Path,
+    router: RouterService,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Running]:
+    with fresh_database(stack) as url:
+        settings = Settings(home=tmp_path_factory.mktemp("harness-home"), database_url=url,
+                            model_dir=tiny_model, turns_per_minute=1000)  # fmt: skip
+        with running_server(settings, engine=InstantEngine(script), router=router) as running:
+            yield running
+
+
+def turn(served: Running, ws: Any, content: str, hint: str | None = None) -> list[dict[str, Any]]:
+    frame: dict[str, Any] = {"client_msg_id": str(uuid.uuid4()), "content": content}
+    if hint:
+        frame["specialist_hint"] = hint
+    send(ws, type="user_turn", **frame)
+    return frames_until(ws, "turn_completed")
+
+
+def test_agent_actions_are_events_and_replay_rebuilds_the_same_state(served: Running) -> None:
+    key = served.key("agent-tenant")
+    with served.connect(key) as ws:
+        frames_until(ws, "ready")
+        first = turn(served, ws, "remember milk and compute", "agent")
+        second = turn(served, ws, "plan my day", "agent")
+    actions = [f for f in first + second if f["type"] == "action"]
+    assert [a["name"] for a in actions] == ["notes", "calculator", "clock", "todo", "todo",
+                                            "todo", "calculator"]  # fmt: skip
+    assert actions[1]["result"] == {"value": 42} and actions[1]["ok"] is True
+    assert (
+        actions[-1]["ok"] is False and actions[-1]["result"]["error"]["code"] == "division_by_zero"
+    )
+    tokens = "".join(f["delta"] for f in second if f["type"] == "token")
+    assert tokens == "Two todos, one done."  # tool-call JSON is never streamed as text
+
+    conversation_id = first[0]["conversation_id"]
+    events = served.events(conversation_id)
+    recorded = [e for e in events if isinstance(e.payload, HarnessActionExecuted)]
+    assert len(recorded) == 7
+    live = served.server.chat._conversations[uuid.UUID(conversation_id)].tool_state
+    rebuilt = Conversation.replay(events)
+    assert rebuilt is not None and rebuilt.tool_state == live
+    outcomes = [ActionOutcome(e.payload.name, e.payload.args, e.payload.result, e.payload.ok,
+                              e.payload.state_delta)  # type: ignore[attr-defined]
+                for e in recorded]  # fmt: skip
+    assert replay(outcomes) == live
+    times = [e.envelope.occurred_at for e in recorded]
+    assert verify_replay(outcomes, times) == live  # re-executed, the clock replays as recorded
+    assert live["notes"] == {"shopping": "milk"}
+    assert live["todos"] == {"1": {"text": "buy milk", "done": True},
+                             "2": {"text": "call mum", "done": False}}  # fmt: skip
+
+
+def test_a_turn_stops_after_the_action_limit(served: Running) -> None:
+    with served.connect(served.key("agent-tenant")) as ws:
+        frames_until(ws, "ready")
+        frames = turn(served, ws, "loop forever", "agent")
+    assert len([f for f in frames if f["type"] == "action"]) == MAX_ACTIONS_PER_TURN
+    text = "".join(f["delta"] for f in frames if f["type"] == "token")
+    assert f"after {MAX_ACTIONS_PER_TURN} actions" in text
+
+
+def test_genui_trees_are_validated_and_ui_events_come_back_as_turns(served: Running) -> None:
+    with served.connect(served.key("genui-tenant")) as ws:
+        frames_until(ws, "ready")
+        good = turn(served, ws, "show me a card", "genui")
+        bad = turn(served, ws, "show me a broken view", "genui")
+        [tree] = [f["tree"] for f in good if f["type"] == "genui"]
+        assert tree == CARD
+        assert not [f for f in bad if f["type"] == "genui"]  # never an invalid tree
+        fallback = "".join(f["delta"] for f in bad if f["type"] == "token")
+        assert "could not render" in fallback
+        send(ws, type="ui_event", turn_id=good[0]["turn_id"], component_id="nope", action="x")
+        assert frames_until(ws, "error")[-1]["code"] == "invalid_frame"
+        send(ws, type="ui_event", turn_id=good[0]["turn_id"], component_id="go", action="start")
+        answer = frames_until(ws, "turn_completed")
+    assert [f["tree"] for f in answer if f["type"] == "genui"] == [
+        {"type": "Text", "text": "you pressed go"}
+    ]
+    events = served.events(good[0]["conversation_id"])
+    rendered = [e.payload for e in events if isinstance(e.payload, GenUIRendered)]
+    assert [r.valid for r in rendered] == [True, False, True]
+    assert rendered[1].errors and rendered[1].errors[0].startswith("rows.0")
+    ui_turn = [e.payload for e in events if isinstance(e.payload, TurnReceived)][-1]
+    assert ui_turn.input_kind == "ui_event" and json.loads(ui_turn.content[9:]) == {
+        "turn_id": good[0]["turn_id"],
+        "component_id": "go",
+        "action": "start",
+        "value": None,
+    }
+
+
+def test_feedback_is_recorded_and_regenerate_answers_again(served: Running) -> None:
+    with served.connect(served.key("feedback-tenant")) as ws:
+        frames_until(ws, "ready")
+        answered = turn(served, ws, "hello")
+        turn_id = answered[0]["turn_id"]
+        send(ws, type="feedback", turn_id=turn_id, kind="up")
+        send(ws, type="feedback", turn_id=turn_id, kind="edit")  # edit needs the text
+        assert frames_until(ws, "error")[-1]["code"] == "invalid_frame"
+        send(ws, type="feedback", turn_id=turn_id, kind="edit", edited_text="Hello to you!")
+        send(ws, type="feedback", turn_id=turn_id, kind="regenerate")
+        again = frames_until(ws, "turn_completed")
+    assert again[0]["turn_id"] != turn_id
+    events = served.events(answered[0]["conversation_id"])
+    feedback = [e.payload for e in events if isinstance(e.payload, FeedbackGiven)]
+    assert [(f.kind, f.edited_text) for f in feedback] == [
+        ("up", None),
+        ("edit", "Hello to you!"),
+        ("regenerate", None),
+    ]
+    contents = [e.payload.content for e in events if isinstance(e.payload, TurnReceived)]
+    assert contents == ["hello", "hello"]
+    rebuilt = Conversation.replay(events)
+    assert rebuilt is not None and rebuilt.turns[uuid.UUID(turn_id)].answer == "Hello to you!"
