@@ -110,7 +110,7 @@ def test_agent_actions_are_events_and_replay_rebuilds_the_same_state(served: Run
     rebuilt = Conversation.replay(events)
     assert rebuilt is not None and rebuilt.tool_state == live
     outcomes = [ActionOutcome(e.payload.name, e.payload.args, e.payload.result, e.payload.ok,
-                              e.payload.state_delta)  # type: ignore[attr-defined]
+                              e.payload.state_delta)
                 for e in recorded]  # fmt: skip
     assert replay(outcomes) == live
     times = [e.envelope.occurred_at for e in recorded]
