@@ -6,6 +6,14 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
+# The browser tests drive Debian's Chromium through Playwright (no browser download).
+if ! command -v chromium >/dev/null 2>&1; then
+    echo "installing Debian's chromium for the browser tests"
+    SUDO=$([ "$(id -u)" -eq 0 ] && echo "" || echo "sudo")
+    $SUDO apt-get install -y --no-install-recommends chromium >/dev/null \
+        || { $SUDO apt-get update >/dev/null && \
+             $SUDO apt-get install -y --no-install-recommends chromium >/dev/null; }
+fi
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
