@@ -27,6 +27,7 @@ from infra.models import make_tiny_model, pull_model, tokenizer_for_tiny, verify
 from infra.postgres.keys import create_key, list_keys, revoke_key
 from infra.postgres.migrate import migrate
 from macaron import wiring
+from server.schemas import export as export_schemas
 
 console = Console()
 err_console = Console(stderr=True)
@@ -217,6 +218,15 @@ def serve(
                     log_level="warning")  # fmt: skip
     finally:
         server.close()
+
+
+@app.command("schema")
+def schema_export(
+    folder: Annotated[Path, typer.Argument(help="Where to write them.")] = Path("docs/schema"),
+) -> None:
+    """Write the JSON Schemas of protocol v1, HCP v1 and the GenUI catalogue."""
+    for path in export_schemas(folder):
+        console.print(f"wrote {path}")
 
 
 @model_app.command("pull")
