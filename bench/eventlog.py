@@ -12,7 +12,6 @@ Usage: python -m bench.eventlog [--events N] [--batch B] [--single S]
 from __future__ import annotations
 
 import argparse
-import socket
 import tempfile
 import time
 import uuid
@@ -28,7 +27,7 @@ from core.events import HarnessStamp, NewEvent, TurnReceived
 from core.settings import Settings
 from infra.kafka.eventlog import KafkaEventLog
 from infra.kafka.topics import create_topics, event_topics
-from infra.local_stack import LocalStack
+from infra.local_stack import LocalStack, free_port
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from infra.postgres.migrate import migrate
@@ -36,13 +35,6 @@ from infra.postgres.migrate import migrate
 PARTITIONS = 3
 STAMP = HarnessStamp(harness_version="bench", hcp_version="bench")
 KEYS = 100
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def make_events(n: int, tag: str) -> list[NewEvent]:

@@ -36,6 +36,14 @@ START_TIMEOUT = 60.0
 STOP_TIMEOUT = 60.0
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on at this moment (for tests and benches)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
 @dataclass(frozen=True)
 class ComponentStatus:
     name: str

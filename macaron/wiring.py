@@ -19,7 +19,7 @@ from infra.models import models_dir
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from server.app import create_app
-from server.chat import ChatLimits, ChatService
+from server.chat import ChatLimits, ChatService, Router
 from server.engines.local import LocalEngine
 from server.gate import Gate
 from server.releases import ensure_root_release, load_release
@@ -70,14 +70,15 @@ def chat_server(
     step: Callable[[str], None],
     *,
     engine: Engine | None = None,
-    router: RouterService | None = None,
+    router: Router | None = None,
+    log: EventLog | None = None,
 ) -> Server:
     """Everything ``macaron serve`` runs: engine, router, log, registry, the root release.
-    Benchmarks and tests may bring their own engine or an already trained router."""
+    Benchmarks and tests may bring their own engine, router or log."""
     folder = model_dir(settings)
     step("connecting to PostgreSQL")
     db = pool(settings)
-    log = event_log(settings, db)
+    log = log or event_log(settings, db)
     if engine is None:
         step(f"loading the base model from {folder}")
         engine = LocalEngine(folder)

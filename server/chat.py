@@ -53,6 +53,7 @@ from core.log import EventLog
 from core.release import AdapterRef, Release
 from core.routing import RouterDecision
 from server import protocol as wire
+from server.committer import GroupCommitter
 from server.harness.actions import MAX_ACTIONS_PER_TURN, execute
 from server.harness.genui import (
     CATALOGUE_VERSION,
@@ -74,6 +75,14 @@ Sink = Callable[[wire.Frame], Awaitable[None]]
 
 
 class Router(Protocol):
+    """What the chat service needs of a router (``server.router.RouterService`` in serving)."""
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def specialists(self) -> tuple[str, ...]: ...
+
     def route(self, text: str, hint: str | None = None) -> RouterDecision: ...
 
 
@@ -127,6 +136,7 @@ class ChatService:
         self.release = release
         self.limits = limits or ChatLimits()
         self._clock = clock
+        self._committer = GroupCommitter(log)
         self._conversations: OrderedDict[UUID, Conversation] = OrderedDict()
         self._in_flight: set[UUID] = set()
         self._recent_turns: dict[UUID, deque[float]] = {}
@@ -173,7 +183,7 @@ class ChatService:
             for i, payload in enumerate(payloads)
         ]  # fmt: skip
         try:
-            recorded = await asyncio.to_thread(self.log.append, events)
+            recorded = await self._committer.append(events)
         except BaseException:
             self._conversations.pop(conversation.conversation_id, None)
             raise
@@ -246,7 +256,9 @@ class ChatService:
             )  # fmt: skip
         events.append(decision.to_event(turn_id, adapter.name, STAMP))
         history = conversation.history(HISTORY_TURNS)
-        await self._append(conversation, events, correlation_id=turn_id)
+        # The receipt is written while the answer is generated; everything after it (actions,
+        # the response) waits for it, so the log's order is the turn's order.
+        receipt = asyncio.create_task(self._append(conversation, events, correlation_id=turn_id))
         await sink(
             wire.TurnStarted(
                 turn_id=turn_id, conversation_id=conversation.conversation_id,
@@ -257,14 +269,19 @@ class ChatService:
         context = build_context(decision.specialist, history, request.content)
         outcome = TurnOutcome(turn_id, conversation.conversation_id, "", "stop")
         try:
-            await self._answer(conversation, context, adapter, outcome, sink, cancel)
+            await self._answer(conversation, context, adapter, outcome, sink, cancel, receipt)
         except MacaronError:
+            await receipt
             await self._append(
                 conversation,
                 [self._responded(release, decision.specialist, adapter, outcome, "error")],
                 correlation_id=turn_id,
             )
             raise
+        finally:
+            if not receipt.done():
+                await asyncio.wait([receipt])
+        await receipt
         final: list[EventPayload] = []
         if outcome.genui is not None:
             final.append(
@@ -309,6 +326,7 @@ class ChatService:
         outcome: TurnOutcome,
         sink: Sink,
         cancel: asyncio.Event,
+        receipt: asyncio.Task[None],
     ) -> None:
         """Generate, running tool calls until the model answers in text (or the limit)."""
         scratch: list[ChatMessage] = []
@@ -322,6 +340,7 @@ class ChatService:
                 outcome.text = f"I stopped after {MAX_ACTIONS_PER_TURN} actions in one turn."
                 await sink(wire.Token(turn_id=outcome.turn_id, delta=outcome.text))
                 return
+            await receipt
             now = self._clock()
             done = execute(call, conversation.tool_state, now)
             action = HarnessActionExecuted(

@@ -7,7 +7,6 @@ other's events.
 
 from __future__ import annotations
 
-import socket
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,7 +17,7 @@ import psycopg
 import pytest
 
 from core.settings import Settings
-from infra.local_stack import LocalStack
+from infra.local_stack import LocalStack, free_port
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.migrate import migrate
 
@@ -26,13 +25,6 @@ if TYPE_CHECKING:
     from server.router import RouterService
 
 TEMPLATE_DB = "macaron_template"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def stack_settings(home: Path) -> Settings:

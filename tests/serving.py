@@ -15,10 +15,10 @@ from websockets.sync.client import ClientConnection, connect
 
 from core.engine import Engine
 from core.settings import Settings
+from infra.local_stack import free_port
 from infra.postgres.keys import create_key
 from macaron import wiring
-from server.router import RouterService
-from tests.conftest import free_port
+from server.chat import Router
 
 
 @dataclass
@@ -52,7 +52,7 @@ class Running:
 
 @contextmanager
 def running_server(
-    settings: Settings, *, engine: Engine | None = None, router: RouterService | None = None
+    settings: Settings, *, engine: Engine | None = None, router: Router | None = None
 ) -> Iterator[Running]:
     server = wiring.chat_server(settings, lambda _: None, engine=engine, router=router)
     port = free_port()
