@@ -228,3 +228,38 @@ class NoActiveRelease(MacaronError):
     """The registry has no active release to serve."""
 
     code = "no_active_release"
+
+
+class ContractInvalid(MacaronError):
+    """A contract file cannot be read, is not YAML, or does not describe a valid contract."""
+
+    code = "contract_invalid"
+
+
+class TaskBankInvalid(MacaronError):
+    """A task bank file cannot be read, is not YAML, or does not describe valid tasks."""
+
+    code = "task_bank_invalid"
+
+
+class NothingToTrain(MacaronError):
+    """A training run was asked for with no SFT examples and no preference pairs."""
+
+    code = "nothing_to_train"
+
+
+class PromotionInProgress(MacaronError):
+    """One promotion (or rollback) is carried out at a time."""
+
+    code = "promotion_in_progress"
+    retryable = True
+
+
+class ReleaseNotFound(MacaronError):
+    code = "release_not_found"
+
+
+class PromotionFailed(MacaronError):
+    """Loading a release's adapters or its canary request failed; the old release serves on."""
+
+    code = "promotion_failed"

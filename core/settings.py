@@ -45,6 +45,19 @@ class Settings(BaseSettings):
     max_connections_per_tenant: int = Field(default=100, ge=1, le=100_000)
     max_new_tokens: int = Field(default=256, ge=1, le=8192)
 
+    redis_url: str | None = Field(
+        default=None, description="Celery broker and results; unset means the embedded Redis"
+    )
+    train_threshold: int = Field(
+        default=32, ge=1, le=1_000_000, description="new experience records that start a run"
+    )
+    task_visibility_timeout: int = Field(
+        default=900, ge=5, le=86_400,
+        description="seconds before an unacknowledged task is given to another worker",
+    )  # fmt: skip
+    contract_path: Path | None = Field(default=None, description="unset means contract v1")
+    training_config: Path | None = Field(default=None, description="unset means the default")
+
     @property
     def kafka_servers(self) -> str:
         """The Kafka bootstrap servers: the configured ones, or the embedded broker's."""

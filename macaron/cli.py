@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
+import threading
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from pathlib import Path
@@ -18,7 +21,7 @@ from rich.table import Table
 from rich.text import Text
 
 from core.chain import verify_chain
-from core.errors import ConfigError, MacaronError
+from core.errors import ConfigError, MacaronError, PromotionFailed, ReleaseNotFound
 from core.events import Envelope
 from core.settings import Settings
 from infra.kafka.topics import create_topics, event_topics
@@ -26,8 +29,14 @@ from infra.local_stack import LocalStack
 from infra.models import make_tiny_model, pull_model, tokenizer_for_tiny, verify_model
 from infra.postgres.keys import create_key, list_keys, revoke_key
 from infra.postgres.migrate import migrate
+from infra.postgres.registry import active_release
+from learners.loop import request_promotion, wait_for_request
+from learners.worker import configure as configure_celery
+from learners.worker import install_runtime, make_runtime
 from macaron import wiring
 from server.schemas import export as export_schemas
+from streams.faust_app import run_worker as run_faust_worker
+from streams.runner import catch_up, follow
 
 console = Console()
 err_console = Console(stderr=True)
@@ -50,6 +59,8 @@ kafka_app.add_typer(topics_app, name="topics")
 app.add_typer(log_app, name="log")
 app.add_typer(model_app, name="model")
 app.add_typer(keys_app, name="keys")
+streams_app = typer.Typer(help="Stream processors.", no_args_is_help=True)
+app.add_typer(streams_app, name="streams")
 
 
 def settings(ctx: typer.Context) -> Settings:
@@ -227,6 +238,96 @@ def schema_export(
     """Write the JSON Schemas of protocol v1, HCP v1 and the GenUI catalogue."""
     for path in export_schemas(folder):
         console.print(f"wrote {path}")
+
+
+class StreamHost(StrEnum):
+    log = "log"
+    faust = "faust"
+
+
+@streams_app.command("run")
+def streams_run(
+    ctx: typer.Context,
+    host: Annotated[StreamHost, typer.Option(help="log: any event log; faust: Kafka agents.")] = (
+        StreamHost.log
+    ),
+    once: Annotated[bool, typer.Option(help="Catch up, then stop (log host).")] = False,
+) -> None:
+    """Run the stream processors (projections, experience, live scores, training trigger)
+    from their saved positions."""
+    cfg = settings(ctx)
+    configure_celery(cfg)
+    with wiring.pool(cfg) as pool:
+        log = wiring.event_log(cfg, pool)
+        hosts = wiring.processor_hosts(cfg, log, pool)
+        wiring.enqueue_queued_runs(pool)
+        if host is StreamHost.faust:
+            run_faust_worker(cfg, hosts, "macaron-streams")
+            return
+        if once:
+            for item in hosts:
+                handled = catch_up(item)
+                console.print(f"{item.processor.name}: {handled} events")
+            return
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        console.print("following the log (Ctrl-C stops)")
+        try:
+            follow(hosts, stop)
+        except KeyboardInterrupt:
+            stop.set()
+
+
+@app.command()
+def worker(
+    ctx: typer.Context,
+    queues: Annotated[str, typer.Option(help="Comma-separated: train, eval, default.")] = (
+        "train,eval,default"
+    ),
+) -> None:
+    """Run a Celery worker for the learning loop (one task at a time)."""
+    cfg = settings(ctx)
+    celery = configure_celery(cfg)
+    pool = wiring.pool(cfg)
+    install_runtime(make_runtime(cfg, wiring.model_dir(cfg), pool, wiring.event_log(cfg, pool)))
+    celery.worker_main(["worker", "--queues", queues, "--pool", "solo", "--loglevel", "INFO",
+                        "--hostname", f"macaron-{os.getpid()}@%h", "--without-gossip",
+                        "--without-mingle"])  # fmt: skip
+
+
+@app.command("promote")
+def promote_release(
+    ctx: typer.Context,
+    release_id: Annotated[str, typer.Argument(help="The release to make active.")],
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the server.")] = 120.0,
+) -> None:
+    """Promote a release by hand: the running server loads it, checks it and flips to it."""
+    _promotion(settings(ctx), release_id, "promote", timeout)
+
+
+@app.command()
+def rollback(
+    ctx: typer.Context,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the server.")] = 120.0,
+) -> None:
+    """Make the active release's parent active again."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool, pool.connection() as conn:
+        parent = active_release(conn).parent_release_id
+    if parent is None:
+        raise ReleaseNotFound("the active release is the root: there is nothing to roll back to")
+    _promotion(cfg, parent, "rollback", timeout)
+
+
+def _promotion(cfg: Settings, release_id: str, kind: str, timeout: float) -> None:
+    with wiring.pool(cfg) as pool:
+        request = request_promotion(pool, release_id, kind=kind, requested_by="operator (cli)")
+        final = wait_for_request(pool, request, timeout)
+    if final["status"] == "pending":
+        raise PromotionFailed(f"no server took the request in {timeout:.0f} s; is one running?")
+    if final["status"] == "failed":
+        raise PromotionFailed(f"{kind} of {release_id} refused: {final['reason']}")
+    console.print(f"{release_id} is active ({kind})")
 
 
 @model_app.command("pull")

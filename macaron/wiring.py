@@ -18,12 +18,20 @@ from infra.local_stack import LocalStack
 from infra.models import models_dir
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
+from learners.worker import enqueue_training
 from server.app import create_app
 from server.chat import ChatLimits, ChatService, Router
 from server.engines.local import LocalEngine
 from server.gate import Gate
+from server.promotion import PromotionListener
 from server.releases import ensure_root_release, load_release
 from server.router import RouterService, SentenceEmbedder
+from streams.experience import ExperienceBuilder
+from streams.host import ProcessorHost
+from streams.processor import Processor
+from streams.projections import Projections
+from streams.scores import LiveScores
+from streams.trigger import TrainingTrigger
 
 
 def database_url(settings: Settings) -> str:
@@ -96,4 +104,23 @@ def chat_server(
                         max_new_tokens=settings.max_new_tokens)  # fmt: skip
     chat = ChatService(log, engine, router, release, limits=limits)
     gate = Gate(db, max_connections_per_tenant=settings.max_connections_per_tenant)
-    return Server(create_app(chat, gate), chat, engine, log, db)
+    listener = PromotionListener(chat, db, store, log)
+    return Server(create_app(chat, gate, listener), chat, engine, log, db)
+
+
+def processor_hosts(settings: Settings, log: EventLog, pool: Pool) -> list[ProcessorHost]:
+    """The stream processors, each in its host; the trigger enqueues training runs."""
+    processors: list[Processor] = [
+        Projections(), ExperienceBuilder(), LiveScores(),
+        TrainingTrigger(settings.train_threshold, enqueue_training),
+    ]  # fmt: skip
+    return [ProcessorHost(p, log, pool) for p in processors]
+
+
+def enqueue_queued_runs(pool: Pool) -> None:
+    """Enqueue every run still queued: the trigger enqueues after its commit, and a crash in
+    between must not strand a run (enqueueing twice is harmless: the task id is the run id)."""
+    with pool.connection() as conn:
+        rows = conn.execute("SELECT run_id FROM training_runs WHERE status = 'queued'").fetchall()
+    for row in rows:
+        enqueue_training(row["run_id"])

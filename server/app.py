@@ -6,6 +6,9 @@ asks for a key and speaks the WebSocket protocol).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from pathlib import Path
 from uuid import UUID
 
@@ -20,6 +23,7 @@ from core import errors
 from server.chat import ChatService, transcript
 from server.gate import Gate
 from server.openai_api import chat_completions, models
+from server.promotion import PromotionListener
 from server.ws import ChatConnection
 
 WEB = Path(__file__).parent / "web"
@@ -78,8 +82,19 @@ async def index(request: Request) -> Response:
     return FileResponse(WEB / "index.html")
 
 
-def create_app(chat: ChatService, gate: Gate) -> Starlette:
+def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> Starlette:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        task = asyncio.create_task(listener.run(), name="promotion-listener")
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
     app = Starlette(
+        lifespan=lifespan,
         routes=[
             Route("/", index),
             Mount("/web", StaticFiles(directory=WEB), name="web"),

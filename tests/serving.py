@@ -60,7 +60,7 @@ def running_server(
         server.app,
         host="127.0.0.1",
         port=port,
-        lifespan="off",
+        lifespan="on",
         ws_max_size=settings.max_frame_bytes,
         log_level="warning",
     )

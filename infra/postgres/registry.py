@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from core.errors import NoActiveRelease
+from core.errors import NoActiveRelease, ReleaseNotFound
 from core.release import AdapterRef, Release
 from infra.postgres.db import DictConnection
 
@@ -60,6 +60,13 @@ def active_release(conn: DictConnection) -> Release:
     row = conn.execute("SELECT * FROM releases WHERE active").fetchone()
     if row is None:
         raise NoActiveRelease("no release is active: `macaron serve` creates the root release")
+    return _release(conn, row)
+
+
+def release_by_id(conn: DictConnection, release_id: str) -> Release:
+    row = conn.execute("SELECT * FROM releases WHERE release_id = %s", (release_id,)).fetchone()
+    if row is None:
+        raise ReleaseNotFound(f"no release {release_id}")
     return _release(conn, row)
 
 

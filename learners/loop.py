@@ -1,0 +1,336 @@
+"""The steps of the learning loop, as plain functions of a ``Runtime`` (the Celery tasks in
+``learners.worker`` call them; tests may too): train a successor on a dataset snapshot,
+evaluate it under the contract against its parent, and ask the serving process to promote it.
+
+Each step is idempotent by run id: a redelivered task finds the run's state and either does
+nothing or takes over a run whose lease expired (its worker died).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from core.contract import decide
+from core.errors import MacaronError, PromotionInProgress, ReleaseNotFound
+from core.events import CandidateTrained, ContractEvaluated, NewEvent, PromotionRejected
+from core.ids import uuid7
+from core.log import EventLog
+from core.release import AdapterRef, Release, release_id_for
+from core.settings import Settings
+from infra.artifacts import ArtifactStore
+from infra.postgres.db import DictConnection, Pool
+from infra.postgres.registry import active_release, create_release, register_adapter
+from learners.contract import load_contract, run_contract
+from learners.recipes.lora import (
+    PreferencePair,
+    SFTExample,
+    TrainingConfig,
+    train_successor_adapter,
+)
+from server.engines.local import LocalEngine
+from streams.experience import FILTER_VERSION, experience_key
+from streams.processor import derived_id
+from streams.trigger import EMPTY_CHAIN, chain_record
+
+LEASE_SECONDS = 120
+Progress = Callable[[int, int, dict[str, float]], None]
+
+
+class RunFailed(MacaronError):
+    code = "run_failed"
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    pool: Pool
+    log: EventLog
+    store: ArtifactStore
+    model_dir: Path
+    training: TrainingConfig
+    contract_path: Path
+
+
+# --- training -------------------------------------------------------------------------------
+
+
+def claim(conn: DictConnection, run_id: UUID, status: str) -> dict[str, Any] | None:
+    """Take the run if it is ``status`` and nobody holds a live lease on it."""
+    row = conn.execute(
+        "UPDATE training_runs SET status = 'running', lease_until = now() + %s * interval '1 s' "
+        "WHERE run_id = %s AND (status = %s OR (status = 'running' AND lease_until < now())) "
+        "RETURNING *",
+        (LEASE_SECONDS, run_id, status),
+    ).fetchone()
+    return None if row is None else dict(row)
+
+
+def train_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -> str:
+    """Train the run's successor adapter; returns its versioned name (or what is there)."""
+    with rt.pool.connection() as conn, conn.transaction():
+        run = claim(conn, run_id, "queued")
+        if run is None:
+            done = conn.execute(
+                "SELECT r.status, a.specialist, a.version FROM training_runs r LEFT JOIN "
+                "adapter_versions a ON a.adapter_version_id = r.result_adapter_id "
+                "WHERE r.run_id = %s", (run_id,),
+            ).fetchone()  # fmt: skip
+            if done is None:
+                raise RunFailed(f"no training run {run_id}")
+            return f"{done['specialist']}@{done['version']}" if done["version"] is not None \
+                else str(done["status"])  # fmt: skip
+        snapshot = conn.execute("SELECT * FROM dataset_snapshots WHERE snapshot_id = %s",
+                                (run["snapshot_id"],)).fetchone()  # fmt: skip
+        parent = conn.execute("SELECT * FROM adapter_versions WHERE adapter_version_id = %s",
+                              (run["parent_adapter_id"],)).fetchone()  # fmt: skip
+    assert snapshot is not None and parent is not None  # foreign keys
+    try:
+        return _train(rt, run, dict(snapshot), dict(parent), progress)
+    except Exception as exc:
+        with rt.pool.connection() as conn, conn.transaction():
+            conn.execute(
+                "UPDATE training_runs SET status = 'failed', error = %s, "
+                "finished_at = now() WHERE run_id = %s",
+                (repr(exc)[:2000], run_id),
+            )
+        raise
+
+
+def materialize(rt: Runtime, snapshot: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    """Replay the snapshot's log range: its records, and the older records of the same
+    specialist (against forgetting). The records must hash to the snapshot's hash."""
+    [(part, start)] = snapshot["start_positions"].items()
+    [(_, end)] = snapshot["end_positions"].items()
+    partition = int(part)
+    records, older = [], []
+    running = EMPTY_CHAIN
+    key = experience_key(snapshot["specialist"])
+    for event in rt.log.read(key=key, types=["ExperienceRecorded"]):
+        payload: Any = event.payload
+        if payload.filter_version != FILTER_VERSION or payload.kind == "trajectory":
+            continue
+        offset = event.position.offset
+        if event.position.partition == partition and start <= offset < end:
+            records.append(payload)
+            running = chain_record(running, payload)
+        elif offset < start:
+            older.append(payload)
+    if running != snapshot["content_hash"] or len(records) != snapshot["record_count"]:
+        raise RunFailed(f"snapshot {snapshot['snapshot_id']} does not replay to its hash")
+    return records, older
+
+
+def _train(
+    rt: Runtime,
+    run: dict[str, Any],
+    snapshot: dict[str, Any],
+    parent: dict[str, Any],
+    progress: Progress | None,
+) -> str:
+    records, older = materialize(rt, snapshot)
+    sft = [SFTExample(messages=r.record["messages"], target=r.record["target"])
+           for r in records if r.kind == "sft"]  # fmt: skip
+    pairs = [PreferencePair(messages=r.record["messages"], chosen=r.record["chosen"],
+                            rejected=r.record["rejected"])
+             for r in records if r.kind == "preference"]  # fmt: skip
+    old = [SFTExample(messages=r.record["messages"], target=r.record["target"])
+           for r in older if r.kind == "sft"]  # fmt: skip
+    parent_dir = rt.store.verified_path(parent["sha256"], parent["path"])
+    with tempfile.TemporaryDirectory() as scratch:
+        result = train_successor_adapter(
+            rt.model_dir, parent_dir, Path(scratch), sft=sft, preferences=pairs, older=old,
+            config=rt.training, progress=progress,
+        )  # fmt: skip
+        sha, stored = rt.store.put(Path(scratch))
+    metrics = {"final_loss": result.final_loss, "seconds": result.seconds,
+               "examples": float(result.examples), "pairs": float(result.pairs)}  # fmt: skip
+    with rt.pool.connection() as conn, conn.transaction():
+        version = conn.execute(
+            "SELECT max(version) + 1 AS v FROM adapter_versions WHERE specialist = %s",
+            (run["specialist"],),
+        ).fetchone()
+        adapter = register_adapter(
+            conn, specialist=run["specialist"], version=int(version["v"] if version else 1),
+            parent_id=parent["adapter_version_id"], sha256=sha, path=str(stored),
+            rank=int(parent["rank"]), base_model=parent["base_model"],
+        )  # fmt: skip
+        conn.execute(
+            "UPDATE training_runs SET status = 'succeeded', result_adapter_id = %s, "
+            "config = %s, metrics = %s, finished_at = now(), lease_until = NULL "
+            "WHERE run_id = %s",
+            (adapter.adapter_version_id, Jsonb(rt.training.model_dump()), Jsonb(metrics),
+             run["run_id"]),
+        )  # fmt: skip
+    rt.log.append([NewEvent(
+        payload=CandidateTrained(
+            run_id=run["run_id"], specialist=run["specialist"], adapter_version=adapter.name,
+            parent_adapter_version=f"{parent['specialist']}@{parent['version']}", sha256=sha,
+            metrics=metrics,
+        ),
+        tenant_id="system", key=f"training.{run['specialist']}",
+        event_id=_step_id(run["run_id"], "trained"),
+    )])  # fmt: skip
+    return adapter.name
+
+
+def _step_id(run_id: UUID, step: str) -> UUID:
+    return derived_id("run", run_id, step)
+
+
+# --- evaluation -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    passed: bool
+    candidate: dict[str, float]
+    parent: dict[str, float]
+    reasons: list[str]
+    release_id: str | None
+
+
+def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
+    """Run the contract on the candidate and its parent (same engine, same seed), store both,
+    apply the rule; a pass defines the successor release (not yet active)."""
+    with rt.pool.connection() as conn:
+        run = conn.execute("SELECT * FROM training_runs WHERE run_id = %s", (run_id,)).fetchone()
+        if run is None or run["status"] != "succeeded":
+            raise RunFailed(f"run {run_id} has no trained candidate to evaluate")
+        release = active_release(conn)
+        candidate = _adapter(conn, run["result_adapter_id"])
+    contract = load_contract(rt.contract_path)
+    specialist = str(run["specialist"])
+    parents = {name: ref.name for name, ref in release.adapters.items()}
+    candidates = {**parents, specialist: candidate.name}
+    engine = LocalEngine(rt.model_dir)
+    try:
+        for ref in [*release.adapters.values(), candidate]:
+            engine.load_adapter(ref.name, str(rt.store.verified_path(ref.sha256, ref.path)))
+        outcomes = asyncio.run(_both(engine, contract, parents, candidates))
+    finally:
+        engine.close()
+    parent_outcomes, candidate_outcomes = outcomes
+    decision = decide(candidate_outcomes, parent_outcomes, specialist, contract.rule)
+    cand_scores, parent_scores = _scores(candidate_outcomes), _scores(parent_outcomes)
+    successor = _successor(release, specialist, candidate) if decision.passed else None
+    evaluation_id = _step_id(run_id, "evaluated")
+    with rt.pool.connection() as conn, conn.transaction():
+        conn.execute(
+            "INSERT INTO evaluations (evaluation_id, run_id, adapter_version_id, "
+            "contract_version, scores, passed) VALUES (%s, %s, %s, %s, %s, %s) "
+            "ON CONFLICT DO NOTHING",
+            (evaluation_id, run_id, candidate.adapter_version_id, contract.version,
+             Jsonb({"candidate": cand_scores, "parent": parent_scores,
+                    "outcomes": {"candidate": candidate_outcomes, "parent": parent_outcomes},
+                    "reasons": decision.reasons, "p_value": decision.p_value}),
+             decision.passed),
+        )  # fmt: skip
+        if successor is not None:
+            conn.execute("SELECT 1 FROM releases WHERE release_id = %s FOR UPDATE",
+                         (successor.release_id,))  # fmt: skip
+            exists = conn.execute("SELECT 1 FROM releases WHERE release_id = %s",
+                                  (successor.release_id,)).fetchone()  # fmt: skip
+            if exists is None:
+                create_release(conn, successor, active=False)
+                conn.execute("UPDATE releases SET run_id = %s WHERE release_id = %s",
+                             (run_id, successor.release_id))  # fmt: skip
+    events = [NewEvent(
+        payload=ContractEvaluated(
+            evaluation_id=evaluation_id, run_id=run_id, contract_version=contract.version,
+            scores={**{f"candidate.{k}": v for k, v in cand_scores.items()},
+                    **{f"parent.{k}": v for k, v in parent_scores.items()}},
+            passed=decision.passed,
+        ),
+        tenant_id="system", key=f"training.{specialist}", event_id=evaluation_id,
+    )]  # fmt: skip
+    if not decision.passed:
+        events.append(NewEvent(
+            payload=PromotionRejected(run_id=run_id, reason="; ".join(decision.reasons)),
+            tenant_id="system", key=f"training.{specialist}",
+            event_id=_step_id(run_id, "rejected"),
+        ))  # fmt: skip
+    rt.log.append(events)
+    return Evaluation(decision.passed, cand_scores, parent_scores, decision.reasons,
+                      None if successor is None else successor.release_id)  # fmt: skip
+
+
+def _scores(outcomes: dict[str, list[bool]]) -> dict[str, float]:
+    """Each suite's share of tasks passed."""
+    return {suite: sum(done) / len(done) for suite, done in outcomes.items() if done}
+
+
+async def _both(
+    engine: LocalEngine, contract: Any, parents: dict[str, str], candidates: dict[str, str]
+) -> tuple[dict[str, list[bool]], dict[str, list[bool]]]:
+    parent = await run_contract(engine, parents, contract)
+    candidate = await run_contract(engine, candidates, contract)
+    return parent, candidate
+
+
+def _adapter(conn: DictConnection, adapter_version_id: int) -> AdapterRef:
+    row = conn.execute("SELECT * FROM adapter_versions WHERE adapter_version_id = %s",
+                       (adapter_version_id,)).fetchone()  # fmt: skip
+    if row is None:
+        raise RunFailed(f"no adapter version {adapter_version_id}")
+    return AdapterRef(adapter_version_id=row["adapter_version_id"], specialist=row["specialist"],
+                      version=row["version"], sha256=row["sha256"], path=row["path"],
+                      rank=row["rank"])  # fmt: skip
+
+
+def _successor(release: Release, specialist: str, candidate: AdapterRef) -> Release:
+    adapters = {**release.adapters, specialist: candidate}
+    release_id = release_id_for(
+        release.release_id, release.base_model, release.router_version,
+        release.harness_version, release.hcp_version,
+        {name: ref.sha256 for name, ref in adapters.items()},
+    )  # fmt: skip
+    return release.model_copy(update={"release_id": release_id,
+                                      "parent_release_id": release.release_id,
+                                      "adapters": adapters})  # fmt: skip
+
+
+# --- promotion ----------------------------------------------------------------------------------
+
+
+def request_promotion(
+    pool: Pool, release_id: str, *, kind: str = "promote", run_id: UUID | None = None,
+    requested_by: str,
+) -> UUID:  # fmt: skip
+    """Ask the serving process to make ``release_id`` active (it loads the adapters, sends a
+    canary request and flips, or refuses with the reason). Returns the request id."""
+    request_id = uuid7()
+    try:
+        with pool.connection() as conn, conn.transaction():
+            conn.execute(
+                "INSERT INTO promotion_requests (request_id, kind, release_id, run_id, "
+                "requested_by) VALUES (%s, %s, %s, %s, %s)",
+                (request_id, kind, release_id, run_id, requested_by),
+            )
+    except psycopg.errors.UniqueViolation:
+        raise PromotionInProgress("another promotion is being carried out; retry") from None
+    except psycopg.errors.ForeignKeyViolation:
+        raise ReleaseNotFound(f"no release {release_id}") from None
+    return request_id
+
+
+def wait_for_request(pool: Pool, request_id: UUID, timeout: float) -> dict[str, Any]:
+    """The request's final state, or its pending state after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with pool.connection() as conn:
+            row = conn.execute("SELECT * FROM promotion_requests WHERE request_id = %s",
+                               (request_id,)).fetchone()  # fmt: skip
+        assert row is not None
+        if row["status"] != "pending" or time.monotonic() > deadline:
+            return dict(row)
+        time.sleep(0.2)

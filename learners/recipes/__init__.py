@@ -1,0 +1,1 @@
+"""Training recipes: one readable file per recipe, hyperparameters in YAML beside it."""

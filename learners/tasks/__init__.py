@@ -1,0 +1,41 @@
+"""The simulator's training task bank: tasks in the contract's format, disjoint from the contract.
+
+Bank tasks are what simulated users ask, and their references become training data; the
+contract's held-out tasks must never be among them (``tests/unit/test_contract.py`` checks ids,
+prompts and near-duplicate prompts).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from core.contract import Task
+from core.errors import TaskBankInvalid
+from learners.contract import load_yaml_model
+
+BANK_V1 = Path(__file__).with_name("bank-v1.yaml")
+
+
+class TaskBank(BaseModel):
+    """One version of the bank: its tasks, each id used once."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    version: str = Field(min_length=1, max_length=100)
+    tasks: list[Task] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> TaskBank:
+        seen: set[str] = set()
+        for task in self.tasks:
+            if task.id in seen:
+                raise ValueError(f"task id {task.id!r} is used more than once")
+            seen.add(task.id)
+        return self
+
+
+def load_bank(path: Path = BANK_V1) -> list[Task]:
+    """The bank's tasks in file order; any problem is ``TaskBankInvalid`` with the reason."""
+    return load_yaml_model(path, TaskBank, TaskBankInvalid).tasks

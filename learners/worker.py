@@ -1,0 +1,137 @@
+"""The Celery app and its tasks: ``train_successor`` (queue ``train``, GPU workers with
+concurrency 1), ``evaluate_candidate`` (``eval``) and ``promote`` (``default``).
+
+Redis is broker and result backend. Tasks are acknowledged late and rejected when their worker
+is lost, so a killed worker's task is given to another after ``task_visibility_timeout``; every
+task is idempotent by its run id (the task id is the run id), so a redelivery repeats nothing.
+Only the composition root builds the app (``celery_app``); the tasks find their runtime there.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from celery import Celery, Task
+from rich.progress import Progress
+
+from core.settings import Settings
+from infra.artifacts import ArtifactStore
+from infra.local_stack import LocalStack
+from learners.contract import CONTRACT_V1
+from learners.loop import (
+    Runtime,
+    evaluate_run,
+    request_promotion,
+    train_run,
+    wait_for_request,
+)
+from learners.recipes.lora import DEFAULT_CONFIG, load_config
+
+TRAIN, EVAL, DEFAULT = "train", "eval", "default"
+PROMOTION_TIMEOUT_S = 300.0
+
+app = Celery("macaron")
+app.conf.update(
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    task_serializer="json",
+    result_serializer="json",
+    accept_content=["json"],
+    task_default_queue=DEFAULT,
+    task_routes={
+        "macaron.train_successor": {"queue": TRAIN},
+        "macaron.evaluate_candidate": {"queue": EVAL},
+        "macaron.promote": {"queue": DEFAULT},
+    },
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+_runtime: Runtime | None = None
+
+
+def redis_url(settings: Settings) -> str:
+    return settings.redis_url or LocalStack(settings).redis.url()
+
+
+def configure(settings: Settings) -> Celery:
+    """Point the app at the settings' Redis (called once by the composition root)."""
+    url = redis_url(settings)
+    app.conf.update(
+        broker_url=url,
+        result_backend=url,
+        broker_transport_options={
+            "visibility_timeout": settings.task_visibility_timeout,
+            "unacked_restore_interval": 1,
+            "unacked_restore_throttle": 1,
+        },
+        result_backend_transport_options={"visibility_timeout": settings.task_visibility_timeout},
+    )
+    return app
+
+
+def install_runtime(runtime: Runtime) -> None:
+    global _runtime
+    _runtime = runtime
+
+
+def runtime() -> Runtime:
+    if _runtime is None:
+        raise RuntimeError("the worker's runtime was not installed (start it with macaron worker)")
+    return _runtime
+
+
+def make_runtime(settings: Settings, model_dir: Any, pool: Any, log: Any) -> Runtime:
+    config_path = settings.training_config or DEFAULT_CONFIG
+    return Runtime(
+        settings=settings, pool=pool, log=log, store=ArtifactStore(settings.home / "adapters"),
+        model_dir=model_dir, training=load_config(config_path),
+        contract_path=settings.contract_path or CONTRACT_V1,
+    )  # fmt: skip
+
+
+def enqueue_training(run_id: uuid.UUID) -> None:
+    """Enqueue a run's training once: the task id is the run id."""
+    train_successor.apply_async((str(run_id),), task_id=str(run_id))
+
+
+@app.task(bind=True, name="macaron.train_successor")
+def train_successor(self: Task, run_id: str) -> str:
+    rt = runtime()
+    with Progress(transient=True) as bar:
+        task = bar.add_task(f"training run {run_id}", total=rt.training.steps)
+
+        def progress(step: int, steps: int, losses: dict[str, float]) -> None:
+            bar.update(task, completed=step, total=steps)
+            self.update_state(state="PROGRESS",
+                              meta={"step": step, "steps": steps, **losses})  # fmt: skip
+
+        adapter = train_run(rt, uuid.UUID(run_id), progress)
+    evaluate_candidate.apply_async((run_id,), task_id=f"{run_id}.evaluate")
+    return adapter
+
+
+@app.task(name="macaron.evaluate_candidate")
+def evaluate_candidate(run_id: str) -> dict[str, Any]:
+    result = evaluate_run(runtime(), uuid.UUID(run_id))
+    if result.passed and result.release_id is not None:
+        promote.apply_async((run_id, result.release_id), task_id=f"{run_id}.promote")
+    return {"passed": result.passed, "candidate": result.candidate, "parent": result.parent,
+            "reasons": result.reasons, "release_id": result.release_id}  # fmt: skip
+
+
+@app.task(name="macaron.promote")
+def promote(run_id: str, release_id: str) -> dict[str, Any]:
+    rt = runtime()
+    with rt.pool.connection() as conn:
+        done = conn.execute(
+            "SELECT status, reason FROM promotion_requests WHERE run_id = %s "
+            "ORDER BY requested_at DESC LIMIT 1", (uuid.UUID(run_id),),
+        ).fetchone()  # fmt: skip
+    if done is not None and done["status"] != "failed":
+        return {"status": done["status"], "reason": done["reason"]}
+    request = request_promotion(rt.pool, release_id, run_id=uuid.UUID(run_id),
+                                requested_by=f"run {run_id}")  # fmt: skip
+    final = wait_for_request(rt.pool, request, PROMOTION_TIMEOUT_S)
+    return {"status": final["status"], "reason": final["reason"]}

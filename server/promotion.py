@@ -1,0 +1,182 @@
+"""The promotion listener: the serving process carries out promotions and rollbacks, because
+it owns the engine.
+
+For a pending request it loads the release's adapters (each checked against its content
+address), sends a canary request through every adapter that is new, and flips the active
+release in one transaction with the promotion record; then it appends ``ReleasePromoted`` (or
+``ReleaseRolledBack``), swaps the release its chat service serves (turns in flight finish on the
+release they started with) and unloads the adapters no longer served, which the engine frees
+once their last turn ends. Any failure before the flip unloads what was loaded, keeps the old
+release active and records why. A server that sees another replica's flip follows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from core.engine import GenerationRequest, SamplingParams
+from core.errors import MacaronError, PromotionFailed
+from core.events import NewEvent, PromotionRejected, ReleasePromoted, ReleaseRolledBack
+from core.log import EventLog
+from core.release import Release
+from infra.artifacts import ArtifactStore
+from infra.postgres.db import Pool
+from infra.postgres.registry import active_release, release_by_id
+from server.chat import ChatService
+from server.releases import RELEASES_KEY, SYSTEM_TENANT
+from streams.processor import derived_id
+
+log = logging.getLogger(__name__)
+POLL_S = 0.5
+CANARY_TIMEOUT_S = 120.0
+
+
+class PromotionListener:
+    def __init__(self, chat: ChatService, pool: Pool, store: ArtifactStore, log: EventLog) -> None:
+        self.chat = chat
+        self.pool = pool
+        self.store = store
+        self.log = log
+
+    async def run(self) -> None:
+        """Poll for requests and for flips made elsewhere, until cancelled."""
+        while True:
+            try:
+                await self.step()
+            except MacaronError as exc:  # the database is away, say: keep serving, retry
+                log.warning("promotion listener: %s (%s)", exc.message, exc.code)
+            await asyncio.sleep(POLL_S)
+
+    async def step(self) -> None:
+        request = await asyncio.to_thread(self._pending)
+        if request is not None:
+            await self._carry_out(request)
+            return
+        active = await asyncio.to_thread(self._active)
+        if active.release_id != self.chat.release.release_id:
+            await self._load(active)
+            self._switch(active)
+
+    def _pending(self) -> dict[str, Any] | None:
+        with self.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT * FROM promotion_requests WHERE status = 'pending'"
+            ).fetchone()
+        return None if row is None else dict(row)
+
+    def _active(self) -> Release:
+        with self.pool.connection() as conn:
+            return active_release(conn)
+
+    async def _carry_out(self, request: dict[str, Any]) -> None:
+        old = self.chat.release
+        try:
+            with self.pool.connection() as conn:
+                release = release_by_id(conn, request["release_id"])
+            loaded = await self._load(release)
+        except MacaronError as exc:
+            await asyncio.to_thread(self._refuse, request, old, exc.message)
+            return
+        try:
+            await self._canary(release, loaded)
+            await asyncio.to_thread(self._flip, request, old, release)
+        except MacaronError as exc:
+            for name in loaded:
+                self.chat.engine.unload_adapter(name)
+            await asyncio.to_thread(self._refuse, request, old, exc.message)
+            return
+        self._switch(release)
+
+    async def _load(self, release: Release) -> list[str]:
+        """Load the release's adapters the engine lacks; returns their names."""
+        present = set(self.chat.engine.loaded_adapters())
+        loaded = []
+        for ref in release.adapters.values():
+            if ref.name in present:
+                continue
+            folder = await asyncio.to_thread(self.store.verified_path, ref.sha256, ref.path)
+            await asyncio.to_thread(self.chat.engine.load_adapter, ref.name, str(folder))
+            loaded.append(ref.name)
+        return loaded
+
+    async def _canary(self, release: Release, adapters: list[str]) -> None:
+        """One short generation through each new adapter must succeed."""
+        for name in adapters:
+            prompt = self.chat.engine.chat_prompt([{"role": "user", "content": "Say hello."}])
+            request = GenerationRequest(request_id=f"canary-{name}", prompt=prompt, adapter=name,
+                                        params=SamplingParams(max_tokens=4))  # fmt: skip
+            try:
+                async with asyncio.timeout(CANARY_TIMEOUT_S):
+                    tokens = [c async for c in self.chat.engine.generate(request)]
+            except TimeoutError:
+                raise PromotionFailed(f"canary request on {name} timed out") from None
+            except MacaronError as exc:
+                raise PromotionFailed(f"canary request on {name} failed: {exc.message}") from exc
+            if not tokens or tokens[-1].finish_reason is None:
+                raise PromotionFailed(f"canary request on {name} returned no answer")
+
+    def _flip(self, request: dict[str, Any], old: Release, release: Release) -> None:
+        rollback = request["kind"] == "rollback"
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute("UPDATE releases SET active = false WHERE active")
+            conn.execute(
+                "UPDATE releases SET active = true, promoted_by = %s WHERE release_id = %s",
+                (request["requested_by"], release.release_id),
+            )
+            conn.execute(
+                "INSERT INTO promotions (promotion_id, kind, from_release_id, to_release_id, "
+                "run_id, reason) VALUES (%s, %s, %s, %s, %s, %s)",
+                (request["request_id"], "rolled_back" if rollback else "promoted",
+                 old.release_id, release.release_id, request["run_id"],
+                 f"requested by {request['requested_by']}"),
+            )  # fmt: skip
+            conn.execute("UPDATE promotion_requests SET status = 'done', finished_at = now() "
+                         "WHERE request_id = %s", (request["request_id"],))  # fmt: skip
+        payload = (
+            ReleaseRolledBack(from_release_id=old.release_id, to_release_id=release.release_id,
+                              reason=f"requested by {request['requested_by']}")
+            if rollback else
+            ReleasePromoted(release_id=release.release_id, parent_release_id=old.release_id,
+                            run_id=request["run_id"])
+        )  # fmt: skip
+        self.log.append(
+            [
+                NewEvent(
+                    payload=payload,
+                    tenant_id=SYSTEM_TENANT,
+                    key=RELEASES_KEY,
+                    event_id=derived_id("promotion", request["request_id"]),
+                )
+            ]
+        )
+
+    def _refuse(self, request: dict[str, Any], old: Release, reason: str) -> None:
+        with self.pool.connection() as conn, conn.transaction():
+            conn.execute(
+                "UPDATE promotion_requests SET status = 'failed', reason = %s, "
+                "finished_at = now() WHERE request_id = %s",
+                (reason, request["request_id"]),
+            )
+            conn.execute(
+                "INSERT INTO promotions (promotion_id, kind, from_release_id, to_release_id, "
+                "run_id, reason) VALUES (%s, 'rejected', %s, %s, %s, %s)",
+                (request["request_id"], old.release_id, request["release_id"],
+                 request["run_id"], reason),
+            )  # fmt: skip
+        if request["run_id"] is not None:
+            self.log.append([NewEvent(
+                payload=PromotionRejected(run_id=request["run_id"], reason=reason),
+                tenant_id=SYSTEM_TENANT, key=RELEASES_KEY,
+                event_id=derived_id("promotion", request["request_id"]),
+            )])  # fmt: skip
+
+    def _switch(self, release: Release) -> None:
+        old = self.chat.release
+        self.chat.release = release
+        serving = {ref.name for ref in release.adapters.values()}
+        loaded = set(self.chat.engine.loaded_adapters())
+        for ref in old.adapters.values():
+            if ref.name not in serving and ref.name in loaded:
+                self.chat.engine.unload_adapter(ref.name)  # freed when its last turn ends

@@ -1,0 +1,58 @@
+"""What both hosts do with events: apply a batch to a processor in one transaction.
+
+For a batch the host opens one transaction, lets the processor handle each event (writing its
+tables), appends the derived events to the log (idempotent by their deterministic ids, so an
+append that happened before a crash is a no-op when the batch is redelivered), saves the read
+positions, and commits; then it runs the processor's ``after_commit``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from core.events import NewEvent
+from core.log import DeadLetter, EventLog, Positions, RecordedEvent
+from infra.postgres.db import Pool
+from infra.postgres.positions import load_positions, save_positions
+from streams.processor import Processor
+
+
+class ProcessorHost:
+    def __init__(self, processor: Processor, log: EventLog, pool: Pool) -> None:
+        self.processor = processor
+        self.log = log
+        self.pool = pool
+
+    def positions(self) -> Positions:
+        with self.pool.connection() as conn:
+            return load_positions(conn, self.processor.name)
+
+    def apply(self, events: Sequence[RecordedEvent]) -> list[NewEvent]:
+        """Handle ``events`` (in log order) in one transaction; returns the derived events.
+        Events below the saved positions (a redelivery) are skipped."""
+        if not events:
+            return []
+        derived: list[NewEvent] = []
+        with self.pool.connection() as conn, conn.transaction():
+            positions = load_positions(conn, self.processor.name)
+            for event in events:
+                where = event.position
+                if where.offset < positions.get(where.partition, 0):
+                    continue
+                derived += self.processor.handle(conn, event)
+                positions[where.partition] = where.offset + 1
+            if derived:
+                self.log.append(derived)
+            save_positions(conn, self.processor.name, positions)
+        self.processor.after_commit(derived)
+        return derived
+
+    def skip(self, letter: DeadLetter) -> None:
+        """Move past an event that cannot be decoded (the log's readers keep it as a dead
+        letter); the processor never sees it."""
+        with self.pool.connection() as conn, conn.transaction():
+            positions = load_positions(conn, self.processor.name)
+            where = letter.position
+            if where.offset >= positions.get(where.partition, 0):
+                positions[where.partition] = where.offset + 1
+                save_positions(conn, self.processor.name, positions)

@@ -1,0 +1,148 @@
+"""The learning loop end to end on the tiny model, with real PostgreSQL, Redis and a Celery
+worker process: turns with feedback -> experience -> a training run -> the contract ->
+promotion -> the next turn is served by the new adapter version, and the release's lineage
+leads back to the events of the first turns."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.events import ExperienceRecorded, FeedbackGiven, ReleasePromoted
+from core.settings import Settings
+from infra.local_stack import LocalStack
+from infra.postgres.registry import active_release
+from learners.worker import configure as configure_celery
+from macaron import wiring
+from server.router import RouterService
+from streams.runner import follow
+from tests.serving import Running, frames_until, running_server, send
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+ANSWER = '{"type": "Text", "text": "green"}'
+
+
+@pytest.fixture
+def loop_settings(
+    database_url: str, stack: LocalStack, tiny_model: Path, tmp_path: Path
+) -> Settings:
+    redis = stack.redis.url().rsplit("/", 1)[0] + "/3"  # a database of its own
+    return Settings(
+        home=tmp_path / "home", database_url=database_url, model_dir=tiny_model,
+        redis_url=redis, train_threshold=4, contract_path=DATA / "contract-e2e.yaml",
+        training_config=DATA / "training-e2e.yaml", task_visibility_timeout=120,
+        turns_per_minute=1000, max_new_tokens=24,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def worker(loop_settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MACARON_")}
+    for name, value in loop_settings.model_dump(exclude_none=True).items():
+        env[f"MACARON_{name.upper()}"] = str(value)
+    log = (tmp_path / "worker.log").open("wb")
+    process = subprocess.Popen([sys.executable, "-m", "macaron", "worker"], env=env,
+                               stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    yield process
+    process.terminate()
+    process.wait(timeout=60)
+    log.close()
+
+
+def test_feedback_trains_a_successor_that_serves_the_next_turn(
+    loop_settings: Settings,
+    router: RouterService,
+    worker: subprocess.Popen[bytes],
+    tmp_path: Path,
+) -> None:
+    configure_celery(loop_settings)
+    with running_server(loop_settings, router=router) as served:
+        stop = threading.Event()
+        hosts = wiring.processor_hosts(loop_settings, served.server.log, served.server.pool)
+        processors = threading.Thread(target=follow, args=(hosts, stop), daemon=True)
+        processors.start()
+        try:
+            first_turns = teach(served)
+            promoted = wait_for_promotion(served, tmp_path, worker)
+            with served.connect(served.key("learner")) as ws:
+                frames_until(ws, "ready")
+                send(ws, type="user_turn", client_msg_id="after", content="Show the status.",
+                     specialist_hint="genui")  # fmt: skip
+                after = frames_until(ws, "turn_completed")
+        finally:
+            stop.set()
+            processors.join(timeout=30)
+        assert after[0]["adapter_version"] == "genui@1"
+        assert after[0]["release_id"] == promoted.release_id
+        assert [f["tree"] for f in after if f["type"] == "genui"] == [json.loads(ANSWER)]
+        assert_lineage(served, promoted.release_id, first_turns)
+
+
+def teach(served: Running) -> set[str]:
+    """Genui turns the user corrects with the answer they wanted."""
+    turn_ids = set()
+    with served.connect(served.key("learner")) as ws:
+        frames_until(ws, "ready")
+        for n, prompt in enumerate(["Show my build.", "Status please.", "Render health.",
+                                    "Show the lamp."]):  # fmt: skip
+            send(ws, type="user_turn", client_msg_id=f"teach-{n}", content=prompt,
+                 specialist_hint="genui")  # fmt: skip
+            turn_id = frames_until(ws, "turn_completed")[0]["turn_id"]
+            send(ws, type="feedback", turn_id=turn_id, kind="edit", edited_text=ANSWER)
+            turn_ids.add(turn_id)
+        send(ws, type="ping")
+        frames_until(ws, "pong")
+    return turn_ids
+
+
+def wait_for_promotion(served: Running, tmp_path: Path, worker: Any) -> ReleasePromoted:
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        found = [e.payload for e in served.events("releases")
+                 if isinstance(e.payload, ReleasePromoted)]  # fmt: skip
+        if len(found) > 0 and found[-1].parent_release_id is not None:
+            return found[-1]
+        if worker.poll() is not None:
+            break
+        time.sleep(1)
+    with served.server.pool.connection() as conn:
+        runs = conn.execute("SELECT status, error FROM training_runs").fetchall()
+        evaluations = conn.execute("SELECT passed, scores FROM evaluations").fetchall()
+    raise AssertionError(f"no promotion: runs {runs}, evaluations {evaluations}\n"
+                         + (tmp_path / "worker.log").read_text()[-4000:])  # fmt: skip
+
+
+def assert_lineage(served: Running, release_id: str, first_turns: set[str]) -> None:
+    with served.server.pool.connection() as conn:
+        release = active_release(conn)
+        run = conn.execute(
+            "SELECT r.*, s.start_positions, s.end_positions, s.content_hash FROM releases rel "
+            "JOIN training_runs r ON r.run_id = rel.run_id "
+            "JOIN dataset_snapshots s USING (snapshot_id) WHERE rel.release_id = %s",
+            (release_id,),
+        ).fetchone()
+    assert release.release_id == release_id and release.adapters["genui"].version == 1
+    assert run is not None and run["status"] == "succeeded"
+    [(partition, start)] = run["start_positions"].items()
+    [(_, end)] = run["end_positions"].items()
+    trained_on = [
+        e for e in served.events("experience.genui")
+        if isinstance(e.payload, ExperienceRecorded)
+        and e.position.partition == int(partition) and start <= e.position.offset < end
+    ]  # fmt: skip
+    assert trained_on and {str(e.payload.turn_id) for e in trained_on} <= first_turns
+    causes = {e.envelope.causation_id for e in trained_on}
+    feedback = {e.envelope.event_id for e in served.events()
+                if isinstance(e.payload, FeedbackGiven)}  # fmt: skip
+    assert causes <= feedback  # each record was caused by a user's feedback event
+    assert uuid.UUID(str(run["run_id"]))

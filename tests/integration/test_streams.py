@@ -1,0 +1,166 @@
+"""Stream processors: the same events through both hosts (the position-tracking runner over
+the PostgreSQL log, and faust agents over the Kafka-protocol broker) give the same outputs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from core.events import ExperienceRecorded, NewEvent
+from core.log import RecordedEvent
+from core.settings import Settings
+from infra.kafka.eventlog import KafkaEventLog
+from infra.kafka.topics import create_topics, event_topics
+from infra.local_stack import LocalStack
+from infra.postgres.db import open_pool
+from infra.postgres.eventlog import PostgresEventLog
+from infra.postgres.positions import load_positions
+from macaron import wiring
+from server.engines.instant import InstantEngine
+from server.router import RouterService
+from streams.processor import content_hash
+from streams.runner import catch_up
+from tests.conftest import fresh_database
+from tests.integration.test_harness import script
+from tests.serving import frames_until, running_server, send
+
+HIGH_THRESHOLD = 10_000  # no training runs here: the outputs are the processors' tables
+
+
+@pytest.fixture(scope="module")
+def conversation_events(
+    stack: LocalStack,
+    tiny_model: Path,
+    router: RouterService,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[list[RecordedEvent]]:
+    """Real turns over the WebSocket: chat with feedback, an agent with actions, GenUI."""
+    with fresh_database(stack) as url:
+        settings = Settings(home=tmp_path_factory.mktemp("streams-home"), database_url=url,
+                            model_dir=tiny_model, turns_per_minute=1000)  # fmt: skip
+        with running_server(settings, engine=InstantEngine(script), router=router) as served:
+            with served.connect(served.key("acme")) as ws:
+                frames_until(ws, "ready")
+                for content, hint, feedback in [
+                    ("hello", None, {"kind": "up"}),
+                    ("how are you", None, {"kind": "edit", "edited_text": "Very well!"}),
+                    ("remember milk and compute", "agent", {"kind": "up"}),
+                    ("show me a card", "genui", {"kind": "down"}),
+                    ("plan my day", "agent", None),
+                ]:
+                    frame: dict[str, Any] = {"client_msg_id": str(uuid.uuid4()),
+                                             "content": content}  # fmt: skip
+                    if hint:
+                        frame["specialist_hint"] = hint
+                    send(ws, type="user_turn", **frame)
+                    turn_id = frames_until(ws, "turn_completed")[-1]["turn_id"]
+                    if feedback:
+                        send(ws, type="feedback", turn_id=turn_id, **feedback)
+                send(ws, type="ping")
+                frames_until(ws, "pong")  # the feedback before it is stored
+            yield served.events()
+
+
+def copy(events: list[RecordedEvent]) -> list[NewEvent]:
+    return [
+        NewEvent(payload=e.payload, tenant_id=e.envelope.tenant_id, key=e.envelope.key,
+                 event_id=e.envelope.event_id, occurred_at=e.envelope.occurred_at,
+                 causation_id=e.envelope.causation_id,
+                 correlation_id=e.envelope.correlation_id, trace=e.envelope.trace)
+        for e in events
+    ]  # fmt: skip
+
+
+def settings_for(home: Path, url: str, **extra: Any) -> Settings:
+    return Settings(home=home, database_url=url, train_threshold=HIGH_THRESHOLD, **extra)
+
+
+def test_both_hosts_give_the_same_outputs(
+    stack: LocalStack, conversation_events: list[RecordedEvent], tmp_path: Path
+) -> None:
+    with fresh_database(stack) as pg_url, fresh_database(stack) as kafka_url:
+        # The position-tracking runner over the PostgreSQL log.
+        pg_settings = settings_for(tmp_path / "pg", pg_url)
+        with open_pool(pg_url) as pool:
+            log = PostgresEventLog(pool, pg_url)
+            log.append(copy(conversation_events))
+            hosts = wiring.processor_hosts(pg_settings, log, pool)
+            for _ in range(2):  # a second pass takes the derived events, then nothing
+                for host in hosts:
+                    catch_up(host)
+            assert [catch_up(h) for h in hosts] == [0, 0, 0, 0]
+            with pool.connection() as conn:
+                by_runner = outputs(conn, hosts)
+            derived = [e for e in log.read() if isinstance(e.payload, ExperienceRecorded)]
+        kinds = sorted(e.payload.kind for e in derived)  # type: ignore[attr-defined]
+        assert kinds == ["preference", "sft", "sft", "sft", "trajectory", "trajectory"]
+
+        # The faust agents over the Kafka-protocol broker, in their own process.
+        topic = f"events-{uuid.uuid4().hex[:10]}"
+        create_topics(stack.kafka.bootstrap(), event_topics(topic, 3, 1))
+        with open_pool(kafka_url) as pool:
+            kafka_log = KafkaEventLog(stack.kafka.bootstrap(), topic, pool)
+            kafka_log.append(copy(conversation_events))
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith("MACARON_")},
+                "MACARON_HOME": str(tmp_path / "kafka"), "MACARON_DATABASE_URL": kafka_url,
+                "MACARON_EVENT_LOG": "kafka", "MACARON_KAFKA_BOOTSTRAP": stack.kafka.bootstrap(),
+                "MACARON_KAFKA_TOPIC": topic, "MACARON_KAFKA_PARTITIONS": "3",
+                "MACARON_TRAIN_THRESHOLD": str(HIGH_THRESHOLD),
+                "MACARON_REDIS_URL": stack.redis.url(),
+            }  # fmt: skip
+            worker = subprocess.Popen(
+                [sys.executable, "-m", "macaron", "streams", "run", "--host", "faust"],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                caught_up(pool, kafka_log, [h.processor.name for h in hosts], worker)
+            finally:
+                worker.send_signal(signal.SIGTERM)
+                output = worker.communicate(timeout=60)[0].decode(errors="replace")
+            with pool.connection() as conn:
+                by_faust = outputs(conn, hosts)
+            kafka_log.close()
+        assert by_faust == by_runner, output[-3000:]
+
+
+def outputs(conn: Any, hosts: list[Any]) -> dict[str, Any]:
+    """Each processor's content hash; the trigger's rows without their log positions, which
+    are offsets in a different log here (same events, different places)."""
+    found: dict[str, Any] = {
+        h.processor.name: content_hash(conn, h.processor)
+        for h in hosts if h.processor.name != "training-trigger-1"
+    }  # fmt: skip
+    found["training-trigger-1"] = conn.execute(
+        "SELECT specialist, pending, running_hash FROM trigger_state ORDER BY specialist"
+    ).fetchall()
+    assert found["training-trigger-1"]  # the trigger saw experience
+    return found
+
+
+def caught_up(pool: Any, log: KafkaEventLog, names: list[str], worker: Any) -> None:
+    """Wait until every processor has read to the end of the topic, twice in a row (the
+    derived events it appends move the end)."""
+    deadline, stable = time.monotonic() + 240, 0
+    while stable < 2:
+        if worker.poll() is not None:
+            raise AssertionError(f"the faust host exited: {worker.stdout.read().decode()[-3000:]}")
+        if time.monotonic() > deadline:
+            raise AssertionError("the faust host did not catch up in time")
+        end = {p: o for p, o in log.end_positions().items() if o}
+        with pool.connection() as conn:
+            done = all(
+                all(load_positions(conn, name).get(p, 0) >= o for p, o in end.items())
+                for name in names
+            )
+        stable = stable + 1 if done else 0
+        time.sleep(1.0)

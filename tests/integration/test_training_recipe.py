@@ -1,0 +1,237 @@
+"""The successor-adapter recipe on a tiny random Llama: pinned losses, the PEFT folder the
+engine serves, determinism, DPO against the parent, and the tokenising of answers."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoTokenizer
+
+from core.engine import GenerationRequest, SamplingParams
+from core.errors import ConfigError, NothingToTrain
+from core.events import ChatMessage
+from infra.artifacts import ADAPTER_FILES, write_identity_adapter
+from learners.recipes.lora import (
+    DEFAULT_CONFIG,
+    IGNORE,
+    PreferencePair,
+    SFTExample,
+    TrainingConfig,
+    TrainingResult,
+    batch_shares,
+    dpo_loss,
+    end_of_turn_ids,
+    load_config,
+    tokenize_turn,
+    train_successor_adapter,
+)
+from server.engines.local import LocalEngine
+from server.engines.lora import read_adapter_config
+
+TREE = '{"type":"card","children":[{"type":"text","value":"Hello"}]}'
+TOPICS = ["a greeting", "a welcome", "hello", "a hi card", "a greeting card", "a salutation",
+          "a warm hello", "a friendly card", "an intro", "a hello card", "a greeting box",
+          "a hello panel"]  # fmt: skip
+SYSTEM = ChatMessage(role="system", content="Answer with a UI tree.")
+SFT = [
+    SFTExample(messages=[SYSTEM, ChatMessage(role="user", content=f"Show me {topic}")], target=TREE)
+    for topic in TOPICS
+]
+CONFIG = TrainingConfig(steps=6, batch_size=4, learning_rate=1e-2)
+# Observed on the tiny model (seed 0): a change to the recipe's maths or sampling shows here.
+FIRST_LOSS = 13.708668
+LAST_LOSS = 9.525846
+
+Metrics = list[tuple[int, int, dict[str, float]]]
+
+
+@pytest.fixture(scope="module")
+def parent(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("parent")
+    write_identity_adapter(tiny_model, folder, base_model="tiny", rank=4, seed=1)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(
+    tiny_model: Path, parent: Path, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[TrainingResult, Path, Metrics]:
+    out = tmp_path_factory.mktemp("successor")
+    seen: Metrics = []
+    result = train_successor_adapter(
+        tiny_model, parent, out, sft=SFT, preferences=[], older=[], config=CONFIG,
+        progress=lambda step, steps, metrics: seen.append((step, steps, metrics)),
+    )  # fmt: skip
+    return result, out, seen
+
+
+def test_losses_are_pinned_and_decrease(trained: tuple[TrainingResult, Path, Metrics]) -> None:
+    result, _, seen = trained
+    print(f"losses {result.losses}, {result.seconds / result.steps:.2f} s per step")
+    assert result.steps == 6 and len(result.losses) == 6
+    assert (result.examples, result.pairs) == (12, 0)
+    assert result.losses[0] == pytest.approx(FIRST_LOSS, rel=1e-4)
+    assert result.losses[-1] == pytest.approx(LAST_LOSS, rel=1e-4)
+    assert result.final_loss == result.losses[-1]
+    assert result.losses[-1] < result.losses[0] - 1.0
+    assert [(step, steps) for step, steps, _ in seen] == [(n, 6) for n in range(1, 7)]
+    assert [m["loss"] for _, _, m in seen] == result.losses
+    assert all(m["sft_loss"] == m["loss"] and m["dpo_loss"] == 0.0 for _, _, m in seen)
+
+
+def test_successor_folder_is_a_peft_adapter_the_engine_serves(
+    trained: tuple[TrainingResult, Path, Metrics], parent: Path, tiny_model: Path
+) -> None:
+    _, out, _ = trained
+    assert sorted(p.name for p in out.iterdir()) == sorted(ADAPTER_FILES)
+    config = read_adapter_config(out)
+    assert (config.rank, config.alpha) == (4, 8.0)
+    successor, origin = (
+        load_file(out / "adapter_model.safetensors"),
+        load_file(parent / "adapter_model.safetensors"),
+    )
+    assert successor.keys() == origin.keys()  # the names the engine's reader expects
+    key = "base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight"
+    assert torch.count_nonzero(successor[key]) > 0  # trained away from the identity parent
+
+    engine = LocalEngine(tiny_model)
+    try:
+        engine.load_adapter("genui@1", str(out))
+        prompt = engine.chat_prompt([m.model_dump() for m in SFT[0].messages])
+
+        async def greedy(adapter: str | None) -> list[int]:
+            request = GenerationRequest(
+                request_id=f"r-{adapter}", prompt=prompt, adapter=adapter,
+                params=SamplingParams(max_tokens=12),
+            )  # fmt: skip
+            return [t async for chunk in engine.generate(request) for t in chunk.token_ids]
+
+        assert asyncio.run(greedy("genui@1")) != asyncio.run(greedy(None))
+    finally:
+        engine.close()
+
+
+def test_same_seed_gives_identical_bytes(
+    trained: tuple[TrainingResult, Path, Metrics], tiny_model: Path, parent: Path, tmp_path: Path
+) -> None:
+    first, out, _ = trained
+    again = train_successor_adapter(
+        tiny_model, parent, tmp_path, sft=SFT, preferences=[], older=[], config=CONFIG
+    )
+    assert again.losses == first.losses
+    for name in ADAPTER_FILES:
+        assert (tmp_path / name).read_bytes() == (out / name).read_bytes(), name
+
+
+def test_training_starts_from_the_parent_weights(
+    trained: tuple[TrainingResult, Path, Metrics], tiny_model: Path, tmp_path: Path
+) -> None:
+    """The grandchild's first loss is measured before its first update, on the same first
+    batch as its parent's run: it is the parent's trained loss, not the identity's."""
+    child, out, _ = trained
+    grandchild = train_successor_adapter(
+        tiny_model, out, tmp_path, sft=SFT, preferences=[], older=[],
+        config=CONFIG.model_copy(update={"steps": 1}),
+    )  # fmt: skip
+    assert grandchild.losses[0] < child.losses[-1]
+
+
+def test_preference_pairs_add_a_dpo_loss_against_the_parent(
+    tiny_model: Path, parent: Path, tmp_path: Path
+) -> None:
+    pairs = [
+        PreferencePair(messages=example.messages, chosen=TREE, rejected="I cannot draw that.")
+        for example in SFT[:4]
+    ]
+    older = [
+        SFTExample(messages=[ChatMessage(role="user", content=f"Say {word}")], target=word)
+        for word in ("yes", "no")
+    ]
+    seen: Metrics = []
+    result = train_successor_adapter(
+        tiny_model, parent, tmp_path, sft=SFT[4:8], preferences=pairs, older=older,
+        config=CONFIG.model_copy(update={"steps": 2, "replay_share": 0.25}),
+        progress=lambda step, steps, metrics: seen.append((step, steps, metrics)),
+    )  # fmt: skip
+    assert result.pairs == 4
+    first, second = seen[0][2], seen[1][2]
+    # At the first step the policy is the parent, which is the reference: the margin is 0.
+    assert first["dpo_loss"] == pytest.approx(math.log(2), abs=1e-4)
+    assert math.isfinite(second["dpo_loss"]) and second["dpo_loss"] < first["dpo_loss"]
+    assert first["loss"] == pytest.approx(first["sft_loss"] + first["dpo_loss"], rel=1e-6)
+
+
+def test_nothing_to_train(tiny_model: Path, parent: Path, tmp_path: Path) -> None:
+    with pytest.raises(NothingToTrain) as caught:
+        train_successor_adapter(
+            tiny_model, parent, tmp_path, sft=[], preferences=[], older=SFT, config=CONFIG
+        )
+    assert caught.value.code == "nothing_to_train"
+    assert not list(tmp_path.iterdir())
+
+
+def test_dpo_loss_matches_hand_computed_values() -> None:
+    zero = torch.zeros(3)
+    assert dpo_loss(zero, zero, zero, zero, 0.1).item() == pytest.approx(math.log(2))
+    # margin = ((-1) - (-2)) - ((-3) - (-2)) = 2; beta 0.5: -log(sigmoid(1)) = log(1 + e^-1)
+    loss = dpo_loss(
+        torch.tensor([-1.0]), torch.tensor([-3.0]), torch.tensor([-2.0]), torch.tensor([-2.0]), 0.5
+    )
+    assert loss.item() == pytest.approx(math.log1p(math.exp(-1)), rel=1e-6)
+    # the mean over pairs: margins 2 and -2 at beta 1
+    loss = dpo_loss(torch.tensor([1.0, -1.0]), torch.tensor([-1.0, 1.0]), torch.zeros(2),
+                    torch.zeros(2), 1.0)  # fmt: skip
+    expected = (math.log1p(math.exp(-2)) + math.log1p(math.exp(2))) / 2
+    assert loss.item() == pytest.approx(expected, rel=1e-6)
+
+
+def test_answer_tokens_end_with_the_end_of_turn_token(tiny_model: Path) -> None:
+    """The prompt is exactly what the engine sends; the target is the answer and ``<|im_end|>``,
+    the tokens the full conversation holds after the prompt, less the newline after the turn."""
+    tokenizer: Any = AutoTokenizer.from_pretrained(tiny_model)
+    im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
+    end = end_of_turn_ids(tokenizer)
+    assert end == [im_end]
+    messages = SFT[0].messages
+    chat = [m.model_dump() for m in messages]
+    prompt = list(
+        tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)[
+            "input_ids"
+        ]
+    )
+    full = list(
+        tokenizer.apply_chat_template(
+            [*chat, {"role": "assistant", "content": TREE}], return_dict=True
+        )["input_ids"]
+    )
+    turn = tokenize_turn(tokenizer, messages, TREE, end, max_length=512)
+    assert turn.ids == full[: full.index(im_end, len(prompt)) + 1]
+    assert turn.ids[: len(prompt)] == prompt
+    assert turn.labels == [IGNORE] * len(prompt) + turn.ids[len(prompt) :]
+    assert tokenizer.decode(turn.ids[len(prompt) :]) == TREE + "<|im_end|>"
+
+    short = tokenize_turn(tokenizer, messages, TREE, end, max_length=len(prompt))
+    assert short.ids == turn.ids[-len(prompt) :]  # the oldest context goes, the answer stays
+    assert short.labels == turn.labels[-len(prompt) :]
+
+
+def test_replay_share_of_each_batch() -> None:
+    config = TrainingConfig(batch_size=8, replay_share=0.2)
+    assert batch_shares(config, new=10, older=10) == (6, 2)
+    assert batch_shares(config, new=10, older=0) == (8, 0)
+    assert batch_shares(config, new=0, older=10) == (0, 2)
+
+
+def test_default_config_file_holds_the_defaults(tmp_path: Path) -> None:
+    assert load_config(DEFAULT_CONFIG) == TrainingConfig()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("steps: 3\nlearning_rte: 0.1\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(bad)
+    assert caught.value.code == "config_invalid"

@@ -1,0 +1,444 @@
+"""Contract v1 and the task bank: the promotion rule and its exact sign test, every checker kind
+(references pass, wrong answers fail), the coding sandbox (no network, time and memory limits),
+the contract held out from the bank, loading errors, and scoring through an engine."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from core.contract import (
+    Checker,
+    ExactChecker,
+    GenUIChecker,
+    PromotionRule,
+    PythonTestsChecker,
+    RegexChecker,
+    Task,
+    ToolCallChecker,
+    decide,
+    sign_test_p_value,
+)
+from core.errors import ContractInvalid, TaskBankInvalid
+from learners import contract as runner
+from learners.contract import (
+    CONTRACT_V1,
+    check,
+    load_contract,
+    python_tests_pass,
+    run_contract,
+    run_suite,
+)
+from learners.tasks import load_bank
+from server.engines.instant import InstantEngine, fixed_reply
+from server.harness.hcp import build_context
+
+CONTRACT = load_contract(CONTRACT_V1)
+BANK = load_bank()
+CONTRACT_TASKS = [task for tasks in CONTRACT.suites.values() for task in tasks]
+RULE = PromotionRule(min_gain=0.1, alpha=0.1, max_regression=0.02)
+ADAPTERS = {name: f"{name}@1" for name in CONTRACT.specialists()}
+
+
+def task(checker: Checker, specialist: str = "chat") -> Task:
+    return Task(id="t", specialist=specialist, prompt="p", checker=checker, reference="r")
+
+
+def outcomes(passes: int, total: int) -> list[bool]:
+    return [True] * passes + [False] * (total - passes)
+
+
+# --- the rule -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("wins", "losses", "expected"),
+    [
+        (0, 0, 1.0),
+        (0, 4, 1.0),
+        (5, 0, 1 / 32),
+        (3, 1, 5 / 16),  # (C(4,3) + C(4,4)) / 2^4
+        (6, 2, 37 / 256),  # (28 + 8 + 1) / 2^8
+        (10, 3, 378 / 8192),  # (286 + 78 + 13 + 1) / 2^13
+        (1, 1, 3 / 4),
+    ],
+)
+def test_sign_test_p_values_are_exact(wins: int, losses: int, expected: float) -> None:
+    assert sign_test_p_value(wins, losses) == expected
+
+
+def test_a_large_significant_gain_without_regressions_passes() -> None:
+    parent = {"coding": outcomes(4, 10), "general": outcomes(20, 24)}
+    candidate = {"coding": outcomes(8, 10), "general": outcomes(20, 24)}
+    decision = decide(candidate, parent, "coding", RULE)
+    assert decision.passed
+    assert decision.reasons == []
+    assert decision.gain == pytest.approx(0.4)
+    assert decision.p_value == 1 / 16
+    assert decision.regressions == {"general": 0.0}
+
+
+def test_a_significant_but_too_small_gain_fails() -> None:
+    parent = {"chat": outcomes(50, 100)}
+    candidate = {"chat": outcomes(58, 100)}  # 8 wins, no losses: p = 1/256, but only 8 points
+    decision = decide(candidate, parent, "chat", RULE)
+    assert not decision.passed
+    assert decision.p_value == 1 / 256
+    assert len(decision.reasons) == 1
+    assert "8.0 points" in decision.reasons[0]
+
+
+def test_a_large_gain_that_is_not_significant_fails() -> None:
+    parent = {"agent": [True, False, False, False, True, True, False, False, False, False]}
+    candidate = {"agent": [False, True, True, True, True, True, False, False, False, False]}
+    decision = decide(candidate, parent, "agent", RULE)  # 3 wins, 1 loss: +20 points
+    assert not decision.passed
+    assert decision.gain == pytest.approx(0.2)
+    assert decision.p_value == 5 / 16
+    assert len(decision.reasons) == 1
+    assert "not significant" in decision.reasons[0]
+
+
+def test_a_regression_on_another_suite_fails() -> None:
+    parent = {"genui": outcomes(2, 10), "general": outcomes(24, 24), "chat": outcomes(5, 12)}
+    candidate = {"genui": outcomes(10, 10), "general": outcomes(23, 24), "chat": outcomes(6, 12)}
+    decision = decide(candidate, parent, "genui", RULE)
+    assert not decision.passed
+    assert decision.regressions == pytest.approx({"general": 1 / 24, "chat": -1 / 12})
+    assert len(decision.reasons) == 1
+    assert decision.reasons[0].startswith("general drops by 4.2 points")
+
+
+def test_gains_and_drops_exactly_at_the_limits_pass() -> None:
+    rule = PromotionRule(min_gain=0.1, alpha=1.0, max_regression=0.02)
+    parent = {"chat": outcomes(6, 10), "general": outcomes(50, 50)}
+    candidate = {"chat": outcomes(7, 10), "general": outcomes(49, 50)}
+    decision = decide(candidate, parent, "chat", rule)
+    assert decision.passed, decision.reasons
+
+
+def test_every_failed_condition_has_a_reason() -> None:
+    parent = {"chat": outcomes(5, 10), "general": outcomes(10, 10)}
+    candidate = {"chat": outcomes(5, 10), "general": outcomes(0, 10)}
+    assert len(decide(candidate, parent, "chat", RULE).reasons) == 3
+
+
+@pytest.mark.parametrize(
+    ("candidate", "parent", "specialist"),
+    [
+        ({"chat": [True]}, {"chat": [True, False]}, "chat"),
+        ({"chat": [True], "general": [True]}, {"chat": [True]}, "chat"),
+        ({"chat": [True]}, {"chat": [True]}, "coding"),
+        ({"chat": []}, {"chat": []}, "chat"),
+    ],
+)
+def test_unpaired_outcomes_are_refused(
+    candidate: dict[str, list[bool]], parent: dict[str, list[bool]], specialist: str
+) -> None:
+    with pytest.raises(ValueError):
+        decide(candidate, parent, specialist, RULE)
+
+
+# --- the task files -------------------------------------------------------------------------
+
+
+def test_contract_v1_has_its_rule_and_suites() -> None:
+    assert CONTRACT.version == "contract-1"
+    assert CONTRACT.rule == RULE
+    sizes = {suite: len(tasks) for suite, tasks in CONTRACT.suites.items()}
+    assert sizes == {"chat": 12, "agent": 24, "coding": 12, "genui": 24, "general": 24}
+    assert {t.specialist for t in CONTRACT.suites["general"]} == set(CONTRACT.specialists())
+
+
+def test_the_bank_has_every_specialist() -> None:
+    counts: dict[str, int] = {}
+    for bank_task in BANK:
+        counts[bank_task.specialist] = counts.get(bank_task.specialist, 0) + 1
+    assert counts == {"genui": 120, "agent": 120, "coding": 40, "chat": 40}
+
+
+@pytest.mark.parametrize("case", CONTRACT_TASKS + BANK, ids=lambda t: t.id)
+def test_every_reference_passes_its_checker(case: Task) -> None:
+    assert check(case, case.reference)
+
+
+def _words(prompt: str) -> set[str]:
+    """A prompt's words, case and punctuation dropped and numbers masked, for near-duplicates."""
+    return set(re.sub(r"\d+", "#", re.sub(r"[^\w\s]", " ", prompt.casefold())).split())
+
+
+def test_the_contract_is_held_out_from_the_bank() -> None:
+    assert not {t.id for t in CONTRACT_TASKS} & {t.id for t in BANK}
+    normalised = {" ".join(sorted(_words(t.prompt))) for t in BANK}
+    assert not {" ".join(sorted(_words(t.prompt))) for t in CONTRACT_TASKS} & normalised
+    for held_out in CONTRACT_TASKS:
+        for trained in BANK:
+            a, b = _words(held_out.prompt), _words(trained.prompt)
+            similarity = len(a & b) / len(a | b)
+            assert similarity < 0.6, (held_out.prompt, trained.prompt)
+
+
+def test_bank_prompts_are_unique() -> None:
+    assert len({t.prompt for t in BANK}) == len(BANK)
+
+
+# --- checkers -------------------------------------------------------------------------------
+
+
+def test_exact_compares_stripped_text() -> None:
+    exact = task(ExactChecker(kind="exact", expected="ready"))
+    assert check(exact, "  ready\n")
+    assert not check(exact, "ready.")
+    assert not check(exact, "Ready")
+
+
+def test_regex_searches_across_lines() -> None:
+    regex = task(RegexChecker(kind="regex", pattern=r"(?i)first.*second"))
+    assert check(regex, "First line\nsecond line")
+    assert not check(regex, "second then first")
+
+
+def test_a_bad_regex_is_refused() -> None:
+    with pytest.raises(ValueError, match="not a regular expression"):
+        RegexChecker(kind="regex", pattern="(unclosed")
+
+
+GENUI = task(GenUIChecker(kind="genui", must_contain=["Budget", "march"]), "genui")
+GOOD_TREE = (
+    '{"type": "Card", "title": "Budget", "children": '
+    '[{"type": "Table", "columns": ["Month"], "rows": [["March"]]}]}'
+)
+
+
+def test_genui_accepts_a_valid_tree_with_the_words_in_its_text() -> None:
+    assert check(GENUI, GOOD_TREE)
+    assert check(GENUI, f"```json\n{GOOD_TREE}\n```")
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "Here is your budget for March.",
+        '{"type": "Card", "title": "Budget", "children": [',
+        '{"type": "Card", "title": "Budget", "children": [{"type": "Text", "text": "April"}]}',
+        '{"type": "Card", "title": "Budget", "children": [{"type": "Button", "label": "March"}]}',
+    ],
+    ids=["prose", "truncated", "missing-word", "invalid-tree"],
+)
+def test_genui_rejects_wrong_answers(output: str) -> None:
+    assert not check(GENUI, output)
+
+
+def test_genui_words_count_only_in_text_not_in_structure() -> None:
+    button = task(GenUIChecker(kind="genui", must_contain=["button"]), "genui")
+    assert not check(button, '{"type": "Button", "id": "button", "label": "Go"}')
+
+
+NOTE_SET = task(
+    ToolCallChecker(kind="tool_call", tool="notes", args={"op": "set", "key": "gate"}), "agent"
+)
+
+
+def test_tool_call_accepts_a_valid_call_containing_the_args() -> None:
+    assert check(NOTE_SET, '{"tool": "notes", "args": {"op": "set", "key": "GATE", "value": "1"}}')
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "I saved it.",
+        '{"tool": "todo", "args": {"op": "add", "text": "gate"}}',
+        '{"tool": "notes", "args": {"op": "set", "key": "gate"}}',
+        '{"tool": "notes", "args": {"op": "set", "key": "door", "value": "1"}}',
+        '{"tool": "notes", "args": {"op": "set", "key": "gate", "value": "1"}} done',
+    ],
+    ids=["prose", "wrong-tool", "invalid-args", "other-arg-value", "trailing-text"],
+)
+def test_tool_call_rejects_wrong_answers(output: str) -> None:
+    assert not check(NOTE_SET, output)
+
+
+def test_tool_call_allows_calls_that_need_earlier_state() -> None:
+    get = task(ToolCallChecker(kind="tool_call", tool="notes", args={"op": "get"}), "agent")
+    assert check(get, '{"tool": "notes", "args": {"op": "get", "key": "passport"}}')
+    done = task(ToolCallChecker(kind="tool_call", tool="todo", args={"id": 4}), "agent")
+    assert check(done, '{"tool": "todo", "args": {"op": "complete", "id": 4}}')
+    assert not check(done, '{"tool": "todo", "args": {"op": "complete", "id": 5}}')
+
+
+def test_tool_call_expressions_match_ignoring_spaces_but_must_run() -> None:
+    calc = task(ToolCallChecker(kind="tool_call", tool="calculator", args={}), "agent")
+    assert check(calc, '{"tool": "calculator", "args": {"expression": "2 ** 20"}}')
+    assert not check(calc, '{"tool": "calculator", "args": {"expression": "__import__(\'os\')"}}')
+    product = task(
+        ToolCallChecker(kind="tool_call", tool="calculator", args={"expression": "12*7"}), "agent"
+    )
+    assert check(product, '{"tool": "calculator", "args": {"expression": " 12 * 7 "}}')
+    assert not check(product, '{"tool": "calculator", "args": {"expression": "7 * 12"}}')
+
+
+DOUBLE = task(PythonTestsChecker(kind="python_tests", tests="assert double(4) == 8\n"), "coding")
+
+
+def test_python_tests_run_the_first_python_block_or_the_whole_answer() -> None:
+    assert check(DOUBLE, "Here:\n```python\ndef double(x):\n    return 2 * x\n```\nDone.")
+    assert check(DOUBLE, "def double(x):\n    return x + x\n")
+    two_blocks = "```python\ndef double(x):\n    return 2 * x\n```\n```python\ndouble = 3\n```"
+    assert check(DOUBLE, two_blocks)
+
+
+@pytest.mark.parametrize(
+    "output",
+    [
+        "```python\ndef double(x):\n    return x * x\n```",
+        "```python\ndef double(x) return 2 * x\n```",
+        "I cannot help with that.",
+        "```python\nimport sys\nsys.exit(0)\n```",
+        "```python\nimport os\nos._exit(0)\n```",
+    ],
+    ids=["wrong", "syntax-error", "prose", "exits-before-the-tests", "hard-exit"],
+)
+def test_python_tests_reject_wrong_answers(output: str) -> None:
+    assert not check(DOUBLE, output)
+
+
+def test_the_sandbox_has_no_network() -> None:
+    code = "import socket\nsocket.create_connection(('1.1.1.1', 53), timeout=3)\n"
+    assert not python_tests_pass(code, "")
+    only_loopback = "import socket\nassert [n for _, n in socket.if_nameindex()] == ['lo']\n"
+    assert python_tests_pass(only_loopback, "")
+
+
+def test_the_sandbox_has_an_empty_environment() -> None:
+    probe = (
+        "import os\nassert os.environ['PATH'] == '/usr/bin:/bin'\nassert 'HOME' not in os.environ"
+    )
+    assert python_tests_pass(probe, "assert os.listdir('.') == ['program.py']")
+
+
+def test_the_sandbox_stops_an_endless_loop_at_the_timeout() -> None:
+    started = time.monotonic()
+    assert not python_tests_pass("while True:\n    pass\n", "", timeout_s=1.0)
+    assert time.monotonic() - started < 6.0
+
+
+def test_the_sandbox_limits_memory() -> None:
+    assert not python_tests_pass("block = bytearray(1024 ** 3)\n", "")
+
+
+def test_without_unshare_the_sandbox_refuses_to_run(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path))
+    runner._network_jail.cache_clear()
+    try:
+        assert not python_tests_pass("pass\n", "")
+    finally:
+        runner._network_jail.cache_clear()
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def _contract_data() -> dict[str, Any]:
+    data: dict[str, Any] = yaml.safe_load(CONTRACT_V1.read_text(encoding="utf-8"))
+    return data
+
+
+def _write(tmp_path: Path, data: object) -> Path:
+    path = tmp_path / "contract.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def test_a_missing_or_malformed_file_is_contract_invalid(tmp_path: Path) -> None:
+    with pytest.raises(ContractInvalid, match="cannot be read"):
+        load_contract(tmp_path / "absent.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("suites: [unclosed\n", encoding="utf-8")
+    with pytest.raises(ContractInvalid, match="not valid YAML") as raised:
+        load_contract(broken)
+    assert raised.value.code == "contract_invalid"
+
+
+def test_duplicate_task_ids_are_contract_invalid(tmp_path: Path) -> None:
+    data = _contract_data()
+    data["suites"]["chat"][1]["id"] = data["suites"]["chat"][0]["id"]
+    with pytest.raises(ContractInvalid, match="used more than once"):
+        load_contract(_write(tmp_path, data))
+
+
+def test_a_task_in_another_specialists_suite_is_contract_invalid(tmp_path: Path) -> None:
+    data = _contract_data()
+    data["suites"]["chat"][0]["specialist"] = "coding"
+    with pytest.raises(ContractInvalid, match="is in suite 'chat'"):
+        load_contract(_write(tmp_path, data))
+
+
+def test_bad_fields_and_unknown_tools_are_contract_invalid(tmp_path: Path) -> None:
+    data = _contract_data()
+    data["rule"]["alpha"] = 0
+    with pytest.raises(ContractInvalid, match=r"rule\.alpha"):
+        load_contract(_write(tmp_path, data))
+    data = _contract_data()
+    data["suites"]["agent"][0]["checker"]["tool"] = "browser"
+    with pytest.raises(ContractInvalid, match="expects tool 'browser'"):
+        load_contract(_write(tmp_path, data))
+
+
+def test_a_malformed_bank_is_task_bank_invalid(tmp_path: Path) -> None:
+    path = tmp_path / "bank.yaml"
+    path.write_text("version: bank-x\ntasks: []\n", encoding="utf-8")
+    with pytest.raises(TaskBankInvalid, match="tasks"):
+        load_bank(path)
+
+
+# --- running through an engine --------------------------------------------------------------
+
+
+def _answering(tasks: list[Task]) -> InstantEngine:
+    """An engine that answers each task with its reference, if it gets the task's HCP context."""
+    answers = {}
+    for t in tasks:
+        messages = build_context(t.specialist, [], t.prompt).messages()
+        answers[(messages[0]["content"], messages[-1]["content"])] = t.reference
+    engine = InstantEngine(lambda m: answers[(m[0]["content"], m[-1]["content"])])
+    for adapter in ADAPTERS.values():
+        engine.load_adapter(adapter, "unused")
+    return engine
+
+
+def test_run_suite_scores_references_full_and_wrong_answers_zero() -> None:
+    genui = CONTRACT.suites["genui"]
+    right = asyncio.run(run_suite(_answering(genui), "genui@1", genui, max_tokens=8192))
+    assert right == [True] * len(genui)
+    engine = InstantEngine(fixed_reply("nope"))
+    wrong = asyncio.run(run_suite(engine, None, genui))
+    assert wrong == [False] * len(genui)
+
+
+def test_run_contract_serves_each_task_with_its_specialists_adapter() -> None:
+    results = asyncio.run(
+        run_contract(_answering(CONTRACT_TASKS), ADAPTERS, CONTRACT, max_tokens=8192)
+    )
+    assert {suite: all(passed) for suite, passed in results.items()} == dict.fromkeys(
+        CONTRACT.suites, True
+    )
+    nope = InstantEngine(fixed_reply("nope"))
+    for adapter in ADAPTERS.values():
+        nope.load_adapter(adapter, "unused")
+    wrong = asyncio.run(run_contract(nope, ADAPTERS, CONTRACT))
+    assert {suite: any(passed) for suite, passed in wrong.items()} == dict.fromkeys(
+        CONTRACT.suites, False
+    )
+
+
+def test_run_contract_needs_an_adapter_for_every_specialist() -> None:
+    with pytest.raises(ValueError, match="no adapter given for specialists: agent"):
+        asyncio.run(run_contract(InstantEngine(fixed_reply("nope")), {"chat": None}, CONTRACT))
