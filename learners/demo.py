@@ -47,6 +47,7 @@ from infra.postgres.registry import active_release
 from learners.contract import CONTRACT_V1, load_contract, run_contract
 from learners.simulator import (
     DEFAULT_SPECIALISTS,
+    SIMULATOR_TENANT,
     PlayedTurn,
     SimulationReport,
     bank_tasks,
@@ -62,7 +63,6 @@ from streams.runner import follow
 
 DEMO_MAX_NEW_TOKENS = 96
 DEMO_TURNS_PER_MINUTE = 100_000
-SIMULATOR_TENANT = "simulator"
 RUN_TIMEOUT_S = 3 * 3600.0
 """Longest wait for the runs of one generation to be trained, evaluated and decided."""
 TRIGGER_LAG_S = 30.0
@@ -195,8 +195,10 @@ def running_loop(
         parts.callback(server.close)
         step("starting the chat server")
         port = free_port()
-        config = uvicorn.Config(server.app, host="127.0.0.1", port=port, lifespan="on",
-                                ws_max_size=settings.max_frame_bytes, log_level="warning")  # fmt: skip
+        config = uvicorn.Config(
+            server.app, host="127.0.0.1", port=port, lifespan="on",
+            ws_max_size=settings.max_frame_bytes, log_level="warning",
+        )  # fmt: skip
         uv = uvicorn.Server(config)
         serving = _Background("chat server", uv.run)
         parts.callback(_stop_server, uv, serving)
@@ -524,6 +526,6 @@ def demo_table(report: DemoReport) -> Table:
         table.add_column(column, justify="right" if column in suites else "left")
     for g in report.generations:
         runs = ", ".join(f"{run.specialist} {run.outcome}" for run in g.runs) or "-"
-        table.add_row(str(g.generation), g.release_id, runs,
-                      *(f"{g.scores[s]:.2f}" if s in g.scores else "-" for s in suites))  # fmt: skip
+        scores = (f"{g.scores[s]:.2f}" if s in g.scores else "-" for s in suites)
+        table.add_row(str(g.generation), g.release_id, runs, *scores)
     return table

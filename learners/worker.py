@@ -18,14 +18,9 @@ from rich.progress import Progress
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
 from infra.local_stack import LocalStack
+from infra.postgres.promotions import request_promotion, wait_for_request
 from learners.contract import CONTRACT_V1
-from learners.loop import (
-    Runtime,
-    evaluate_run,
-    request_promotion,
-    train_run,
-    wait_for_request,
-)
+from learners.loop import Runtime, evaluate_run, train_run
 from learners.recipes.lora import DEFAULT_CONFIG, load_config
 
 TRAIN, EVAL, DEFAULT = "train", "eval", "default"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import signal
 import sys
@@ -9,14 +11,21 @@ import threading
 from collections.abc import Iterable, Iterator
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 from uuid import UUID
 
 import typer
 import uvicorn
 from pydantic import ValidationError
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 from rich.text import Text
 
@@ -24,18 +33,34 @@ from core.chain import verify_chain
 from core.errors import ConfigError, MacaronError, PromotionFailed, ReleaseNotFound
 from core.events import Envelope
 from core.settings import Settings
+from infra.artifacts import ArtifactStore
 from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack
 from infra.models import make_tiny_model, pull_model, tokenizer_for_tiny, verify_model
 from infra.postgres.keys import create_key, list_keys, revoke_key
+from infra.postgres.lineage import audit, lineage, to_dot
 from infra.postgres.migrate import migrate
-from infra.postgres.registry import active_release
-from learners.loop import request_promotion, wait_for_request
+from infra.postgres.promotions import request_promotion, wait_for_request
+from infra.postgres.registry import active_release, release_by_id
+from learners.contract import CONTRACT_V1, load_contract, run_contract
+from learners.demo import demo_table, generation_table, run_demo
+from learners.simulator import (
+    DEFAULT_SPECIALISTS,
+    SIMULATOR_TENANT,
+    bank_tasks,
+    pick_tasks,
+    report_table,
+    run_simulation,
+)
+from learners.tasks import load_bank
 from learners.worker import configure as configure_celery
 from learners.worker import install_runtime, make_runtime
 from macaron import wiring
+from server.engines.local import LocalEngine
 from server.schemas import export as export_schemas
 from streams.faust_app import run_worker as run_faust_worker
+from streams.processor import content_hash
+from streams.replay import replay
 from streams.runner import catch_up, follow
 
 console = Console()
@@ -328,6 +353,226 @@ def _promotion(cfg: Settings, release_id: str, kind: str, timeout: float) -> Non
     if final["status"] == "failed":
         raise PromotionFailed(f"{kind} of {release_id} refused: {final['reason']}")
     console.print(f"{release_id} is active ({kind})")
+
+
+contract_app = typer.Typer(help="The external contract.", no_args_is_help=True)
+app.add_typer(contract_app, name="contract")
+
+
+@contract_app.command("run")
+def contract_run(
+    ctx: typer.Context,
+    release_id: Annotated[
+        str, typer.Argument(help="The release to evaluate ('active' for the active one).")
+    ] = "active",
+    seed: Annotated[int, typer.Option(help="Sampling seed (greedy decoding either way).")] = 0,
+) -> None:
+    """Run the contract (MACARON_CONTRACT_PATH, default contract v1) on a release's adapters
+    and print each suite's score."""
+    cfg = settings(ctx)
+    contract = load_contract(cfg.contract_path or CONTRACT_V1)
+    store = ArtifactStore(cfg.home / "adapters")
+    with wiring.pool(cfg) as pool, pool.connection() as conn:
+        release = (
+            active_release(conn) if release_id == "active" else release_by_id(conn, release_id)
+        )
+    engine = LocalEngine(wiring.model_dir(cfg))
+    try:
+        with console.status(f"running {contract.version} on {release.release_id}..."):
+            for ref in release.adapters.values():
+                engine.load_adapter(ref.name, str(store.verified_path(ref.sha256, ref.path)))
+            adapters = {name: ref.name for name, ref in release.adapters.items()}
+            outcomes = asyncio.run(run_contract(engine, adapters, contract, seed=seed))
+    finally:
+        engine.close()
+    table = Table(title=f"{contract.version} on {release.release_id}")
+    for column in ("suite", "tasks", "passed", "score"):
+        table.add_column(column, justify="left" if column == "suite" else "right")
+    for suite, done in outcomes.items():
+        table.add_row(suite, str(len(done)), str(sum(done)), f"{sum(done) / len(done):.1%}")
+    console.print(table)
+
+
+class LineageFormat(StrEnum):
+    table = "table"
+    json = "json"
+    dot = "dot"
+
+
+@app.command("lineage")
+def lineage_command(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="A release id, or an adapter version: genui@3.")],
+    output: Annotated[LineageFormat, typer.Option("--format", help="Output format.")] = (
+        LineageFormat.table
+    ),
+) -> None:
+    """Walk a release or adapter version back to the root: parents, training runs, dataset
+    snapshots (log range and hash), evaluations, promotions."""
+    with wiring.pool(settings(ctx)) as pool, pool.connection() as conn:
+        steps = lineage(conn, ref)
+    if output is LineageFormat.json:
+        console.print_json(json.dumps([s.model_dump() for s in steps]))
+    elif output is LineageFormat.dot:
+        sys.stdout.write(to_dot(steps))
+    else:
+        table = Table(title=f"lineage of {ref}")
+        for column in ("kind", "id", "parent", "created", "run", "snapshot", "evaluation"):
+            table.add_column(column)
+        for step in steps:
+            run: Any = step.detail.get("run") or {}
+            snapshot = run.get("snapshot") or {}
+            evaluation = (run.get("evaluations") or [{}])[-1]
+            table.add_row(
+                step.kind, step.id, step.parent or "(root)", step.created_at[:19],
+                f"{run.get('run_id', '')[:8]} {run.get('status', '')}",
+                f"{snapshot.get('records', '')} records {snapshot.get('start', '')}->"
+                f"{snapshot.get('end', '')} {str(snapshot.get('content_hash', ''))[:12]}"
+                if snapshot else "",
+                f"passed={evaluation.get('passed')} {evaluation.get('candidate', '')}"
+                if evaluation else "",
+            )  # fmt: skip
+        console.print(table)
+
+
+audit_app = typer.Typer(help="Audit the stored record.", no_args_is_help=True)
+app.add_typer(audit_app, name="audit")
+
+
+@audit_app.command("verify")
+def audit_verify(ctx: typer.Context) -> None:
+    """Check every key's hash chain and every adapter file's sha256; exit 1 on any failure."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool, pool.connection() as conn:
+        log = wiring.event_log(cfg, pool)
+        try:
+            report = audit(conn, log, ArtifactStore(cfg.home / "adapters"))
+        finally:
+            log.close()
+    for problem in [*report.chain_violations, *report.adapter_failures]:
+        err_console.print(f"[red]{problem}[/]")
+    console.print(f"{report.events} events on {report.keys} keys, {report.adapters} adapters: "
+                  f"{len(report.chain_violations)} chain violations, "
+                  f"{len(report.adapter_failures)} adapter failures")  # fmt: skip
+    if not report.ok:
+        raise typer.Exit(1)
+
+
+@app.command("replay")
+def replay_command(
+    ctx: typer.Context,
+    processor: Annotated[str, typer.Argument(help="Processor name (macaron replay --list).")] = "",
+    start: Annotated[int | None, typer.Option("--from", help="First position (one log).")] = None,
+    end: Annotated[int | None, typer.Option("--to", help="Position to stop before.")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="List the processors.")] = False,
+) -> None:
+    """Rebuild a processor's output from the log into a fresh schema and print its content
+    hash, beside the live one (equal when the live processor has read as far)."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool:
+        log = wiring.event_log(cfg, pool)
+        hosts = {h.processor.name: h for h in wiring.processor_hosts(cfg, log, pool)}
+        if list_ or not processor:
+            console.print("\n".join(hosts))
+            return
+        if processor not in hosts:
+            raise ConfigError(f"no processor {processor!r}; one of {', '.join(hosts)}")
+        chosen = hosts[processor].processor
+        partitions = list(log.end_positions())
+        digest, handled = replay(
+            chosen, log, pool,
+            start=None if start is None else dict.fromkeys(partitions, start),
+            end=None if end is None else dict.fromkeys(partitions, end),
+        )  # fmt: skip
+        with pool.connection() as conn:
+            live = content_hash(conn, chosen)
+        log.close()
+    console.print(f"{processor}: replayed {handled} events")
+    console.print(f"replayed  {digest}\nlive      {live}")
+
+
+def _specialist_names(listed: str) -> list[str]:
+    names = [name.strip() for name in listed.split(",") if name.strip()]
+    if not names:
+        raise ConfigError("--specialists names no specialist (for example genui,agent)")
+    return names
+
+
+@app.command()
+def simulate(
+    ctx: typer.Context,
+    turns: Annotated[int, typer.Option(min=1, help="Turns to play in all.")] = 100,
+    concurrency: Annotated[int, typer.Option(min=1, help="Users playing at once.")] = 4,
+    url: Annotated[
+        str | None, typer.Option(help="WebSocket URL (default the local `macaron serve`).")
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(help=f"Chat key (default: a new key of tenant {SIMULATOR_TENANT!r})."),
+    ] = None,
+    specialists: Annotated[
+        str, typer.Option(help="Comma-separated specialists whose bank tasks are played.")
+    ] = ",".join(DEFAULT_SPECIALISTS),
+    seed: Annotated[int, typer.Option(help="Seed of the play order.")] = 0,
+) -> None:
+    """Play simulated users against a running server: task-bank prompts over the WebSocket, each
+    answer checked by the oracle, which sends feedback (up when right, else an edit with the
+    task's reference); print a table per specialist."""
+    cfg = settings(ctx)
+    plan = pick_tasks(bank_tasks(load_bank(), _specialist_names(specialists)), turns, seed)
+    if key is None:
+        with wiring.pool(cfg) as pool, pool.connection() as conn:
+            key_id, key = create_key(conn, SIMULATOR_TENANT, {"chat"})
+        err_console.print(f"made key {key_id} for tenant {SIMULATOR_TENANT}")
+    target = url or f"ws://{cfg.bind_host}:{cfg.http_port}/v1/ws"
+    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
+               MofNCompleteColumn(), TimeElapsedColumn())  # fmt: skip
+    with Progress(*columns, console=err_console) as progress:
+        task = progress.add_task(f"simulating users against {target}", total=turns)
+        report = asyncio.run(run_simulation(target, key, plan, concurrency=concurrency,
+                                            on_turn=lambda _: progress.advance(task)))  # fmt: skip
+    console.print(report_table(report))
+
+
+@app.command()
+def demo(
+    ctx: typer.Context,
+    generations: Annotated[int, typer.Option(min=1, help="Generations after the base.")] = 3,
+    turns_per_generation: Annotated[
+        int, typer.Option(min=1, help="Most simulated turns per generation.")
+    ] = 120,
+    concurrency: Annotated[int, typer.Option(min=1, help="Simulated users at once.")] = 8,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for demo.json, demo.png and worker.log (default MACARON_HOME/demo)."
+        ),
+    ] = None,
+    specialists: Annotated[
+        str, typer.Option(help="Comma-separated specialists the simulated users ask.")
+    ] = ",".join(DEFAULT_SPECIALISTS),
+    seed: Annotated[int, typer.Option(help="Seed of the play order.")] = 0,
+) -> None:
+    """Run the learning loop end to end GENERATIONS times on the configured model: the chat
+    server, the stream processors and a Celery worker, with simulated users as traffic. Scores
+    the contract on the active release first (generation 0); each generation plays users until
+    the trigger queues a run, waits for its training, evaluation and promotion or rejection, and
+    scores the contract again. Writes demo.json and demo.png. Needs PostgreSQL and Redis
+    (`macaron up`). Unless set, MACARON_MAX_NEW_TOKENS is 96 and MACARON_TURNS_PER_MINUTE
+    unlimited for the simulated turns."""
+    cfg = settings(ctx)
+    folder = out or cfg.home / "demo"
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  console=err_console) as progress:  # fmt: skip
+        task = progress.add_task("starting")
+        report = run_demo(
+            cfg, generations=generations, turns_per_generation=turns_per_generation,
+            concurrency=concurrency, out_dir=folder, specialists=_specialist_names(specialists),
+            seed=seed, step=lambda s: progress.update(task, description=s),
+            on_generation=lambda record: console.print(generation_table(record)),
+        )  # fmt: skip
+    console.print(demo_table(report))
+    console.print(f"wrote {folder / 'demo.json'} and {folder / 'demo.png'}")
 
 
 @model_app.command("pull")

@@ -20,6 +20,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from core import errors
+from server import admin
 from server.chat import ChatService, transcript
 from server.gate import Gate
 from server.openai_api import chat_completions, models
@@ -38,6 +39,10 @@ STATUS: dict[type[errors.MacaronError], int] = {
     errors.TurnInFlight: 409,
     errors.RateLimited: 429,
     errors.TooManyConnections: 429,
+    errors.ReleaseNotFound: 404,
+    errors.AdapterNotFound: 404,
+    errors.PromotionInProgress: 409,
+    errors.PromotionFailed: 409,
     errors.EngineOverloaded: 503,
     errors.EngineUnavailable: 503,
     errors.LogUnavailable: 503,
@@ -102,6 +107,10 @@ def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> St
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models),
             Route("/v1/conversations/{conversation_id}", conversation),
+            Route("/admin/lineage/{ref}", admin.lineage_endpoint),
+            Route("/admin/scores", admin.scores_endpoint),
+            Route("/admin/promote", admin.promote_endpoint, methods=["POST"]),
+            Route("/admin/rollback", admin.rollback_endpoint, methods=["POST"]),
         ],
         exception_handlers={errors.MacaronError: macaron_error},
     )

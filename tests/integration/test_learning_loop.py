@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from core.events import ExperienceRecorded, FeedbackGiven, PromotionRejected, ReleasePromoted
@@ -25,7 +26,10 @@ from infra.postgres.registry import active_release
 from learners.worker import configure as configure_celery
 from macaron import wiring
 from server.router import RouterService
+from streams.processor import content_hash
+from streams.replay import replay
 from streams.runner import follow
+from tests.factories import run_macaron
 from tests.serving import Running, frames_until, running_server, send
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -82,12 +86,59 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
         finally:
             stop.set()
             processors.join(timeout=30)
+        assert_replay_matches_live(served, hosts)
         assert after[0]["adapter_version"] == "genui@1"
         assert after[0]["release_id"] == promoted.release_id
         shown = "".join(f["delta"] for f in after if f["type"] == "token")
         shown += "".join(json.dumps(f["tree"]) for f in after if f["type"] == "genui")
         assert "green" in shown  # what the users taught
         assert_lineage(served, promoted.release_id, first_turns)
+        assert_audit(loop_settings)
+        assert_admin_api(served, promoted.release_id)  # ends with a rollback
+
+
+def assert_replay_matches_live(served: Running, hosts: list[Any]) -> None:
+    with served.server.pool.connection() as conn:
+        live = {h.processor.name: content_hash(conn, h.processor) for h in hosts}
+    for host in hosts[:3]:  # the trigger's outputs include registry rows replay leaves alone
+        digest, handled = replay(
+            host.processor, served.server.log, served.server.pool, end=host.positions()
+        )  # as far as the live one read
+        assert handled > 0 and digest == live[host.processor.name], host.processor.name
+
+
+def assert_admin_api(served: Running, release_id: str) -> None:
+    admin = {"Authorization": f"Bearer {served.key('ops', 'admin')}"}
+    chat = {"Authorization": f"Bearer {served.key('ops')}"}
+    assert httpx.get(f"{served.http}/admin/scores", headers=chat).status_code == 403
+    steps = httpx.get(f"{served.http}/admin/lineage/{release_id}", headers=admin).json()
+    chain = steps["lineage"]
+    assert chain[0]["id"] == release_id and chain[-1]["parent"] is None
+    assert chain[0]["detail"]["run"]["evaluations"][0]["passed"] is True
+    adapter = httpx.get(f"{served.http}/admin/lineage/genui@1", headers=admin).json()
+    assert [s["id"] for s in adapter["lineage"]] == ["genui@1", "genui@0"]
+    scores = httpx.get(f"{served.http}/admin/scores", headers=admin).json()["scores"]
+    root_genui = [r for r in scores if r["release_id"] == chain[-1]["id"]
+                  and r["specialist"] == "genui"]  # fmt: skip
+    assert root_genui and root_genui[0]["edits"] == 4 and root_genui[0]["edit_rate"] == 1.0
+    back = httpx.post(f"{served.http}/admin/rollback", headers=admin, timeout=180)
+    assert back.status_code == 200, back.text
+    assert served.server.chat.release.release_id == chain[-1]["id"]
+    with served.connect(served.key("learner")) as ws:
+        frames_until(ws, "ready")
+        send(ws, type="user_turn", client_msg_id="rolled-back", content="Status?",
+             specialist_hint="genui")  # fmt: skip
+        assert frames_until(ws, "turn_completed")[0]["adapter_version"] == "genui@0"
+
+
+def assert_audit(settings: Settings) -> None:
+    env = {f"MACARON_{k.upper()}": str(v)
+           for k, v in settings.model_dump(exclude_none=True).items()}  # fmt: skip
+    audited = run_macaron("audit", "verify", **env)
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+    assert "0 chain violations, 0 adapter failures" in audited.stdout
+    shown = run_macaron("lineage", "genui@1", "--format", "dot", **env)
+    assert shown.returncode == 0 and '"genui@1" -> "genui@0"' in shown.stdout
 
 
 def teach(served: Running) -> set[str]:

@@ -1,0 +1,101 @@
+"""The admin API (keys with the ``admin`` scope): lineage, live contract scores, promotion and
+rollback by hand."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from core.auth import Principal
+from core.errors import InvalidFrame, PromotionFailed, ReleaseNotFound
+from infra.postgres.lineage import lineage
+from infra.postgres.promotions import request_promotion, wait_for_request
+from server.gate import Gate
+
+PROMOTION_TIMEOUT_S = 120.0
+
+
+class PromoteBody(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    release_id: str = Field(min_length=1, max_length=100)
+
+
+async def _admin(request: Request) -> Principal:
+    gate: Gate = request.app.state.gate
+    scheme, _, key = request.headers.get("authorization", "").partition(" ")
+    return await gate.authenticate(key.strip() if scheme.lower() == "bearer" else "", "admin")
+
+
+async def lineage_endpoint(request: Request) -> Response:
+    await _admin(request)
+    pool = request.app.state.gate.pool
+    ref = request.path_params["ref"]
+
+    def walk() -> list[dict[str, Any]]:
+        with pool.connection() as conn:
+            return [step.model_dump(mode="json") for step in lineage(conn, ref)]
+
+    return JSONResponse({"ref": ref, "lineage": await asyncio.to_thread(walk)})
+
+
+async def scores_endpoint(request: Request) -> Response:
+    """Live contract scores per release and specialist, as counters and rates."""
+    await _admin(request)
+    pool = request.app.state.gate.pool
+
+    def read() -> list[dict[str, Any]]:
+        with pool.connection() as conn:
+            rows = conn.execute("SELECT * FROM live_scores ORDER BY release_id, specialist")
+            return [_rates(dict(r)) for r in rows.fetchall()]
+
+    return JSONResponse({"scores": await asyncio.to_thread(read)})
+
+
+def _ratio(part: float, whole: float) -> float | None:
+    return None if not whole else part / whole
+
+
+def _rates(row: dict[str, Any]) -> dict[str, Any]:
+    turns = row["turns"] or 0
+    ratio = _ratio
+    return {
+        **row,
+        "thumbs_up_rate": ratio(row["ups"], turns), "edit_rate": ratio(row["edits"], turns),
+        "action_success_rate": ratio(row["actions_ok"], row["actions"]),
+        "genui_validity_rate": ratio(row["genui_valid"], row["genui"]),
+        "mean_latency_ms": ratio(row["latency_ms"], turns),
+    }  # fmt: skip
+
+
+async def promote_endpoint(request: Request) -> Response:
+    principal = await _admin(request)
+    try:
+        body = PromoteBody.model_validate_json(await request.body())
+    except ValidationError as exc:
+        raise InvalidFrame(str(exc.errors()[0]["msg"])) from exc
+    return await _carry_out(request, body.release_id, "promote", principal)
+
+
+async def rollback_endpoint(request: Request) -> Response:
+    principal = await _admin(request)
+    parent = request.app.state.chat.release.parent_release_id
+    if parent is None:
+        raise ReleaseNotFound("the active release is the root: there is nothing to roll back to")
+    return await _carry_out(request, parent, "rollback", principal)
+
+
+async def _carry_out(request: Request, release_id: str, kind: str, who: Principal) -> Response:
+    pool = request.app.state.gate.pool
+    by = f"admin key {who.key_id} ({who.tenant_id})"
+    request_id = await asyncio.to_thread(
+        lambda: request_promotion(pool, release_id, kind=kind, requested_by=by)
+    )
+    final = await asyncio.to_thread(wait_for_request, pool, request_id, PROMOTION_TIMEOUT_S)
+    if final["status"] != "done":
+        raise PromotionFailed(f"{kind} of {release_id}: {final['reason'] or final['status']}")
+    return JSONResponse({"release_id": release_id, "kind": kind, "status": "done"})
