@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,7 +93,7 @@ def train_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -> st
                               (run["parent_adapter_id"],)).fetchone()  # fmt: skip
     assert snapshot is not None and parent is not None  # foreign keys
     try:
-        return _train(rt, run, dict(snapshot), dict(parent), progress)
+        return _train(rt, run, dict(snapshot), dict(parent), _renewing(rt, run_id, progress))
     except Exception as exc:
         with rt.pool.connection() as conn, conn.transaction():
             conn.execute(
@@ -101,6 +102,23 @@ def train_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -> st
                 (repr(exc)[:2000], run_id),
             )
         raise
+
+
+def _renewing(rt: Runtime, run_id: UUID, progress: Progress | None) -> Progress:
+    """Progress that also renews the run's lease while training goes on."""
+    renewed = time.monotonic()
+
+    def step(done: int, steps: int, losses: dict[str, float]) -> None:
+        nonlocal renewed
+        if time.monotonic() - renewed > LEASE_SECONDS / 4:
+            with rt.pool.connection() as conn, conn.transaction():
+                conn.execute("UPDATE training_runs SET lease_until = now() + %s * interval '1 s' "
+                             "WHERE run_id = %s", (LEASE_SECONDS, run_id))  # fmt: skip
+            renewed = time.monotonic()
+        if progress is not None:
+            progress(done, steps, losses)
+
+    return step
 
 
 def materialize(rt: Runtime, snapshot: dict[str, Any]) -> tuple[list[Any], list[Any]]:
