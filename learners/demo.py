@@ -490,7 +490,7 @@ def plot_scores(report: DemoReport, path: Path) -> None:
     axes.set_ylim(-0.03, 1.03)
     axes.set_xlabel("generation (and the specialists it promoted)")
     axes.set_ylabel("contract score (share of tasks passed)")
-    axes.set_title(f"Contract {report.contract_version}: score of the active release per suite")
+    axes.set_title(f"Contract score of the active release per suite ({report.contract_version})")
     axes.grid(alpha=0.3)
     if suites:
         axes.legend(loc="best")

@@ -515,9 +515,10 @@ def simulate(
     ] = ",".join(DEFAULT_SPECIALISTS),
     seed: Annotated[int, typer.Option(help="Seed of the play order.")] = 0,
 ) -> None:
-    """Play simulated users against a running server: task-bank prompts over the WebSocket, each
-    answer checked by the oracle, which sends feedback (up when right, else an edit with the
-    task's reference); print a table per specialist."""
+    """Play simulated users against a running server and print a table per specialist.
+
+    Each user asks task-bank prompts over the WebSocket; the oracle checks every answer and
+    sends feedback: up when it is right, else an edit with the task's reference."""
     cfg = settings(ctx)
     plan = pick_tasks(bank_tasks(load_bank(), _specialist_names(specialists)), turns, seed)
     if key is None:
@@ -553,13 +554,15 @@ def demo(
     ] = ",".join(DEFAULT_SPECIALISTS),
     seed: Annotated[int, typer.Option(help="Seed of the play order.")] = 0,
 ) -> None:
-    """Run the learning loop end to end GENERATIONS times on the configured model: the chat
-    server, the stream processors and a Celery worker, with simulated users as traffic. Scores
-    the contract on the active release first (generation 0); each generation plays users until
-    the trigger queues a run, waits for its training, evaluation and promotion or rejection, and
-    scores the contract again. Writes demo.json and demo.png. Needs PostgreSQL and Redis
-    (`macaron up`). Unless set, MACARON_MAX_NEW_TOKENS is 96 and MACARON_TURNS_PER_MINUTE
-    unlimited for the simulated turns."""
+    """Run the whole learning loop for --generations generations with simulated users, and
+    write demo.json and demo.png.
+
+    Starts the chat server, the stream processors and a Celery worker on the configured model
+    (PostgreSQL and Redis must be up: `macaron up`). Scores the contract on the active release
+    first (generation 0); each generation plays users until the trigger queues a run, waits for
+    its training, evaluation and promotion or rejection, and scores the contract again. Unless
+    set, MACARON_MAX_NEW_TOKENS is 96 and MACARON_TURNS_PER_MINUTE does not limit the simulated
+    users (their answers only need to be long enough to be judged)."""
     cfg = settings(ctx)
     folder = out or cfg.home / "demo"
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),

@@ -75,6 +75,11 @@ class PromotionListener:
         try:
             with self.pool.connection() as conn:
                 release = release_by_id(conn, request["release_id"])
+            if request["kind"] == "promote" and release.parent_release_id != old.release_id:
+                raise PromotionFailed(
+                    f"{release.release_id} was evaluated against {release.parent_release_id}, "
+                    f"but {old.release_id} is active now: it must be evaluated again"
+                )
             loaded = await self._load(release)
         except MacaronError as exc:
             await asyncio.to_thread(self._refuse, request, old, exc.message)

@@ -83,7 +83,7 @@ _CLIENT: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
 class Ready(Frame):
     type: Literal["ready"] = "ready"
     protocol_version: int = PROTOCOL_VERSION
-    conversation_id: UUID | None
+    conversation_id: UUID | None = None
     release_id: str
     tenant_id: str
 

@@ -2,7 +2,8 @@
 into ``ExperienceRecorded`` events, the training data of the learning loop.
 
 Filter rules ``experience-1``:
-- thumbs up: an SFT example (the context, the answer as target);
+- thumbs up: an SFT example (the context, and as target the answer, or for an agent turn that
+  used tools its first tool call);
 - edit: an SFT example with the user's edit as target, and a preference pair (edit chosen,
   the model's answer rejected);
 - a completed agent turn with actions: a trajectory whose reward is the share of actions
@@ -139,8 +140,8 @@ class ExperienceBuilder:
             return []
         messages: Any = self._messages(conn, turn)
         if feedback.kind == "up":
-            return [self._record(event, turn, "sft", {"messages": messages,
-                                                      "target": turn["response"]})]  # fmt: skip
+            target = self._first_step(turn)
+            return [self._record(event, turn, "sft", {"messages": messages, "target": target})]
         if feedback.kind == "edit" and feedback.edited_text:
             edited = feedback.edited_text
             return [
@@ -149,6 +150,15 @@ class ExperienceBuilder:
                                                          "rejected": turn["response"]}),
             ]  # fmt: skip
         return []
+
+    @staticmethod
+    def _first_step(turn: dict[str, Any]) -> str:
+        """What the model answered to the context first: the tool call it made, when it made
+        one (the context of a record is the turn's start, so that is the step to teach)."""
+        if turn["actions"]:
+            first = turn["actions"][0]
+            return json.dumps({"tool": first["name"], "args": first["args"]})
+        return str(turn["response"])
 
     def _trajectory(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
         turn_id = event.payload.turn_id  # type: ignore[attr-defined]

@@ -273,7 +273,9 @@ def setup(
     def turn(messages: list[ChatMessage], answer: str) -> Tokenized:
         return tokenize_turn(tokenizer, messages, answer, end, config.max_length)
 
-    pairs = [(turn(p.messages, p.chosen), turn(p.messages, p.rejected)) for p in preferences]
+    # With dpo_weight 0 the pairs would cost forward and backward passes and change nothing.
+    used = preferences if config.dpo_weight > 0 else []
+    pairs = [(turn(p.messages, p.chosen), turn(p.messages, p.rejected)) for p in used]
     reference = reference_logprobs(model, pairs, pad_id, config.batch_size)
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
