@@ -15,6 +15,7 @@ from typing import Any
 from celery import Celery, Task
 from rich.progress import Progress
 
+from core.errors import ConfigError
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
 from infra.local_stack import LocalStack
@@ -44,6 +45,7 @@ app.conf.update(
     worker_hijack_root_logger=False,
 )
 _runtime: Runtime | None = None
+_configured_url: str | None = None
 
 
 def redis_url(settings: Settings) -> str:
@@ -51,8 +53,13 @@ def redis_url(settings: Settings) -> str:
 
 
 def configure(settings: Settings) -> Celery:
-    """Point the app at the settings' Redis (called once by the composition root)."""
+    """Point the app at the settings' Redis, once per process: Celery keeps the connections it
+    opened, so pointing it elsewhere later would silently send tasks to the first Redis."""
+    global _configured_url
     url = redis_url(settings)
+    if _configured_url not in (None, url):
+        raise ConfigError("the Celery app is already configured for another Redis in this process")
+    _configured_url = url
     app.conf.update(
         broker_url=url,
         result_backend=url,

@@ -69,6 +69,13 @@ def database_url(stack: LocalStack) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def celery_redis_url(stack: LocalStack) -> str:
+    """The Redis database Celery uses in this run: one per test process, because a process's
+    Celery app is configured once (``learners.worker.configure``)."""
+    return stack.redis.url().rsplit("/", 1)[0] + "/3"
+
+
+@pytest.fixture(scope="session")
 def router() -> RouterService:
     """The router trained on its seed examples (seconds to build: once per run)."""
     from server.router import RouterService, SentenceEmbedder

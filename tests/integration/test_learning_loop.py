@@ -21,7 +21,6 @@ import pytest
 
 from core.events import ExperienceRecorded, FeedbackGiven, PromotionRejected, ReleasePromoted
 from core.settings import Settings
-from infra.local_stack import LocalStack
 from infra.postgres.registry import active_release
 from learners.worker import configure as configure_celery
 from macaron import wiring
@@ -38,12 +37,11 @@ ANSWER = '{"type": "Text", "text": "green"}'
 
 @pytest.fixture
 def loop_settings(
-    database_url: str, stack: LocalStack, tiny_model: Path, tmp_path: Path
+    database_url: str, celery_redis_url: str, tiny_model: Path, tmp_path: Path
 ) -> Settings:
-    redis = stack.redis.url().rsplit("/", 1)[0] + "/3"  # a database of its own
     return Settings(
         home=tmp_path / "home", database_url=database_url, model_dir=tiny_model,
-        redis_url=redis, train_threshold=4, contract_path=DATA / "contract-e2e.yaml",
+        redis_url=celery_redis_url, train_threshold=4, contract_path=DATA / "contract-e2e.yaml",
         training_config=DATA / "training-e2e.yaml", task_visibility_timeout=120,
         turns_per_minute=1000, max_new_tokens=24,
     )  # fmt: skip

@@ -183,19 +183,18 @@ def test_rate_limited_turns_wait_and_are_answered(
 
 def test_the_demo_runs_a_generation_and_writes_its_record(
     database_url: str,
-    stack: LocalStack,
+    celery_redis_url: str,
     tiny_model: Path,
     router: RouterService,
     tmp_path: Path,
 ) -> None:
-    redis = stack.redis.url().rsplit("/", 1)[0] + "/4"  # a database of its own
     # The loop's recipe at a few steps: this test is about the demo's run, not about learning.
     training = tmp_path / "training.yaml"
     recipe = yaml.safe_load((DATA / "training-e2e.yaml").read_text())
     training.write_text(yaml.safe_dump({**recipe, "steps": 4}))
     settings = Settings(
         home=tmp_path / "home", database_url=database_url, model_dir=tiny_model,
-        redis_url=redis, train_threshold=4, contract_path=DATA / "contract-e2e.yaml",
+        redis_url=celery_redis_url, train_threshold=4, contract_path=DATA / "contract-e2e.yaml",
         training_config=training, task_visibility_timeout=120,
     )  # fmt: skip
     assert demo_settings(settings).max_new_tokens == DEMO_MAX_NEW_TOKENS
