@@ -14,7 +14,7 @@ from core.auth import Principal
 from core.errors import InvalidFrame, PromotionFailed, ReleaseNotFound
 from infra.postgres.lineage import lineage
 from infra.postgres.promotions import request_promotion, wait_for_request
-from server.gate import Gate
+from server.gate import Gate, bearer_key
 
 PROMOTION_TIMEOUT_S = 120.0
 
@@ -27,8 +27,7 @@ class PromoteBody(BaseModel):
 
 async def _admin(request: Request) -> Principal:
     gate: Gate = request.app.state.gate
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    return await gate.authenticate(key.strip() if scheme.lower() == "bearer" else "", "admin")
+    return await gate.authenticate(bearer_key(request.headers.get("authorization")), "admin")
 
 
 async def lineage_endpoint(request: Request) -> Response:

@@ -22,7 +22,7 @@ from starlette.websockets import WebSocket
 from core import errors
 from server import admin
 from server.chat import ChatService, transcript
-from server.gate import Gate
+from server.gate import Gate, bearer_key
 from server.openai_api import chat_completions, models
 from server.promotion import PromotionListener
 from server.ws import ChatConnection
@@ -73,8 +73,9 @@ async def websocket_chat(websocket: WebSocket) -> None:
 async def conversation(request: Request) -> Response:
     """A tenant's own conversation, turn by turn."""
     state = request.app.state
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    principal = await state.gate.authenticate(key if scheme.lower() == "bearer" else "", "chat")
+    principal = await state.gate.authenticate(
+        bearer_key(request.headers.get("authorization")), "chat"
+    )
     try:
         conversation_id = UUID(request.path_params["conversation_id"])
     except ValueError:

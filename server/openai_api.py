@@ -24,7 +24,7 @@ from core.events import ChatMessage
 from core.ids import uuid7
 from server import protocol as wire
 from server.chat import ChatService, TurnOutcome, TurnRequest
-from server.gate import Gate
+from server.gate import Gate, bearer_key
 from server.protocol import MAX_CONTENT_CHARS
 
 AUTO = "auto"
@@ -54,8 +54,7 @@ class ChatCompletionRequest(BaseModel):
 
 
 async def _principal(request: Request, gate: Gate) -> Principal:
-    scheme, _, key = request.headers.get("authorization", "").partition(" ")
-    return await gate.authenticate(key.strip() if scheme.lower() == "bearer" else "", "chat")
+    return await gate.authenticate(bearer_key(request.headers.get("authorization")), "chat")
 
 
 async def _body(request: Request) -> ChatCompletionRequest:

@@ -20,7 +20,7 @@ from core.errors import InvalidApiKey, InvalidFrame, MacaronError, TooManyConnec
 from core.ids import uuid7
 from server import protocol as wire
 from server.chat import ChatService, TurnRequest
-from server.gate import Gate
+from server.gate import Gate, bearer_key
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_POLICY = 1008
@@ -79,10 +79,7 @@ class ChatConnection:
         header = self.ws.headers.get("authorization")
         try:
             if header is not None:
-                scheme, _, key = header.partition(" ")
-                if scheme.lower() != "bearer":
-                    raise InvalidApiKey("use Authorization: Bearer <key>")
-                await self._authenticate(key.strip(), None)
+                await self._authenticate(bearer_key(header), None)
             else:
                 await self._await_hello()
         except InvalidApiKey as exc:

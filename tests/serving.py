@@ -10,15 +10,17 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import pytest
 import uvicorn
 from websockets.sync.client import ClientConnection, connect
 
 from core.engine import Engine
 from core.settings import Settings
-from infra.local_stack import free_port
+from infra.local_stack import LocalStack, free_port
 from infra.postgres.keys import create_key
 from macaron import wiring
 from server.chat import Router
+from tests.conftest import fresh_database
 
 
 @dataclass
@@ -48,6 +50,22 @@ class Running:
 
     def events(self, key: str | None = None) -> list[Any]:
         return list(self.server.log.read(key=key))
+
+
+@contextmanager
+def serving(
+    stack: LocalStack,
+    tmp_path_factory: pytest.TempPathFactory,
+    *,
+    engine: Engine | None = None,
+    router: Router | None = None,
+    **settings: Any,
+) -> Iterator[Running]:
+    """A server on a fresh database of the run's stack, with ``settings`` on top."""
+    with fresh_database(stack) as url:
+        config = Settings(home=tmp_path_factory.mktemp("serve-home"), database_url=url, **settings)
+        with running_server(config, engine=engine, router=router) as running:
+            yield running
 
 
 @contextmanager

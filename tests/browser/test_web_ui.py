@@ -13,12 +13,10 @@ import pytest
 from playwright.sync_api import Page, WebSocket, expect, sync_playwright
 
 from core.events import FeedbackGiven, TurnReceived
-from core.settings import Settings
 from infra.local_stack import LocalStack
 from server.engines.instant import InstantEngine
 from server.router import RouterService
-from tests.conftest import fresh_database
-from tests.serving import Running, running_server
+from tests.serving import Running, serving
 
 SCREENSHOT = Path("build/screenshots/web_ui.png")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -49,11 +47,9 @@ def served(
     router: RouterService,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
-    with fresh_database(stack) as url:
-        settings = Settings(home=tmp_path_factory.mktemp("web-home"), database_url=url,
-                            model_dir=tiny_model)  # fmt: skip
-        with running_server(settings, engine=InstantEngine(script), router=router) as running:
-            yield running
+    with serving(stack, tmp_path_factory, router=router, model_dir=tiny_model,
+                 engine=InstantEngine(script)) as running:  # fmt: skip
+        yield running
 
 
 @pytest.fixture

@@ -12,11 +12,9 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from core.settings import Settings
 from infra.local_stack import LocalStack
 from server.router import RouterService
-from tests.conftest import fresh_database
-from tests.serving import Running, frames_until, running_server, send
+from tests.serving import Running, frames_until, send, serving
 
 TURN_EVENTS = ["TurnReceived", "RouterDecided", "ModelResponded", "TurnCompleted"]
 
@@ -28,17 +26,10 @@ def served(
     router: RouterService,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
-    with fresh_database(stack) as url:
-        settings = Settings(
-            home=tmp_path_factory.mktemp("serve-home"),
-            database_url=url,
-            model_dir=tiny_model,
-            max_new_tokens=12,
-            turns_per_minute=1000,
-            max_connections_per_tenant=3,
-        )
-        with running_server(settings, router=router) as running:
-            yield running
+    with serving(stack, tmp_path_factory, router=router, model_dir=tiny_model,
+                 max_new_tokens=12, turns_per_minute=1000,
+                 max_connections_per_tenant=3) as running:  # fmt: skip
+        yield running
 
 
 def tenant() -> str:

@@ -14,13 +14,11 @@ import pytest
 
 from core.conversation import Conversation
 from core.events import FeedbackGiven, GenUIRendered, HarnessActionExecuted, TurnReceived
-from core.settings import Settings
 from infra.local_stack import LocalStack
 from server.engines.instant import InstantEngine
 from server.harness.actions import MAX_ACTIONS_PER_TURN, ActionOutcome, replay, verify_replay
 from server.router import RouterService
-from tests.conftest import fresh_database
-from tests.serving import Running, frames_until, running_server, send
+from tests.serving import Running, frames_until, send, serving
 
 CARD = {"type": "Card", "title": "Plan", "children": [
     {"type": "Text", "text": "Pick one"},
@@ -71,11 +69,9 @@ def served(
     router: RouterService,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
-    with fresh_database(stack) as url:
-        settings = Settings(home=tmp_path_factory.mktemp("harness-home"), database_url=url,
-                            model_dir=tiny_model, turns_per_minute=1000)  # fmt: skip
-        with running_server(settings, engine=InstantEngine(script), router=router) as running:
-            yield running
+    with serving(stack, tmp_path_factory, router=router, model_dir=tiny_model,
+                 engine=InstantEngine(script), turns_per_minute=1000) as running:  # fmt: skip
+        yield running
 
 
 def turn(served: Running, ws: Any, content: str, hint: str | None = None) -> list[dict[str, Any]]:

@@ -11,11 +11,9 @@ import openai
 import pytest
 
 from core.events import ConversationStarted, ModelResponded, TurnReceived
-from core.settings import Settings
 from infra.local_stack import LocalStack
 from server.router import RouterService
-from tests.conftest import fresh_database
-from tests.serving import Running, running_server
+from tests.serving import Running, serving
 
 
 @pytest.fixture(scope="module")
@@ -25,11 +23,9 @@ def served(
     router: RouterService,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
-    with fresh_database(stack) as url:
-        settings = Settings(home=tmp_path_factory.mktemp("openai-home"), database_url=url,
-                            model_dir=tiny_model, max_new_tokens=10)  # fmt: skip
-        with running_server(settings, router=router) as running:
-            yield running
+    with serving(stack, tmp_path_factory, router=router, model_dir=tiny_model,
+                 max_new_tokens=10) as running:  # fmt: skip
+        yield running
 
 
 def client(served: Running, key: str) -> openai.OpenAI:

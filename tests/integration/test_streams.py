@@ -31,7 +31,7 @@ from streams.processor import content_hash
 from streams.runner import catch_up
 from tests.conftest import fresh_database
 from tests.integration.test_harness import script
-from tests.serving import frames_until, running_server, send
+from tests.serving import frames_until, send, serving
 
 HIGH_THRESHOLD = 10_000  # no training runs here: the outputs are the processors' tables
 
@@ -44,30 +44,28 @@ def conversation_events(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[list[RecordedEvent]]:
     """Real turns over the WebSocket: chat with feedback, an agent with actions, GenUI."""
-    with fresh_database(stack) as url:
-        settings = Settings(home=tmp_path_factory.mktemp("streams-home"), database_url=url,
-                            model_dir=tiny_model, turns_per_minute=1000)  # fmt: skip
-        with running_server(settings, engine=InstantEngine(script), router=router) as served:
-            with served.connect(served.key("acme")) as ws:
-                frames_until(ws, "ready")
-                for content, hint, feedback in [
-                    ("hello", None, {"kind": "up"}),
-                    ("how are you", None, {"kind": "edit", "edited_text": "Very well!"}),
-                    ("remember milk and compute", "agent", {"kind": "up"}),
-                    ("show me a card", "genui", {"kind": "down"}),
-                    ("plan my day", "agent", None),
-                ]:
-                    frame: dict[str, Any] = {"client_msg_id": str(uuid.uuid4()),
-                                             "content": content}  # fmt: skip
-                    if hint:
-                        frame["specialist_hint"] = hint
-                    send(ws, type="user_turn", **frame)
-                    turn_id = frames_until(ws, "turn_completed")[-1]["turn_id"]
-                    if feedback:
-                        send(ws, type="feedback", turn_id=turn_id, **feedback)
-                send(ws, type="ping")
-                frames_until(ws, "pong")  # the feedback before it is stored
-            yield served.events()
+    with serving(stack, tmp_path_factory, engine=InstantEngine(script), router=router,
+                 model_dir=tiny_model, turns_per_minute=1000) as served:  # fmt: skip
+        with served.connect(served.key("acme")) as ws:
+            frames_until(ws, "ready")
+            for content, hint, feedback in [
+                ("hello", None, {"kind": "up"}),
+                ("how are you", None, {"kind": "edit", "edited_text": "Very well!"}),
+                ("remember milk and compute", "agent", {"kind": "up"}),
+                ("show me a card", "genui", {"kind": "down"}),
+                ("plan my day", "agent", None),
+            ]:
+                frame: dict[str, Any] = {"client_msg_id": str(uuid.uuid4()),
+                                         "content": content}  # fmt: skip
+                if hint:
+                    frame["specialist_hint"] = hint
+                send(ws, type="user_turn", **frame)
+                turn_id = frames_until(ws, "turn_completed")[-1]["turn_id"]
+                if feedback:
+                    send(ws, type="feedback", turn_id=turn_id, **feedback)
+            send(ws, type="ping")
+            frames_until(ws, "pong")  # the feedback before it is stored
+        yield served.events()
 
 
 def copy(events: list[RecordedEvent]) -> list[NewEvent]:
