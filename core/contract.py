@@ -98,12 +98,26 @@ class PromotionRule(_Frozen):
     max_regression: float = Field(ge=0.0, le=1.0)
 
 
+DEFAULT_ANSWER_TOKENS = 256
+
+
 class Contract(_Frozen):
-    """Suites are named by specialist, plus ``general`` whose tasks may name any specialist."""
+    """Suites are named by specialist, plus ``general`` whose tasks may name any specialist.
+
+    ``answer_tokens`` caps the new tokens of an answer per specialist (``DEFAULT_ANSWER_TOKENS``
+    for one not named): a task is served with the budget of the specialist it names, in any
+    suite, and candidate and parent get the same budget.
+    """
 
     version: str = Field(min_length=1, max_length=100)
     rule: PromotionRule
+    answer_tokens: dict[SpecialistName, Annotated[int, Field(ge=1, le=4096)]] = Field(
+        default_factory=dict
+    )
     suites: dict[SpecialistName, list[Task]]
+
+    def answer_budget(self, specialist: str) -> int:
+        return self.answer_tokens.get(specialist, DEFAULT_ANSWER_TOKENS)
 
     @model_validator(mode="after")
     def _consistent(self) -> Contract:

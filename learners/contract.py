@@ -251,37 +251,23 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 # --- running --------------------------------------------------------------------------------
 
 
-async def run_suite(
-    engine: Engine,
-    adapter: str | None,
-    tasks: list[Task],
-    *,
-    seed: int = 0,
-    max_tokens: int = 256,
-) -> list[bool]:
-    """Serve every task with ``adapter`` (``None``: the base model); outcomes in task order.
-
-    An engine error fails the whole run: a score with answers missing would mislead.
-    """
-    return await _run(engine, [(task, adapter) for task in tasks], seed, max_tokens)
-
-
 async def run_contract(
     engine: Engine,
     adapters: Mapping[str, str | None],
     contract: Contract,
     *,
     seed: int = 0,
-    max_tokens: int = 256,
 ) -> dict[str, list[bool]]:
-    """Outcomes of every suite, each task served with the adapter of the specialist it names."""
+    """Outcomes of every suite, each task served with the adapter of the specialist it names
+    and that specialist's answer budget. An engine error fails the whole run: a score with
+    answers missing would mislead."""
     missing = sorted(set(contract.specialists()) - adapters.keys())
     if missing:
         raise ValueError(f"no adapter given for specialists: {', '.join(missing)}")
     served = [
         (task, adapters[task.specialist]) for tasks in contract.suites.values() for task in tasks
     ]
-    outcomes = await _run(engine, served, seed, max_tokens)
+    outcomes = await _run(engine, contract, served, seed)
     results: dict[str, list[bool]] = {}
     start = 0
     for suite, tasks in contract.suites.items():
@@ -291,10 +277,9 @@ async def run_contract(
 
 
 async def _run(
-    engine: Engine, served: list[tuple[Task, str | None]], seed: int, max_tokens: int
+    engine: Engine, contract: Contract, served: list[tuple[Task, str | None]], seed: int
 ) -> list[bool]:
     """Generate every answer first, then check them: checks block, and would stall the engine."""
-    params = SamplingParams(temperature=0.0, seed=seed, max_tokens=max_tokens)
     slots = asyncio.Semaphore(CONCURRENCY)
 
     async def answer(task: Task, adapter: str | None) -> str:
@@ -303,8 +288,9 @@ async def _run(
             request_id=f"contract-{task.id}",
             prompt=engine.chat_prompt(messages),
             adapter=adapter,
-            params=params,
-        )
+            params=SamplingParams(temperature=0.0, seed=seed,
+                                  max_tokens=contract.answer_budget(task.specialist)),
+        )  # fmt: skip
         async with slots:
             return "".join([chunk.text async for chunk in engine.generate(request)])
 

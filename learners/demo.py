@@ -7,14 +7,15 @@ and a Celery worker (a ``macaron worker`` subprocess given the same settings as 
 variables). Generation 0 is the contract score of the release active at the start. Each
 generation then plays simulated users until the training trigger queues a run, waits until
 every queued run is trained, evaluated under the contract and promoted or rejected, and
-measures the contract on the release now active exactly as for generation 0 (the serving
-engine, greedy decoding, the contract's own token budget). ``demo.json`` and ``demo.png`` in the
-output folder record every generation.
+scores the release now active: as its evaluation recorded it, or else exactly as for generation
+0 (the serving engine, greedy decoding, the contract's answer budgets). ``demo.json`` and
+``demo.png`` in the output folder record every generation.
 
 Simulated turns only need answers long enough to be judged (a GenUI tree or a tool call fits in
 96 tokens; the oracle's edits do the teaching), so unless the settings say otherwise the demo
-serves at most ``DEMO_MAX_NEW_TOKENS`` new tokens per step (``MACARON_MAX_NEW_TOKENS``) and does
-not rate-limit its own simulated users (``MACARON_TURNS_PER_MINUTE``): its server is private.
+serves at most ``DEMO_MAX_NEW_TOKENS`` new tokens per step (``MACARON_MAX_NEW_TOKENS``), does
+not rate-limit its own simulated users (``MACARON_TURNS_PER_MINUTE``: its server is private),
+and trains with the CPU recipe ``learners/recipes/lora-cpu.yaml`` (``MACARON_TRAINING_CONFIG``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from infra.local_stack import free_port
 from infra.postgres.keys import create_key
 from infra.postgres.registry import active_release
 from learners.contract import CONTRACT_V1, load_contract, run_contract
+from learners.loop import recorded_outcomes
+from learners.recipes.lora import CPU_CONFIG
 from learners.simulator import (
     DEFAULT_SPECIALISTS,
     SIMULATOR_TENANT,
@@ -121,9 +124,12 @@ class DemoReport:
 
 
 def demo_settings(settings: Settings) -> Settings:
-    """Short answers and no rate limit for the simulated users, unless the settings chose."""
+    """Short answers, no rate limit for the simulated users and the CPU recipe, unless the
+    settings chose."""
     chosen = settings.model_fields_set
     update: dict[str, Any] = {}
+    if "training_config" not in chosen:
+        update["training_config"] = CPU_CONFIG
     if "max_new_tokens" not in chosen:
         update["max_new_tokens"] = DEMO_MAX_NEW_TOKENS
     if "turns_per_minute" not in chosen:
@@ -376,7 +382,8 @@ class _Demo:
             time.sleep(POLL_S)
 
     def measure(self) -> tuple[str, dict[str, float]]:
-        """The contract's score per suite on the active release, once the server serves it."""
+        """The contract's score per suite on the active release, once the server serves it: as
+        its evaluation recorded it, or else by running the contract on the serving engine."""
         server = self.stage.server
         deadline = time.monotonic() + SERVER_START_S
         while True:
@@ -389,11 +396,14 @@ class _Demo:
                 raise DemoFailed(f"the server serves {serving.release_id}, not the active "
                                  f"release {active}")  # fmt: skip
             time.sleep(0.2)
-        adapters = {name: ref.name for name, ref in serving.adapters.items()}
-        try:
-            outcomes = asyncio.run(run_contract(server.chat.engine, adapters, self.contract))
-        except ValueError as exc:  # the release lacks a specialist the contract names
-            raise DemoFailed(f"release {serving.release_id}: {exc}") from exc
+        with server.pool.connection() as conn:
+            outcomes = recorded_outcomes(conn, serving.release_id, self.contract)
+        if outcomes is None:
+            adapters = {name: ref.name for name, ref in serving.adapters.items()}
+            try:
+                outcomes = asyncio.run(run_contract(server.chat.engine, adapters, self.contract))
+            except ValueError as exc:  # the release lacks a specialist the contract names
+                raise DemoFailed(f"release {serving.release_id}: {exc}") from exc
         return serving.release_id, {s: sum(o) / len(o) for s, o in outcomes.items() if o}
 
     def _run_ids(self) -> list[UUID]:

@@ -18,8 +18,9 @@ from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
+from pydantic import TypeAdapter, ValidationError
 
-from core.contract import decide
+from core.contract import Contract, decide
 from core.errors import MacaronError
 from core.events import CandidateTrained, ContractEvaluated, NewEvent, PromotionRejected
 from core.log import EventLog
@@ -215,8 +216,9 @@ class Evaluation:
 
 
 def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
-    """Run the contract on the candidate and its parent (same engine, same seed), store both,
-    apply the rule; a pass defines the successor release (not yet active)."""
+    """Run the contract on the candidate and its parent (same engine, same seed; the parent's
+    outcomes are reused when recorded), store both, apply the rule; a pass defines the successor
+    release (not yet active)."""
     with rt.pool.connection() as conn:
         run = conn.execute("SELECT * FROM training_runs WHERE run_id = %s", (run_id,)).fetchone()
         if run is None or run["status"] != "succeeded":
@@ -227,14 +229,17 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
     specialist = str(run["specialist"])
     parents = {name: ref.name for name, ref in release.adapters.items()}
     candidates = {**parents, specialist: candidate.name}
+    with rt.pool.connection() as conn:
+        parent_outcomes = recorded_outcomes(conn, release.release_id, contract)
     engine = LocalEngine(rt.model_dir)
     try:
         for ref in [*release.adapters.values(), candidate]:
             engine.load_adapter(ref.name, str(rt.store.verified_path(ref.sha256, ref.path)))
-        outcomes = asyncio.run(_both(engine, contract, parents, candidates))
+        if parent_outcomes is None:
+            parent_outcomes = asyncio.run(run_contract(engine, parents, contract))
+        candidate_outcomes = asyncio.run(run_contract(engine, candidates, contract))
     finally:
         engine.close()
-    parent_outcomes, candidate_outcomes = outcomes
     decision = decide(candidate_outcomes, parent_outcomes, specialist, contract.rule)
     cand_scores, parent_scores = _scores(candidate_outcomes), _scores(parent_outcomes)
     successor = _successor(release, specialist, candidate) if decision.passed else None
@@ -247,6 +252,7 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
             (evaluation_id, run_id, candidate.adapter_version_id, contract.version,
              Jsonb({"candidate": cand_scores, "parent": parent_scores,
                     "outcomes": {"candidate": candidate_outcomes, "parent": parent_outcomes},
+                    "parent_release_id": release.release_id,
                     "reasons": decision.reasons, "p_value": decision.p_value}),
              decision.passed),
         )  # fmt: skip
@@ -284,12 +290,33 @@ def _scores(outcomes: dict[str, list[bool]]) -> dict[str, float]:
     return {suite: sum(done) / len(done) for suite, done in outcomes.items() if done}
 
 
-async def _both(
-    engine: LocalEngine, contract: Any, parents: dict[str, str], candidates: dict[str, str]
-) -> tuple[dict[str, list[bool]], dict[str, list[bool]]]:
-    parent = await run_contract(engine, parents, contract)
-    candidate = await run_contract(engine, candidates, contract)
-    return parent, candidate
+_OUTCOMES = TypeAdapter(dict[str, list[bool]])
+
+
+def recorded_outcomes(
+    conn: DictConnection, release_id: str, contract: Contract
+) -> dict[str, list[bool]] | None:
+    """The contract's per-task outcomes on a release, from an earlier evaluation under the same
+    contract version (as the candidate of the run that made the release, or as the parent of a
+    run), or ``None``. Greedy decoding with the same seed and budgets gives the same answers, so
+    a release is scored once. A stored record that does not fit the contract is not used."""
+    rows = conn.execute(
+        "SELECT e.scores -> 'outcomes' -> 'candidate' AS outcomes FROM releases r "
+        "JOIN evaluations e ON e.run_id = r.run_id "
+        "WHERE r.release_id = %(release)s AND e.contract_version = %(version)s "
+        "UNION ALL SELECT scores -> 'outcomes' -> 'parent' FROM evaluations "
+        "WHERE scores ->> 'parent_release_id' = %(release)s AND contract_version = %(version)s",
+        {"release": release_id, "version": contract.version},
+    ).fetchall()
+    sizes = {suite: len(tasks) for suite, tasks in contract.suites.items()}
+    for row in rows:
+        try:
+            outcomes = _OUTCOMES.validate_python(row["outcomes"])
+        except ValidationError:
+            continue
+        if {suite: len(done) for suite, done in outcomes.items()} == sizes:
+            return outcomes
+    return None
 
 
 def _adapter(conn: DictConnection, adapter_version_id: int) -> AdapterRef:

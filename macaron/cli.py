@@ -70,6 +70,7 @@ app = typer.Typer(
     help="Macaron server: event-sourced continual-learning LLM server.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # docstrings are plain text: their single line breaks are wraps
     add_completion=False,
 )
 db_app = typer.Typer(help="PostgreSQL registry and event store.", no_args_is_help=True)
@@ -561,8 +562,9 @@ def demo(
     (PostgreSQL and Redis must be up: `macaron up`). Scores the contract on the active release
     first (generation 0); each generation plays users until the trigger queues a run, waits for
     its training, evaluation and promotion or rejection, and scores the contract again. Unless
-    set, MACARON_MAX_NEW_TOKENS is 96 and MACARON_TURNS_PER_MINUTE does not limit the simulated
-    users (their answers only need to be long enough to be judged)."""
+    set, MACARON_MAX_NEW_TOKENS is 96, MACARON_TURNS_PER_MINUTE does not limit the simulated
+    users (their answers only need to be long enough to be judged) and MACARON_TRAINING_CONFIG
+    is the CPU recipe learners/recipes/lora-cpu.yaml."""
     cfg = settings(ctx)
     folder = out or cfg.home / "demo"
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),

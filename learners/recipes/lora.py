@@ -33,6 +33,8 @@ from core.events import ChatMessage
 from infra.artifacts import ADAPTER_FILES
 
 DEFAULT_CONFIG = Path(__file__).with_name("lora-sft-dpo.yaml")
+CPU_CONFIG = Path(__file__).with_name("lora-cpu.yaml")
+"""Fewer, smaller steps and no DPO: what ``macaron demo`` trains with unless configured."""
 IGNORE = -100  # label of a token that carries no loss (prompt and padding)
 Progress = Callable[[int, int, dict[str, float]], None]
 

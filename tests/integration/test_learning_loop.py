@@ -18,9 +18,12 @@ from typing import Any
 import httpx
 import pytest
 
+from core.contract import Contract
 from core.events import ExperienceRecorded, FeedbackGiven, PromotionRejected, ReleasePromoted
 from core.settings import Settings
 from infra.postgres.registry import active_release
+from learners.contract import load_contract
+from learners.loop import recorded_outcomes
 from learners.worker import configure as configure_celery
 from macaron import wiring
 from server.router import RouterService
@@ -90,6 +93,7 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
         shown += "".join(json.dumps(f["tree"]) for f in after if f["type"] == "genui")
         assert "green" in shown  # what the users taught
         assert_lineage(served, promoted.release_id, first_turns)
+        assert_outcomes_recorded(served, promoted, load_contract(DATA / "contract-e2e.yaml"))
         assert_audit(loop_settings)
         assert_admin_api(served, promoted.release_id)  # ends with a rollback
 
@@ -102,6 +106,20 @@ def assert_replay_matches_live(served: Running, hosts: list[Any]) -> None:
             host.processor, served.server.log, served.server.pool, end=host.positions()
         )  # as far as the live one read
         assert handled > 0 and digest == live[host.processor.name], host.processor.name
+
+
+def assert_outcomes_recorded(
+    served: Running, promoted: ReleasePromoted, contract: Contract
+) -> None:
+    """Both releases of the evaluation are scored once: later runs and the demo reuse it."""
+    assert promoted.parent_release_id is not None
+    with served.server.pool.connection() as conn:
+        [row] = conn.execute("SELECT scores FROM evaluations").fetchall()
+        stored = row["scores"]["outcomes"]
+        assert recorded_outcomes(conn, promoted.release_id, contract) == stored["candidate"]
+        assert recorded_outcomes(conn, promoted.parent_release_id, contract) == stored["parent"]
+        other = contract.model_copy(update={"version": "another"})
+        assert recorded_outcomes(conn, promoted.release_id, other) is None
 
 
 def assert_admin_api(served: Running, release_id: str) -> None:

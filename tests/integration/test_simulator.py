@@ -24,6 +24,7 @@ from core.settings import Settings
 from infra.local_stack import LocalStack
 from infra.postgres.keys import list_keys
 from learners.demo import DEMO_MAX_NEW_TOKENS, demo_settings, run_demo
+from learners.recipes.lora import CPU_CONFIG
 from learners.simulator import (
     SIMULATOR_TENANT,
     SimulationReport,
@@ -198,8 +199,10 @@ def test_the_demo_runs_a_generation_and_writes_its_record(
         training_config=training, task_visibility_timeout=120,
     )  # fmt: skip
     assert demo_settings(settings).max_new_tokens == DEMO_MAX_NEW_TOKENS
+    assert demo_settings(Settings()).training_config == CPU_CONFIG
     settings = settings.model_copy(update={"max_new_tokens": 24})
-    assert demo_settings(settings).max_new_tokens == 24  # chosen settings are kept
+    chosen = demo_settings(settings)  # chosen settings are kept
+    assert chosen.max_new_tokens == 24 and chosen.training_config == training
     out = tmp_path / "demo"
     seen: list[int] = []
     report = run_demo(settings, generations=1, turns_per_generation=12, concurrency=2,
@@ -213,6 +216,8 @@ def test_the_demo_runs_a_generation_and_writes_its_record(
     assert 0 < first.turns <= 12 and set(first.simulated_pass_rate) == {"genui"}
     [run] = first.runs
     assert run.specialist == "genui" and run.training_seconds is not None
+    # the active release is scored as its evaluation recorded it, not a second time
+    assert first.scores == (run.candidate if run.outcome == "promoted" else base.scores)
     assert run.outcome in {"promoted", "rejected"}, run
     assert set(run.candidate) == set(run.parent) == {"genui", "general"}
     assert (first.release_id != base.release_id) == (run.outcome == "promoted")

@@ -18,6 +18,7 @@ from core.errors import ConfigError, NothingToTrain
 from core.events import ChatMessage
 from infra.artifacts import ADAPTER_FILES, write_identity_adapter
 from learners.recipes.lora import (
+    CPU_CONFIG,
     DEFAULT_CONFIG,
     IGNORE,
     PreferencePair,
@@ -230,6 +231,7 @@ def test_replay_share_of_each_batch() -> None:
 
 def test_default_config_file_holds_the_defaults(tmp_path: Path) -> None:
     assert load_config(DEFAULT_CONFIG) == TrainingConfig()
+    assert load_config(CPU_CONFIG).dpo_weight == 0.0
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: 3\nlearning_rte: 0.1\n")
     with pytest.raises(ConfigError) as caught:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,7 @@ from core.contract import (
     decide,
     sign_test_p_value,
 )
+from core.engine import GenerationChunk, GenerationRequest
 from core.errors import ContractInvalid, TaskBankInvalid
 from learners import contract as runner
 from learners.contract import (
@@ -33,7 +35,6 @@ from learners.contract import (
     load_contract,
     python_tests_pass,
     run_contract,
-    run_suite,
 )
 from learners.tasks import load_bank
 from server.engines.instant import InstantEngine, fixed_reply
@@ -414,19 +415,24 @@ def _answering(tasks: list[Task]) -> InstantEngine:
     return engine
 
 
-def test_run_suite_scores_references_full_and_wrong_answers_zero() -> None:
-    genui = CONTRACT.suites["genui"]
-    right = asyncio.run(run_suite(_answering(genui), "genui@1", genui, max_tokens=8192))
-    assert right == [True] * len(genui)
-    engine = InstantEngine(fixed_reply("nope"))
-    wrong = asyncio.run(run_suite(engine, None, genui))
-    assert wrong == [False] * len(genui)
+def test_each_answer_gets_the_budget_of_the_specialist_it_names() -> None:
+    budgets: dict[str, int] = {}
+    engine = _answering(CONTRACT_TASKS)
+    serve = engine.generate
+
+    def recording(request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+        budgets[request.request_id.removeprefix("contract-")] = request.params.max_tokens
+        return serve(request)
+
+    engine.generate = recording  # type: ignore[method-assign]
+    asyncio.run(run_contract(engine, ADAPTERS, CONTRACT))
+    assert budgets == {t.id: CONTRACT.answer_budget(t.specialist) for t in CONTRACT_TASKS}
+    assert CONTRACT.answer_budget("chat") == 96  # named in contract-v1.yaml
+    assert CONTRACT.model_copy(update={"answer_tokens": {}}).answer_budget("chat") == 256
 
 
 def test_run_contract_serves_each_task_with_its_specialists_adapter() -> None:
-    results = asyncio.run(
-        run_contract(_answering(CONTRACT_TASKS), ADAPTERS, CONTRACT, max_tokens=8192)
-    )
+    results = asyncio.run(run_contract(_answering(CONTRACT_TASKS), ADAPTERS, CONTRACT))
     assert {suite: all(passed) for suite, passed in results.items()} == dict.fromkeys(
         CONTRACT.suites, True
     )
