@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.errors import InvalidApiKey
 
-Scope = Literal["chat", "admin"]
+Scope = Literal["chat", "admin", "metrics"]
 KEY_PREFIX = "mk_"
 _KEY = re.compile(r"mk_[A-Za-z0-9_-]{43}")
 TENANT_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,199}$"
@@ -45,3 +45,10 @@ def key_hash(key: str) -> str:
     if not _KEY.fullmatch(key):
         raise InvalidApiKey("the API key is missing or malformed")
     return hashlib.sha256(key.encode()).hexdigest()
+
+
+def bearer_key(authorization: str | None) -> str:
+    """The key of an ``Authorization: Bearer <key>`` header; empty for none or another scheme
+    (which then fails authentication like any malformed key)."""
+    scheme, _, key = (authorization or "").partition(" ")
+    return key.strip() if scheme.lower() == "bearer" else ""

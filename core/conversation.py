@@ -48,6 +48,8 @@ class Turn:
     response: ModelResponded | None = None
     completed: TurnCompleted | None = None
     feedback: list[FeedbackGiven] = field(default_factory=list)
+    trace: dict[str, str] = field(default_factory=dict)
+    """The trace context its receipt was written in: feedback on the turn continues it."""
 
     @property
     def answer(self) -> str | None:
@@ -90,6 +92,8 @@ class Conversation:
 
     def apply(self, event: RecordedEvent) -> None:
         self.apply_payload(event.envelope.sequence, event.payload, event.envelope.occurred_at)
+        if isinstance(event.payload, TurnReceived):
+            self.turns[event.payload.turn_id].trace = dict(event.envelope.trace)
 
     def apply_payload(self, sequence: int, payload: EventPayload, occurred_at: datetime) -> None:
         if sequence != self.version + 1:

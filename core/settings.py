@@ -58,6 +58,21 @@ class Settings(BaseSettings):
     contract_path: Path | None = Field(default=None, description="unset means contract v1")
     training_config: Path | None = Field(default=None, description="unset means the default")
 
+    otel_traces: Literal["off", "console", "otlp"] = Field(
+        default="off", description="where spans go: nowhere, stderr, or the OTLP collector"
+    )
+    otel_endpoint: str = Field(
+        default="http://127.0.0.1:4318", pattern=r"^https?://",
+        description="OTLP/HTTP collector base URL (traces go to /v1/traces)",
+    )  # fmt: skip
+    log_format: Literal["json", "text"] = Field(
+        default="json", description="server logs: JSON lines with trace ids, or plain text"
+    )
+    metrics_port: int | None = Field(
+        default=None, ge=1, le=65535,
+        description="/metrics port of `streams run` and `worker` (the server uses its own port)",
+    )  # fmt: skip
+
     @property
     def kafka_servers(self) -> str:
         """The Kafka bootstrap servers: the configured ones, or the embedded broker's."""

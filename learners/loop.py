@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 from uuid import UUID
 
+from opentelemetry import trace
 from psycopg.types.json import Jsonb
 from pydantic import TypeAdapter, ValidationError
 
@@ -26,6 +27,7 @@ from core.events import CandidateTrained, ContractEvaluated, NewEvent, Promotion
 from core.log import EventLog
 from core.release import AdapterRef, Release, release_id_for
 from core.settings import Settings
+from infra import observe
 from infra.artifacts import ArtifactStore
 from infra.postgres.db import DictConnection, Pool
 from infra.postgres.registry import active_release, create_release, register_adapter
@@ -139,11 +141,19 @@ def materialize(rt: Runtime, snapshot: dict[str, Any]) -> tuple[list[Any], list[
         if event.position.partition == partition and start <= offset < end:
             records.append(payload)
             running = chain_record(running, payload)
+            _link_to(event.envelope.trace)
         elif offset < start:
             older.append(payload)
     if running != snapshot["content_hash"] or len(records) != snapshot["record_count"]:
         raise RunFailed(f"snapshot {snapshot['snapshot_id']} does not replay to its hash")
     return records, older
+
+
+def _link_to(headers: dict[str, str]) -> None:
+    """Link the current span (the training task's) to the turn a record came from."""
+    link = observe.link_of(headers)
+    if link is not None:
+        trace.get_current_span().add_link(link.context)
 
 
 def _train(

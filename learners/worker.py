@@ -9,14 +9,19 @@ Only the composition root builds the app (``celery_app``); the tasks find their 
 
 from __future__ import annotations
 
+import time
 import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery, Task
+from opentelemetry.trace import Span
 from rich.progress import Progress
 
 from core.errors import ConfigError
 from core.settings import Settings
+from infra import observe
 from infra.artifacts import ArtifactStore
 from infra.local_stack import LocalStack
 from infra.postgres.promotions import request_promotion, wait_for_request
@@ -93,15 +98,34 @@ def make_runtime(settings: Settings, model_dir: Any, pool: Any, log: Any) -> Run
     )  # fmt: skip
 
 
-def enqueue_training(run_id: uuid.UUID) -> None:
-    """Enqueue a run's training once: the task id is the run id."""
-    train_successor.apply_async((str(run_id),), task_id=str(run_id))
+def enqueue_training(run_id: uuid.UUID, trace: Mapping[str, str] | None = None) -> None:
+    """Enqueue a run's training once (the task id is the run id); ``trace`` (W3C headers) is
+    the trace it continues, else the current one."""
+    train_successor.apply_async((str(run_id),), task_id=str(run_id),
+                                headers=dict(trace or observe.carrier()))  # fmt: skip
+
+
+@contextmanager
+def _step(task: Task, step: str, run_id: str) -> Iterator[Span]:
+    """The task's span, continuing the trace its headers carry, and its outcome metrics."""
+    headers = {name: value for name in ("traceparent", "tracestate")
+               if isinstance(value := task.request.get(name), str)}  # fmt: skip
+    started, outcome = time.monotonic(), "failed"
+    with observe.tracer.start_as_current_span(
+        step, context=observe.context_of(headers), attributes={"macaron.run_id": run_id}
+    ) as span:
+        try:
+            yield span
+            outcome = "succeeded"
+        finally:
+            observe.training_runs.add(1, {"step": step, "outcome": outcome})
+            observe.training_duration.record(time.monotonic() - started, {"step": step})
 
 
 @app.task(bind=True, name="macaron.train_successor")
 def train_successor(self: Task, run_id: str) -> str:
     rt = runtime()
-    with Progress(transient=True) as bar:
+    with _step(self, "train_successor", run_id) as span, Progress(transient=True) as bar:
         task = bar.add_task(f"training run {run_id}", total=rt.training.steps)
 
         def progress(step: int, steps: int, losses: dict[str, float]) -> None:
@@ -110,21 +134,35 @@ def train_successor(self: Task, run_id: str) -> str:
                               meta={"step": step, "steps": steps, **losses})  # fmt: skip
 
         adapter = train_run(rt, uuid.UUID(run_id), progress)
-    evaluate_candidate.apply_async((run_id,), task_id=f"{run_id}.evaluate")
+        span.set_attribute("macaron.adapter", adapter)
+        evaluate_candidate.apply_async((run_id,), task_id=f"{run_id}.evaluate",
+                                       headers=observe.carrier())  # fmt: skip
     return adapter
 
 
-@app.task(name="macaron.evaluate_candidate")
-def evaluate_candidate(run_id: str) -> dict[str, Any]:
-    result = evaluate_run(runtime(), uuid.UUID(run_id))
-    if result.passed and result.release_id is not None:
-        promote.apply_async((run_id, result.release_id), task_id=f"{run_id}.promote")
+@app.task(bind=True, name="macaron.evaluate_candidate")
+def evaluate_candidate(self: Task, run_id: str) -> dict[str, Any]:
+    with _step(self, "evaluate_candidate", run_id) as span:
+        result = evaluate_run(runtime(), uuid.UUID(run_id))
+        span.set_attributes({"macaron.passed": result.passed,
+                             "macaron.release_id": result.release_id or ""})  # fmt: skip
+        if result.passed and result.release_id is not None:
+            promote.apply_async((run_id, result.release_id), task_id=f"{run_id}.promote",
+                                headers=observe.carrier())  # fmt: skip
     return {"passed": result.passed, "candidate": result.candidate, "parent": result.parent,
             "reasons": result.reasons, "release_id": result.release_id}  # fmt: skip
 
 
-@app.task(name="macaron.promote")
-def promote(run_id: str, release_id: str) -> dict[str, Any]:
+@app.task(bind=True, name="macaron.promote")
+def promote(self: Task, run_id: str, release_id: str) -> dict[str, Any]:
+    with _step(self, "promote", run_id) as span:
+        span.set_attribute("macaron.release_id", release_id)
+        outcome = _promote(run_id, release_id)
+        span.set_attribute("macaron.promotion", str(outcome["status"]))
+    return outcome
+
+
+def _promote(run_id: str, release_id: str) -> dict[str, Any]:
     rt = runtime()
     with rt.pool.connection() as conn:
         done = conn.execute(

@@ -42,6 +42,7 @@ from infra.postgres.lineage import audit, lineage, to_dot
 from infra.postgres.migrate import migrate
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, release_by_id
+from infra.telemetry import configure_telemetry, serve_metrics
 from learners.contract import CONTRACT_V1, load_contract, run_contract
 from learners.demo import demo_table, generation_table, run_demo
 from learners.simulator import (
@@ -242,8 +243,10 @@ def serve(
     port: Annotated[int | None, typer.Option(help="Port (default MACARON_HTTP_PORT).")] = None,
 ) -> None:
     """Serve chat: the WebSocket protocol at /v1/ws, the OpenAI-compatible API at /v1 and the
-    web UI at /, on MACARON_BIND_HOST (127.0.0.1 unless configured)."""
+    web UI at /, on MACARON_BIND_HOST (127.0.0.1 unless configured), and Prometheus metrics at
+    /metrics (a key with the metrics scope)."""
     cfg = settings(ctx)
+    configure_telemetry(cfg, "macaron-server")
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=err_console) as progress:  # fmt: skip
         task = progress.add_task("starting")
@@ -280,10 +283,13 @@ def streams_run(
     once: Annotated[bool, typer.Option(help="Catch up, then stop (log host).")] = False,
 ) -> None:
     """Run the stream processors (projections, experience, live scores, training trigger)
-    from their saved positions."""
+    from their saved positions; /metrics on MACARON_METRICS_PORT when set."""
     cfg = settings(ctx)
+    configure_telemetry(cfg, "macaron-streams")
     configure_celery(cfg)
     with wiring.pool(cfg) as pool:
+        if cfg.metrics_port is not None:
+            serve_metrics(cfg, pool, cfg.metrics_port)
         log = wiring.event_log(cfg, pool)
         hosts = wiring.processor_hosts(cfg, log, pool)
         wiring.enqueue_queued_runs(pool)
@@ -311,10 +317,14 @@ def worker(
         "train,eval,default"
     ),
 ) -> None:
-    """Run a Celery worker for the learning loop (one task at a time)."""
+    """Run a Celery worker for the learning loop (one task at a time); /metrics on
+    MACARON_METRICS_PORT when set."""
     cfg = settings(ctx)
+    configure_telemetry(cfg, "macaron-worker")
     celery = configure_celery(cfg)
     pool = wiring.pool(cfg)
+    if cfg.metrics_port is not None:
+        serve_metrics(cfg, pool, cfg.metrics_port)
     install_runtime(make_runtime(cfg, wiring.model_dir(cfg), pool, wiring.event_log(cfg, pool)))
     celery.worker_main(["worker", "--queues", queues, "--pool", "solo", "--loglevel", "INFO",
                         "--hostname", f"macaron-{os.getpid()}@%h", "--without-gossip",
@@ -566,6 +576,7 @@ def demo(
     users (their answers only need to be long enough to be judged) and MACARON_TRAINING_CONFIG
     is the CPU recipe learners/recipes/lora-cpu.yaml."""
     cfg = settings(ctx)
+    configure_telemetry(cfg, "macaron-demo")
     folder = out or cfg.home / "demo"
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
                   console=err_console) as progress:  # fmt: skip
@@ -617,13 +628,17 @@ def model_tiny(
 class ScopeName(StrEnum):
     chat = "chat"
     admin = "admin"
+    metrics = "metrics"
 
 
 @keys_app.command("create")
 def keys_create(
     ctx: typer.Context,
     tenant: Annotated[str, typer.Option(help="Tenant that owns the key (created if new).")],
-    scope: Annotated[list[ScopeName], typer.Option(help="chat and/or admin; repeatable.")],
+    scope: Annotated[
+        list[ScopeName],
+        typer.Option(help="chat, admin and/or metrics (for a Prometheus scraper); repeatable."),
+    ],
 ) -> None:
     """Make an API key. It is printed once, here; only its hash is stored."""
     cfg = settings(ctx)

@@ -10,11 +10,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from core.auth import Principal
+from core.auth import Principal, bearer_key
 from core.errors import InvalidFrame, PromotionFailed, ReleaseNotFound
 from infra.postgres.lineage import lineage
 from infra.postgres.promotions import request_promotion, wait_for_request
-from server.gate import Gate, bearer_key
+from server.gate import Gate
 
 PROMOTION_TIMEOUT_S = 120.0
 

@@ -20,9 +20,12 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket
 
 from core import errors
+from core.auth import bearer_key
+from infra import observe
+from infra.telemetry import metrics_exposition
 from server import admin
 from server.chat import ChatService, transcript
-from server.gate import Gate, bearer_key
+from server.gate import Gate
 from server.openai_api import chat_completions, models
 from server.promotion import PromotionListener
 from server.ws import ChatConnection
@@ -62,6 +65,7 @@ async def macaron_error(request: Request, exc: Exception) -> Response:
     body = {"code": exc.code, "message": exc.message, "type": exc.code,
             "retryable": exc.retryable}  # fmt: skip
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, errors.InvalidApiKey) else None
+    observe.errors.add(1, {"code": exc.code, "front_end": "http"})
     return JSONResponse({"error": body}, status_of(exc), headers=headers)
 
 
@@ -82,6 +86,14 @@ async def conversation(request: Request) -> Response:
         raise errors.ConversationNotFound("no such conversation") from None
     found = await state.chat.conversation(principal, conversation_id)
     return JSONResponse(transcript(found).model_dump(mode="json"))
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text, for a key with the ``metrics`` scope."""
+    gate: Gate = request.app.state.gate
+    await gate.authenticate(bearer_key(request.headers.get("authorization")), "metrics")
+    body, content_type = metrics_exposition()
+    return Response(body, media_type=content_type)
 
 
 async def index(request: Request) -> Response:
@@ -107,6 +119,7 @@ def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> St
             WebSocketRoute("/v1/ws", websocket_chat),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models),
+            Route("/metrics", metrics),
             Route("/v1/conversations/{conversation_id}", conversation),
             Route("/admin/lineage/{ref}", admin.lineage_endpoint),
             Route("/admin/scores", admin.scores_endpoint),

@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Protocol
 from uuid import UUID
 
+from opentelemetry import trace
 from pydantic import BaseModel, JsonValue
 
 from core.auth import Principal
@@ -52,6 +53,7 @@ from core.ids import uuid7
 from core.log import EventLog
 from core.release import AdapterRef, Release
 from core.routing import RouterDecision
+from infra import observe
 from server import protocol as wire
 from server.committer import GroupCommitter
 from server.harness.actions import MAX_ACTIONS_PER_TURN, execute
@@ -174,16 +176,20 @@ class ChatService:
     ) -> None:
         """Append at the conversation's next sequences and apply what was stored. Any failure
         forgets the cached conversation, so the next use rebuilds it from the log."""
-        base, when = conversation.version, at or self._clock()
+        base, when, headers = conversation.version, at or self._clock(), observe.carrier()
         events = [
             NewEvent(
                 payload=payload, tenant_id=conversation.tenant_id, key=conversation.key,
                 sequence=base + i + 1, correlation_id=correlation_id, occurred_at=when,
+                trace=headers,
             )
             for i, payload in enumerate(payloads)
         ]  # fmt: skip
         try:
-            recorded = await self._committer.append(events)
+            with observe.tracer.start_as_current_span(
+                "log.append", attributes={"macaron.events": [e.payload.event_type for e in events]}
+            ):
+                recorded = await self._committer.append(events)
         except BaseException:
             self._conversations.pop(conversation.conversation_id, None)
             raise
@@ -214,12 +220,19 @@ class ChatService:
         if key in self._in_flight:
             raise TurnInFlight(f"conversation {key} is answering another turn")
         self._in_flight.add(key)
+        trace.get_current_span().set_attribute("macaron.conversation_id", str(key))
         try:
             if opening:
                 self._remember(conversation)
-            return await self._run(conversation, request, opening, sink, cancel, started)
+            outcome = await self._run(conversation, request, opening, sink, cancel, started)
+        except MacaronError as exc:
+            observe.turns.add(1, {"outcome": exc.code})
+            raise
         finally:
             self._in_flight.discard(key)
+        observe.turns.add(1, {"outcome": outcome.finish_reason})
+        observe.turn_latency.record(time.monotonic() - started)
+        return outcome
 
     async def _run(
         self,
@@ -234,15 +247,22 @@ class ChatService:
         if earlier is not None and conversation.turns[earlier].completed is not None:
             return await self._resend(conversation, conversation.turns[earlier], sink)
         release = self.release
-        decision = await asyncio.to_thread(
-            self.router.route, request.content, request.specialist_hint
-        )
+        with observe.tracer.start_as_current_span("router.decide") as span:
+            decision = await asyncio.to_thread(
+                self.router.route, request.content, request.specialist_hint
+            )
+            span.set_attribute("macaron.specialist", decision.specialist)
+        observe.router_decisions.add(1, {"specialist": decision.specialist})
         adapter = release.adapter_for(decision.specialist)
         if adapter is None:
             raise AdapterNotFound(
                 f"release {release.release_id} has no adapter for {decision.specialist}"
             )
         turn_id = earlier if earlier is not None else uuid7()
+        trace.get_current_span().set_attributes({
+            "macaron.turn_id": str(turn_id), "macaron.specialist": decision.specialist,
+            "macaron.adapter": adapter.name, "macaron.release_id": release.release_id,
+        })  # fmt: skip
         events = list(opening)
         if earlier is None:  # a resent turn that never completed goes on under its first id
             events.append(
@@ -255,7 +275,9 @@ class ChatService:
                 )
             )  # fmt: skip
         events.append(decision.to_event(turn_id, adapter.name, STAMP))
-        history = conversation.history(HISTORY_TURNS)
+        with observe.tracer.start_as_current_span("harness.context"):
+            history = conversation.history(HISTORY_TURNS)
+            context = build_context(decision.specialist, history, request.content)
         # The receipt is written while the answer is generated; everything after it (actions,
         # the response) waits for it, so the log's order is the turn's order.
         receipt = asyncio.create_task(self._append(conversation, events, correlation_id=turn_id))
@@ -266,7 +288,6 @@ class ChatService:
                 adapter_version=adapter.name, release_id=release.release_id,
             )
         )  # fmt: skip
-        context = build_context(decision.specialist, history, request.content)
         outcome = TurnOutcome(turn_id, conversation.conversation_id, "", "stop")
         try:
             await self._answer(conversation, context, adapter, outcome, sink, cancel, receipt)
@@ -342,7 +363,9 @@ class ChatService:
                 return
             await receipt
             now = self._clock()
-            done = execute(call, conversation.tool_state, now)
+            with observe.tracer.start_as_current_span("harness.action") as span:
+                done = execute(call, conversation.tool_state, now)
+                span.set_attributes({"macaron.tool": done.name, "macaron.ok": done.ok})
             action = HarnessActionExecuted(
                 turn_id=outcome.turn_id, action_id=uuid7(), name=done.name, args=done.args,
                 result=done.result, ok=done.ok, state_delta=done.state_delta, harness=STAMP,
@@ -381,25 +404,41 @@ class ChatService:
         )  # fmt: skip
         hold = "genui" in context.grammars
         undecided = "tool_call" in context.grammars
-        text, sent = "", 0
+        text, sent, tokens, first = "", 0, 0, None
+        submitted = time.monotonic()
         chunks = self.engine.generate(request)
-        try:
-            async for chunk in chunks:
-                text += chunk.text
-                outcome.prompt_tokens = max(outcome.prompt_tokens, chunk.prompt_tokens)
-                if chunk.finish_reason is not None:
-                    outcome.completion_tokens += chunk.completion_tokens
-                    outcome.finish_reason = chunk.finish_reason
-                if cancel.is_set():
-                    outcome.finish_reason = "cancelled"
-                    break
-                if undecided and text.strip():
-                    hold, undecided = looks_structured(text), False
-                if not hold and not undecided and len(text) > sent:
-                    await sink(wire.Token(turn_id=outcome.turn_id, delta=text[sent:]))
-                    sent = len(text)
-        finally:
-            await chunks.aclose()
+        observe.engine_in_flight.add(1)
+        with observe.tracer.start_as_current_span("engine.generate", attributes={
+            "macaron.adapter": adapter.name, "macaron.step": step,
+        }) as span:  # fmt: skip
+            try:
+                async for chunk in chunks:
+                    if first is None and chunk.text:
+                        first = time.monotonic() - submitted
+                    text += chunk.text
+                    outcome.prompt_tokens = max(outcome.prompt_tokens, chunk.prompt_tokens)
+                    if chunk.finish_reason is not None:
+                        tokens = chunk.completion_tokens
+                        outcome.completion_tokens += chunk.completion_tokens
+                        outcome.finish_reason = chunk.finish_reason
+                    if cancel.is_set():
+                        outcome.finish_reason = "cancelled"
+                        break
+                    if undecided and text.strip():
+                        hold, undecided = looks_structured(text), False
+                    if not hold and not undecided and len(text) > sent:
+                        await sink(wire.Token(turn_id=outcome.turn_id, delta=text[sent:]))
+                        sent = len(text)
+            finally:
+                await chunks.aclose()
+                observe.engine_in_flight.add(-1)
+                observe.tokens.add(tokens, {"adapter": adapter.name})
+                if first is not None:
+                    span.set_attribute("macaron.time_to_first_token_ms", first * 1000)
+                    if step == 0:
+                        observe.time_to_first_token.record(first)
+                span.set_attributes({"macaron.tokens": tokens,
+                                     "macaron.finish_reason": outcome.finish_reason})  # fmt: skip
         if hold and "genui" not in context.grammars and tool_call_of(text) is None:
             await sink(wire.Token(turn_id=outcome.turn_id, delta=text))  # JSON, not a call
         return text
@@ -468,7 +507,12 @@ class ChatService:
             raise InvalidFrame("edited_text goes only with feedback of kind edit")
         payload = FeedbackGiven(turn_id=turn.turn_id, kind=frame.kind,
                                 edited_text=frame.edited_text)  # fmt: skip
-        await self._append(conversation, [payload], correlation_id=turn.turn_id)
+        # Feedback continues the turn's trace: what it teaches is followed from the turn.
+        with observe.tracer.start_as_current_span(
+            "ws.feedback", context=observe.context_of(turn.trace),
+            attributes={"macaron.turn_id": str(turn.turn_id), "macaron.feedback": frame.kind},
+        ):  # fmt: skip
+            await self._append(conversation, [payload], correlation_id=turn.turn_id)
         return turn
 
     async def ui_event_turn(

@@ -12,13 +12,6 @@ from infra.postgres.db import Pool
 from infra.postgres.keys import authenticate
 
 
-def bearer_key(authorization: str | None) -> str:
-    """The key of an ``Authorization: Bearer <key>`` header; empty for none or another scheme
-    (which then fails authentication like any malformed key)."""
-    scheme, _, key = (authorization or "").partition(" ")
-    return key.strip() if scheme.lower() == "bearer" else ""
-
-
 class Gate:
     def __init__(self, pool: Pool, *, max_connections_per_tenant: int = 100) -> None:
         self.pool = pool

@@ -12,19 +12,22 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
+from contextlib import AbstractContextManager
 from typing import Any, Literal
 
+from opentelemetry.trace import Span
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from core.auth import Principal
+from core.auth import Principal, bearer_key
 from core.errors import InvalidFrame, MacaronError, UnknownSpecialist
 from core.events import ChatMessage
 from core.ids import uuid7
+from infra import observe
 from server import protocol as wire
 from server.chat import ChatService, TurnOutcome, TurnRequest
-from server.gate import Gate, bearer_key
+from server.gate import Gate
 from server.protocol import MAX_CONTENT_CHARS
 
 AUTO = "auto"
@@ -109,7 +112,8 @@ async def chat_completions(request: Request) -> Response:
     async def collect(frame: wire.Frame) -> None:
         frames.append(frame)
 
-    outcome = await service.run_turn(principal, turn, collect, asyncio.Event())
+    with _span(principal):
+        outcome = await service.run_turn(principal, turn, collect, asyncio.Event())
     started = next(f for f in frames if isinstance(f, wire.TurnStarted))
     return JSONResponse(
         {
@@ -143,6 +147,13 @@ def _provenance(started: wire.TurnStarted) -> dict[str, str]:
     }  # fmt: skip
 
 
+def _span(principal: Principal) -> AbstractContextManager[Span]:
+    """The root span of a turn over HTTP (``ws.turn``'s twin)."""
+    return observe.tracer.start_as_current_span(
+        "http.chat_completion", attributes={"macaron.tenant_id": principal.tenant_id}
+    )
+
+
 async def _stream(
     service: ChatService, principal: Principal, turn: TurnRequest, body: ChatCompletionRequest
 ) -> AsyncIterator[str]:
@@ -155,7 +166,8 @@ async def _stream(
 
     async def run() -> None:
         try:
-            await service.run_turn(principal, turn, sink, asyncio.Event())
+            with _span(principal):
+                await service.run_turn(principal, turn, sink, asyncio.Event())
         except MacaronError as exc:
             await queue.put(wire.Error.of(exc))
         finally:

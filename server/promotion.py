@@ -21,6 +21,7 @@ from core.errors import MacaronError, PromotionFailed
 from core.events import NewEvent, PromotionRejected, ReleasePromoted, ReleaseRolledBack
 from core.log import EventLog
 from core.release import Release
+from infra import observe
 from infra.artifacts import ArtifactStore
 from infra.postgres.db import Pool
 from infra.postgres.registry import active_release, release_by_id
@@ -71,6 +72,17 @@ class PromotionListener:
             return active_release(conn)
 
     async def _carry_out(self, request: dict[str, Any]) -> None:
+        with observe.tracer.start_as_current_span("promotion.apply", attributes={
+            "macaron.kind": request["kind"], "macaron.release_id": request["release_id"],
+            "macaron.run_id": str(request["run_id"] or ""),
+        }) as span:  # fmt: skip
+            outcome = await self._attempt(request)
+            span.set_attribute("macaron.outcome", outcome)
+        observe.promotions.add(1, {"kind": request["kind"], "outcome": outcome})
+        observe.adapters_loaded.set(len(self.chat.engine.loaded_adapters()))
+
+    async def _attempt(self, request: dict[str, Any]) -> str:
+        """Carry the request out; returns ``done`` or ``refused``."""
         old = self.chat.release
         try:
             with self.pool.connection() as conn:
@@ -83,7 +95,7 @@ class PromotionListener:
             loaded = await self._load(release)
         except MacaronError as exc:
             await asyncio.to_thread(self._refuse, request, old, exc.message)
-            return
+            return "refused"
         try:
             await self._canary(release, loaded)
             await asyncio.to_thread(self._flip, request, old, release)
@@ -91,8 +103,9 @@ class PromotionListener:
             for name in loaded:
                 self.chat.engine.unload_adapter(name)
             await asyncio.to_thread(self._refuse, request, old, exc.message)
-            return
+            return "refused"
         self._switch(release)
+        return "done"
 
     async def _load(self, release: Release) -> list[str]:
         """Load the release's adapters the engine lacks; returns their names."""

@@ -16,6 +16,7 @@ from core.errors import NoActiveRelease
 from core.events import NewEvent, ReleasePromoted
 from core.log import EventLog
 from core.release import Release, release_id_for
+from infra import observe
 from infra.artifacts import ArtifactStore, write_identity_adapter
 from infra.postgres.db import Pool
 from infra.postgres.registry import (
@@ -95,3 +96,4 @@ def load_release(engine: Engine, store: ArtifactStore, release: Release) -> None
     for adapter in release.adapters.values():
         folder = store.verified_path(adapter.sha256, adapter.path)
         engine.load_adapter(adapter.name, str(folder))
+    observe.adapters_loaded.set(len(engine.loaded_adapters()))

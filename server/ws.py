@@ -13,14 +13,16 @@ import contextlib
 import enum
 from uuid import UUID
 
+from opentelemetry.trace import StatusCode
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from core.auth import Principal
+from core.auth import Principal, bearer_key
 from core.errors import InvalidApiKey, InvalidFrame, MacaronError, TooManyConnections, TurnNotFound
 from core.ids import uuid7
+from infra import observe
 from server import protocol as wire
 from server.chat import ChatService, TurnRequest
-from server.gate import Gate, bearer_key
+from server.gate import Gate
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_POLICY = 1008
@@ -62,6 +64,8 @@ class ChatConnection:
     async def send(self, frame: wire.Frame) -> None:
         if self.state is State.CLOSED:
             return
+        if isinstance(frame, wire.Error):
+            observe.errors.add(1, {"code": frame.code, "front_end": "ws"})
         async with self._send_lock:
             try:
                 await self.ws.send_text(frame.model_dump_json(exclude_none=True))
@@ -212,9 +216,14 @@ class ChatConnection:
                 self._turn_ids[frame.turn_id] = request.client_msg_id
             await self.send(frame)
 
-        try:
-            await self.service.run_turn(self.principal, request, sink, cancel)
-        except MacaronError as exc:
-            await self.send(wire.Error.of(exc))
-        finally:
-            del self._turns[request.client_msg_id]
+        with observe.tracer.start_as_current_span("ws.turn", attributes={
+            "macaron.tenant_id": self.principal.tenant_id,
+            "macaron.client_msg_id": request.client_msg_id,
+        }) as span:  # fmt: skip
+            try:
+                await self.service.run_turn(self.principal, request, sink, cancel)
+            except MacaronError as exc:
+                span.set_status(StatusCode.ERROR, exc.code)
+                await self.send(wire.Error.of(exc))
+            finally:
+                del self._turns[request.client_msg_id]

@@ -12,7 +12,8 @@ from collections.abc import Sequence
 
 from core.events import NewEvent
 from core.log import DeadLetter, EventLog, Positions, RecordedEvent
-from infra.postgres.db import Pool
+from infra import observe
+from infra.postgres.db import DictConnection, Pool
 from infra.postgres.positions import load_positions, save_positions
 from streams.processor import Processor
 
@@ -22,10 +23,20 @@ class ProcessorHost:
         self.processor = processor
         self.log = log
         self.pool = pool
+        observe.watch_lag(self)
+
+    @property
+    def name(self) -> str:
+        return self.processor.name
 
     def positions(self) -> Positions:
         with self.pool.connection() as conn:
             return load_positions(conn, self.processor.name)
+
+    def lag(self) -> int:
+        """Events stored in the log that this processor has not handled yet."""
+        done = self.positions()
+        return sum(max(0, end - done.get(p, 0)) for p, end in self.log.end_positions().items())
 
     def apply(self, events: Sequence[RecordedEvent]) -> list[NewEvent]:
         """Handle ``events`` (in log order) in one transaction; returns the derived events.
@@ -39,13 +50,27 @@ class ProcessorHost:
                 where = event.position
                 if where.offset < positions.get(where.partition, 0):
                     continue
-                derived += self.processor.handle(conn, event)
+                derived += self._handle(conn, event)
                 positions[where.partition] = where.offset + 1
             if derived:
                 self.log.append(derived)
             save_positions(conn, self.processor.name, positions)
         self.processor.after_commit(derived)
+        observe.processor_events.add(len(events), {"processor": self.processor.name})
         return derived
+
+    def _handle(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
+        """One event, in a span that continues the event's trace; what it derives carries the
+        span's context on."""
+        envelope = event.envelope
+        with observe.tracer.start_as_current_span(
+            f"processor.{self.processor.name}", context=observe.context_of(envelope.trace),
+            attributes={"macaron.event_type": envelope.type,
+                        "macaron.event_id": str(envelope.event_id)},
+        ):  # fmt: skip
+            derived = self.processor.handle(conn, event)
+            headers = observe.carrier()
+        return [e.model_copy(update={"trace": headers}) for e in derived]
 
     def skip(self, letter: DeadLetter) -> None:
         """Move past an event that cannot be decoded (the log's readers keep it as a dead

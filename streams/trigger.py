@@ -10,7 +10,7 @@ order, which is exactly what replaying that range gives back.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
@@ -36,7 +36,7 @@ class TrainingTrigger:
     name = "training-trigger-1"
     tables: tuple[str, ...] = ("trigger_state",)
 
-    def __init__(self, threshold: int, enqueue: Callable[[UUID], None]) -> None:
+    def __init__(self, threshold: int, enqueue: Callable[[UUID, Mapping[str, str]], None]) -> None:
         self.threshold = threshold
         self.enqueue = enqueue
 
@@ -116,4 +116,4 @@ class TrainingTrigger:
     def after_commit(self, derived: Sequence[NewEvent]) -> None:
         for event in derived:
             if isinstance(event.payload, TrainingRequested):
-                self.enqueue(event.payload.run_id)
+                self.enqueue(event.payload.run_id, event.trace)

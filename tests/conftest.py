@@ -22,6 +22,8 @@ from infra.postgres.db import Pool, open_pool
 from infra.postgres.migrate import migrate
 
 if TYPE_CHECKING:
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
     from server.router import RouterService
 
 TEMPLATE_DB = "macaron_template"
@@ -81,6 +83,20 @@ def router() -> RouterService:
     from server.router import RouterService, SentenceEmbedder
 
     return RouterService.from_seed(SentenceEmbedder())
+
+
+@pytest.fixture(scope="session")
+def spans() -> InMemorySpanExporter:
+    """Every span this test process finishes, from the moment a test first asks (the SDK is
+    configured once per process, as an entry point does; logs stay as pytest set them)."""
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    from infra.telemetry import configure_telemetry
+
+    exporter = InMemorySpanExporter()
+    if not configure_telemetry(Settings(log_format="text"), "macaron-tests", exporter=exporter):
+        raise RuntimeError("telemetry was configured before the spans fixture")
+    return exporter
 
 
 @pytest.fixture
