@@ -30,8 +30,14 @@ from rich.table import Table
 from rich.text import Text
 
 from core.chain import verify_chain
-from core.errors import ConfigError, MacaronError, PromotionFailed, ReleaseNotFound
-from core.events import Envelope
+from core.errors import (
+    ConfigError,
+    MacaronError,
+    PromotionFailed,
+    ReleaseNotFound,
+    TurnNotFound,
+)
+from core.events import Envelope, TurnReceived
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
 from infra.kafka.topics import create_topics, event_topics
@@ -402,6 +408,37 @@ def contract_run(
     for suite, done in outcomes.items():
         table.add_row(suite, str(len(done)), str(sum(done)), f"{sum(done) / len(done):.1%}")
     console.print(table)
+
+
+@app.command("trace")
+def trace_command(
+    ctx: typer.Context,
+    turn_id: Annotated[UUID, typer.Argument(help="The turn (turn_started.turn_id).")],
+) -> None:
+    """Print a turn's trace id (from its TurnReceived event), to find the trace in Jaeger:
+    the turn's spans, the processors' spans, and the training runs its feedback fed."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool:
+        with pool.connection() as conn:
+            row = conn.execute("SELECT conversation_id FROM turns WHERE turn_id = %s",
+                               (turn_id,)).fetchone()  # fmt: skip
+        if row is None:
+            raise TurnNotFound(f"no turn {turn_id} in the projections (are the stream "
+                               "processors running?)")  # fmt: skip
+        log = wiring.event_log(cfg, pool)
+        try:
+            received = [
+                e
+                for e in log.read(key=str(row["conversation_id"]))
+                if isinstance(e.payload, TurnReceived) and e.payload.turn_id == turn_id
+            ]
+        finally:
+            log.close()
+    if not received or "traceparent" not in received[0].envelope.trace:
+        raise TurnNotFound(f"turn {turn_id} was recorded without a trace context")
+    traceparent = received[0].envelope.trace["traceparent"]
+    console.print(f"trace_id {traceparent.split('-')[1]}")
+    console.print(f"traceparent {traceparent}")
 
 
 class LineageFormat(StrEnum):

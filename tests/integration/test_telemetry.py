@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from learners.worker import configure as configure_celery
 from macaron import wiring
 from server.router import RouterService
 from streams.runner import follow
+from tests.factories import run_macaron
 from tests.serving import frames_until, running_server, send
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -113,6 +115,14 @@ def test_one_turn_makes_one_trace_through_processors_and_celery(
     assert generate.attributes is not None
     assert int(str(generate.attributes["macaron.tokens"])) > 0
     assert "macaron.time_to_first_token_ms" in generate.attributes
+
+    # An operator finds the trace from the turn id.
+    found = run_macaron("trace", turn_id, MACARON_DATABASE_URL=traced_settings.database_url or "")
+    assert found.returncode == 0, found.stderr
+    assert f"trace_id {trace_id:032x}" in found.stdout
+    unknown = run_macaron("trace", str(uuid.uuid4()),
+                          MACARON_DATABASE_URL=traced_settings.database_url or "")  # fmt: skip
+    assert unknown.returncode == 1 and "[turn_not_found]" in unknown.stderr
 
     # The Celery task, in another process, continues the trace under the trigger's span ...
     assert task["context"]["trace_id"] == f"0x{trace_id:032x}"
