@@ -191,6 +191,12 @@ class InvalidFrame(MacaronError):
     code = "invalid_frame"
 
 
+class PayloadTooLarge(InvalidFrame):
+    """An HTTP body over the server's limit (it is not read further)."""
+
+    code = "payload_too_large"
+
+
 class ConversationNotFound(MacaronError):
     """No such conversation for this tenant (another tenant's looks exactly the same)."""
 

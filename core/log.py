@@ -54,6 +54,8 @@ def parse_envelope(raw: bytes | str | Mapping[str, Any]) -> Envelope:
         return Envelope.validate(data)
     except (ValueError, ValidationError, TypeError) as exc:
         raise InvalidEvent(f"malformed envelope: {exc}") from exc
+    except RecursionError as exc:
+        raise InvalidEvent("malformed envelope: nested too deeply") from exc
 
 
 def decode_envelope(position: LogPosition, envelope: Envelope) -> RecordedEvent | DeadLetter:

@@ -6,14 +6,15 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from core.auth import Principal, bearer_key
-from core.errors import InvalidFrame, PromotionFailed, ReleaseNotFound
+from core.errors import PromotionFailed, ReleaseNotFound
 from infra.postgres.lineage import lineage
 from infra.postgres.promotions import request_promotion, wait_for_request
+from server.bodies import read_json
 from server.gate import Gate
 
 PROMOTION_TIMEOUT_S = 120.0
@@ -73,10 +74,7 @@ def _rates(row: dict[str, Any]) -> dict[str, Any]:
 
 async def promote_endpoint(request: Request) -> Response:
     principal = await _admin(request)
-    try:
-        body = PromoteBody.model_validate_json(await request.body())
-    except ValidationError as exc:
-        raise InvalidFrame(str(exc.errors()[0]["msg"])) from exc
+    body = await read_json(request, PromoteBody)
     return await _carry_out(request, body.release_id, "promote", principal)
 
 

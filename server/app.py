@@ -36,6 +36,7 @@ STATUS: dict[type[errors.MacaronError], int] = {
     errors.InvalidApiKey: 401,
     errors.Forbidden: 403,
     errors.InvalidFrame: 400,
+    errors.PayloadTooLarge: 413,
     errors.ConversationNotFound: 404,
     errors.TurnNotFound: 404,
     errors.UnknownSpecialist: 404,
@@ -67,6 +68,14 @@ async def macaron_error(request: Request, exc: Exception) -> Response:
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, errors.InvalidApiKey) else None
     observe.errors.add(1, {"code": exc.code, "front_end": "http"})
     return JSONResponse({"error": body}, status_of(exc), headers=headers)
+
+
+async def unexpected_error(request: Request, exc: Exception) -> Response:
+    """A bug, answered as a typed error too (the exception is still logged by the server)."""
+    observe.errors.add(1, {"code": errors.MacaronError.code, "front_end": "http"})
+    body = {"code": errors.MacaronError.code, "message": "internal error; it was logged",
+            "type": errors.MacaronError.code, "retryable": False}  # fmt: skip
+    return JSONResponse({"error": body}, 500)
 
 
 async def websocket_chat(websocket: WebSocket) -> None:
@@ -126,7 +135,7 @@ def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> St
             Route("/admin/promote", admin.promote_endpoint, methods=["POST"]),
             Route("/admin/rollback", admin.rollback_endpoint, methods=["POST"]),
         ],
-        exception_handlers={errors.MacaronError: macaron_error},
+        exception_handlers={errors.MacaronError: macaron_error, Exception: unexpected_error},
     )
     app.state.chat = chat
     app.state.gate = gate

@@ -16,7 +16,7 @@ from contextlib import AbstractContextManager
 from typing import Any, Literal
 
 from opentelemetry.trace import Span
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -26,9 +26,10 @@ from core.events import ChatMessage
 from core.ids import uuid7
 from infra import observe
 from server import protocol as wire
+from server.bodies import read_json
 from server.chat import ChatService, TurnOutcome, TurnRequest
 from server.gate import Gate
-from server.protocol import MAX_CONTENT_CHARS
+from server.protocol import MAX_CONTENT_CHARS, Text
 
 AUTO = "auto"
 
@@ -37,11 +38,11 @@ class ChatCompletionMessage(BaseModel):
     model_config = ConfigDict(frozen=True, extra="ignore")
 
     role: Literal["system", "user", "assistant"]
-    content: str = Field(max_length=MAX_CONTENT_CHARS)
+    content: Text = Field(max_length=MAX_CONTENT_CHARS)
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class ChatCompletionRequest(BaseModel):
@@ -51,24 +52,13 @@ class ChatCompletionRequest(BaseModel):
 
     model: str = Field(min_length=1, max_length=100)
     messages: list[ChatCompletionMessage] = Field(min_length=1, max_length=200)
-    stream: bool = False
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, max_length=200)
 
 
 async def _principal(request: Request, gate: Gate) -> Principal:
     return await gate.authenticate(bearer_key(request.headers.get("authorization")), "chat")
-
-
-async def _body(request: Request) -> ChatCompletionRequest:
-    raw = await request.body()
-    try:
-        return ChatCompletionRequest.model_validate_json(raw)
-    except ValidationError as exc:
-        reasons = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:10]
-        )
-        raise InvalidFrame(reasons) from exc
 
 
 def _turn_request(body: ChatCompletionRequest, service: ChatService) -> TurnRequest:
@@ -101,7 +91,7 @@ def _content(outcome: TurnOutcome, frames: list[wire.Frame]) -> str:
 async def chat_completions(request: Request) -> Response:
     service: ChatService = request.app.state.chat
     principal = await _principal(request, request.app.state.gate)
-    body = await _body(request)
+    body = await read_json(request, ChatCompletionRequest)
     turn = _turn_request(body, service)
     if body.stream:
         return StreamingResponse(

@@ -11,7 +11,15 @@ import json
 from typing import Annotated, Any, Literal
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    TypeAdapter,
+    ValidationError,
+)
 
 from core.errors import InvalidFrame, MacaronError
 
@@ -19,6 +27,35 @@ PROTOCOL_VERSION = 1
 MAX_CONTENT_CHARS = 16_000
 """Longest ``user_turn`` content accepted (characters)."""
 
+
+def storable(text: str) -> str:
+    """Text that every event log can store and every reader can decode: valid Unicode (no lone
+    surrogates) and no NUL characters (PostgreSQL's JSON refuses them)."""
+    if "\x00" in text:
+        raise ValueError("must not contain NUL characters")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("must be valid Unicode (no lone surrogates)") from None
+    return text
+
+
+def _storable_json(value: JsonValue) -> JsonValue:
+    """``storable`` for every string (keys included) of a JSON value."""
+    if isinstance(value, str):
+        storable(value)
+    elif isinstance(value, list):
+        for item in value:
+            _storable_json(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            storable(key)
+            _storable_json(item)
+    return value
+
+
+Text = Annotated[str, AfterValidator(storable)]
+StorableJson = Annotated[JsonValue, AfterValidator(_storable_json)]
 ClientMsgId = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$")]
 SpecialistName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$")]
 
@@ -43,7 +80,7 @@ class UserTurn(Frame):
     type: Literal["user_turn"]
     conversation_id: UUID | None = None
     client_msg_id: ClientMsgId
-    content: str = Field(min_length=1, max_length=MAX_CONTENT_CHARS)
+    content: Text = Field(min_length=1, max_length=MAX_CONTENT_CHARS)
     specialist_hint: SpecialistName | None = None
 
 
@@ -51,15 +88,15 @@ class Feedback(Frame):
     type: Literal["feedback"]
     turn_id: UUID
     kind: Literal["up", "down", "edit", "regenerate"]
-    edited_text: str | None = Field(default=None, min_length=1, max_length=MAX_CONTENT_CHARS)
+    edited_text: Text | None = Field(default=None, min_length=1, max_length=MAX_CONTENT_CHARS)
 
 
 class UIEvent(Frame):
     type: Literal["ui_event"]
     turn_id: UUID
-    component_id: str = Field(min_length=1, max_length=100)
-    action: str = Field(min_length=1, max_length=100)
-    value: JsonValue = None
+    component_id: Text = Field(min_length=1, max_length=100)
+    action: Text = Field(min_length=1, max_length=100)
+    value: StorableJson = None
 
 
 class Cancel(Frame):
@@ -163,6 +200,8 @@ def parse_client_frame(text: str) -> ClientFrame:
         data: Any = json.loads(text)
     except ValueError as exc:
         raise InvalidFrame(f"frame is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise InvalidFrame("frame is nested too deeply") from exc
     if not isinstance(data, dict):
         raise InvalidFrame("frame must be a JSON object with a type")
     try:
