@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
@@ -74,6 +75,7 @@ from server.harness.hcp import (
 )
 
 Sink = Callable[[wire.Frame], Awaitable[None]]
+_log = logging.getLogger(__name__)
 
 
 class Router(Protocol):
@@ -227,11 +229,17 @@ class ChatService:
             outcome = await self._run(conversation, request, opening, sink, cancel, started)
         except MacaronError as exc:
             observe.turns.add(1, {"outcome": exc.code})
+            _log.warning("turn in conversation %s failed: %s (tenant %s)", key, exc.code,
+                         principal.tenant_id)  # fmt: skip
             raise
         finally:
             self._in_flight.discard(key)
+        seconds = time.monotonic() - started
         observe.turns.add(1, {"outcome": outcome.finish_reason})
-        observe.turn_latency.record(time.monotonic() - started)
+        observe.turn_latency.record(seconds)
+        _log.info("turn %s completed: %s in %.0f ms (tenant %s, conversation %s)",
+                  outcome.turn_id, outcome.finish_reason, seconds * 1000, principal.tenant_id,
+                  key)  # fmt: skip
         return outcome
 
     async def _run(

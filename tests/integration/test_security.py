@@ -1,0 +1,166 @@
+"""Security by default, against a real server: tenants see only their own data over every API,
+admin actions need an admin key, keys are stored hashed, no secret reaches an event, a log line
+or a span, and rate limits hold."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from infra.local_stack import LocalStack
+from server.router import RouterService
+from tests.serving import Running, frames_until, send, serving
+
+pytestmark = pytest.mark.security
+
+TURNS_PER_MINUTE = 3
+
+
+@pytest.fixture(scope="module")
+def served(
+    stack: LocalStack,
+    tiny_model: Path,
+    router: RouterService,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Running]:
+    with serving(stack, tmp_path_factory, router=router, model_dir=tiny_model,
+                 max_new_tokens=8, turns_per_minute=TURNS_PER_MINUTE) as running:  # fmt: skip
+        yield running
+
+
+def tenant() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+def a_turn(served: Running, key: str, content: str = "hello") -> dict[str, str]:
+    """One completed turn: its conversation and turn ids (from turn_started)."""
+    with served.connect(key) as ws:
+        frames_until(ws, "ready")
+        send(ws, type="user_turn", client_msg_id="m1", content=content, specialist_hint="genui")
+        frames = frames_until(ws, "turn_completed")
+    started = frames[0]
+    return {"conversation_id": started["conversation_id"], "turn_id": started["turn_id"]}
+
+
+def test_no_api_reaches_another_tenants_conversation(served: Running) -> None:
+    alice, mallory = served.key(tenant()), served.key(tenant())
+    owned = a_turn(served, alice, "alice's secret")
+    conversation_id, turn_id = owned["conversation_id"], owned["turn_id"]
+    before = served.events(conversation_id)
+    with served.connect(mallory) as ws:
+        frames_until(ws, "ready")
+        attempts = [
+            {"type": "hello", "conversation_id": conversation_id},  # resume
+            {"type": "user_turn", "client_msg_id": "m1", "content": "x",  # replay alice's id
+             "conversation_id": conversation_id},
+            {"type": "feedback", "turn_id": turn_id, "kind": "up"},
+            {"type": "feedback", "turn_id": turn_id, "kind": "regenerate"},
+            {"type": "ui_event", "turn_id": turn_id, "component_id": "a", "action": "click"},
+            {"type": "cancel", "turn_id": turn_id},
+        ]  # fmt: skip
+        for frame in attempts:
+            send(ws, **frame)
+            error = frames_until(ws, "error")[-1]
+            assert error["code"] in {"conversation_not_found", "turn_not_found"}, (frame, error)
+            assert "alice" not in json.dumps(error)
+    read = httpx.get(f"{served.http}/v1/conversations/{conversation_id}",
+                     headers={"Authorization": f"Bearer {mallory}"})  # fmt: skip
+    assert read.status_code == 404 and read.json()["error"]["code"] == "conversation_not_found"
+    assert served.events(conversation_id) == before  # nothing was written in alice's name
+
+
+def test_admin_endpoints_refuse_chat_and_metrics_keys(served: Running) -> None:
+    name = tenant()
+    refused = {"chat": served.key(name), "metrics": served.key(name, "metrics")}
+    endpoints = [("GET", "/admin/scores", None), ("GET", "/admin/lineage/genui@0", None),
+                 ("POST", "/admin/promote", {"release_id": "rel-x"}),
+                 ("POST", "/admin/rollback", None)]  # fmt: skip
+    for scope, key in refused.items():
+        for method, path, body in endpoints:
+            response = httpx.request(method, served.http + path, json=body,
+                                     headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+            assert response.status_code == 403, (scope, path)
+            assert response.json()["error"]["code"] == "forbidden"
+    for method, path, body in endpoints:  # and no key at all
+        assert httpx.request(method, served.http + path, json=body).status_code == 401
+    admin_only = served.key(name, "admin")
+    chat = httpx.post(
+        f"{served.http}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {admin_only}"},
+        json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    assert chat.status_code == 403  # admin keys do not chat
+    assert httpx.get(f"{served.http}/v1/models").status_code == 401
+
+
+def test_keys_are_stored_hashed_and_no_secret_reaches_events_logs_or_spans(
+    served: Running,
+    stack: LocalStack,
+    spans: InMemorySpanExporter,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    key = served.key(tenant())
+    with served.connect() as ws:  # the key in a hello frame, not a header
+        send(ws, type="hello", api_key=key)
+        frames_until(ws, "ready")
+        send(ws, type="user_turn", client_msg_id="s1", content="hello")
+        frames_until(ws, "turn_completed")
+    a_turn(served, key)
+    httpx.post(
+        f"{served.http}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": "auto", "messages": [{"role": "user", "content": "hi"}]},
+    )
+    secrets = [key, stack.postgres.password, stack.redis.password]
+
+    with psycopg.connect(served.settings.database_url or "") as conn:
+        stored = conn.execute("SELECT key_hash FROM api_keys").fetchall()
+        tables = [
+            row[0]
+            for row in conn.execute(
+                "SELECT tablename FROM pg_tables WHERE schemaname = 'public'"
+            ).fetchall()
+        ]
+        dump = "".join(
+            str(row) for table in tables
+            for row in conn.execute(f'SELECT to_jsonb(t)::text FROM "{table}" AS t').fetchall()
+        )  # fmt: skip
+    assert stored and all(len(h) == 64 for (h,) in stored)
+    events = json.dumps([e.envelope.to_json() for e in served.events()])
+    client_side = ("websockets.client", "httpx", "httpcore")  # the test's own clients
+    logs = "\n".join(record.getMessage() for record in caplog.records
+                     if not record.name.startswith(client_side))  # fmt: skip
+    traces = "\n".join(span.to_json() for span in spans.get_finished_spans())
+    assert traces and events and "completed" in logs  # each turn is logged
+    for secret in secrets:
+        for place, text in {"database": dump, "events": events, "logs": logs,
+                            "spans": traces}.items():  # fmt: skip
+            assert secret not in text, place
+
+
+def test_the_rate_limit_holds_per_key(served: Running) -> None:
+    key = served.key(tenant())
+    outcomes = []
+    with served.connect(key) as ws:
+        frames_until(ws, "ready")
+        for n in range(TURNS_PER_MINUTE + 2):
+            send(ws, type="user_turn", client_msg_id=f"r{n}", content="hi")
+            last = frames_until(ws, "turn_completed") if n < TURNS_PER_MINUTE else None
+            if last is None:
+                error = frames_until(ws, "error")[-1]
+                outcomes.append(error["code"])
+                assert error["retryable"] is True
+            else:
+                outcomes.append(last[-1]["type"])
+    assert outcomes == ["turn_completed"] * TURNS_PER_MINUTE + ["rate_limited"] * 2
+    other = served.key(tenant())  # another key is not slowed by this one
+    assert a_turn(served, other)["turn_id"]
