@@ -15,6 +15,9 @@ DictConnection = psycopg.Connection[DictRow]
 Pool = ConnectionPool[DictConnection]
 
 
+POOL_WAIT_S = 5.0
+
+
 def open_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> Pool:
     """A pool of autocommit-off connections that return rows as dicts."""
     pool: Pool = ConnectionPool(
@@ -23,6 +26,11 @@ def open_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> Pool:
         min_size=min_size,
         max_size=max_size,
         kwargs={"row_factory": dict_row, "options": "-c TimeZone=UTC"},
+        # A connection that died while idle (a database restart) is replaced, not handed out;
+        # while the database is away a caller waits at most POOL_WAIT_S, then gets the
+        # retryable ``unavailable`` (PoolTimeout is an OperationalError).
+        check=ConnectionPool.check_connection,
+        timeout=POOL_WAIT_S,
         open=False,
         name="macaron",
     )
