@@ -55,6 +55,11 @@ class Settings(BaseSettings):
         default=900, ge=5, le=86_400,
         description="seconds before an unacknowledged task is given to another worker",
     )  # fmt: skip
+    training_lease_seconds: int = Field(
+        default=120, ge=5, le=3600,
+        description="a training run's lease, renewed while it trains; another worker may take "
+        "over a run whose lease ran out (its worker died)",
+    )  # fmt: skip
     contract_path: Path | None = Field(default=None, description="unset means contract v1")
     training_config: Path | None = Field(default=None, description="unset means the default")
 

@@ -43,12 +43,18 @@ from streams.experience import FILTER_VERSION, experience_key
 from streams.processor import derived_id
 from streams.trigger import EMPTY_CHAIN, chain_record
 
-LEASE_SECONDS = 120
 Progress = Callable[[int, int, dict[str, float]], None]
 
 
 class RunFailed(MacaronError):
     code = "run_failed"
+
+
+class RunBusy(MacaronError):
+    """Another worker holds a live lease on the run: try again once it may have run out."""
+
+    code = "run_busy"
+    retryable = True
 
 
 @dataclass
@@ -65,13 +71,15 @@ class Runtime:
 # --- training -------------------------------------------------------------------------------
 
 
-def claim(conn: DictConnection, run_id: UUID, status: str) -> dict[str, Any] | None:
+def claim(
+    conn: DictConnection, run_id: UUID, status: str, lease_seconds: int
+) -> dict[str, Any] | None:
     """Take the run if it is ``status`` and nobody holds a live lease on it."""
     row = conn.execute(
         "UPDATE training_runs SET status = 'running', lease_until = now() + %s * interval '1 s' "
         "WHERE run_id = %s AND (status = %s OR (status = 'running' AND lease_until < now())) "
         "RETURNING *",
-        (LEASE_SECONDS, run_id, status),
+        (lease_seconds, run_id, status),
     ).fetchone()
     return None if row is None else dict(row)
 
@@ -79,7 +87,7 @@ def claim(conn: DictConnection, run_id: UUID, status: str) -> dict[str, Any] | N
 def train_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -> str:
     """Train the run's successor adapter; returns its versioned name (or what is there)."""
     with rt.pool.connection() as conn, conn.transaction():
-        run = claim(conn, run_id, "queued")
+        run = claim(conn, run_id, "queued", rt.settings.training_lease_seconds)
         if run is None:
             done = conn.execute(
                 "SELECT r.status, a.specialist, a.version FROM training_runs r LEFT JOIN "
@@ -88,6 +96,8 @@ def train_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -> st
             ).fetchone()  # fmt: skip
             if done is None:
                 raise RunFailed(f"no training run {run_id}")
+            if done["status"] == "running":
+                raise RunBusy(f"run {run_id} is being trained by a worker whose lease is live")
             return f"{done['specialist']}@{done['version']}" if done["version"] is not None \
                 else str(done["status"])  # fmt: skip
         snapshot = conn.execute("SELECT * FROM dataset_snapshots WHERE snapshot_id = %s",
@@ -113,10 +123,11 @@ def _renewing(rt: Runtime, run_id: UUID, progress: Progress | None) -> Progress:
 
     def step(done: int, steps: int, losses: dict[str, float]) -> None:
         nonlocal renewed
-        if time.monotonic() - renewed > LEASE_SECONDS / 4:
+        lease = rt.settings.training_lease_seconds
+        if time.monotonic() - renewed > lease / 4:
             with rt.pool.connection() as conn, conn.transaction():
                 conn.execute("UPDATE training_runs SET lease_until = now() + %s * interval '1 s' "
-                             "WHERE run_id = %s", (LEASE_SECONDS, run_id))  # fmt: skip
+                             "WHERE run_id = %s", (lease, run_id))  # fmt: skip
             renewed = time.monotonic()
         if progress is not None:
             progress(done, steps, losses)

@@ -26,7 +26,7 @@ from infra.artifacts import ArtifactStore
 from infra.local_stack import LocalStack
 from infra.postgres.promotions import request_promotion, wait_for_request
 from learners.contract import CONTRACT_V1
-from learners.loop import Runtime, evaluate_run, train_run
+from learners.loop import RunBusy, Runtime, evaluate_run, train_run
 from learners.recipes.lora import DEFAULT_CONFIG, load_config
 
 TRAIN, EVAL, DEFAULT = "train", "eval", "default"
@@ -133,7 +133,11 @@ def train_successor(self: Task, run_id: str) -> str:
             self.update_state(state="PROGRESS",
                               meta={"step": step, "steps": steps, **losses})  # fmt: skip
 
-        adapter = train_run(rt, uuid.UUID(run_id), progress)
+        try:
+            adapter = train_run(rt, uuid.UUID(run_id), progress)
+        except RunBusy as exc:  # a redelivery while the lease of a dead worker runs out
+            raise self.retry(countdown=rt.settings.training_lease_seconds / 2,
+                             max_retries=None) from exc  # fmt: skip
         span.set_attribute("macaron.adapter", adapter)
         evaluate_candidate.apply_async((run_id,), task_id=f"{run_id}.evaluate",
                                        headers=observe.carrier())  # fmt: skip

@@ -27,15 +27,21 @@ from core.settings import Settings
 from infra.local_stack import LocalStack, free_port
 from infra.postgres.db import open_pool
 from infra.postgres.keys import create_key
+from infra.postgres.registry import active_release
 from learners.demo import worker_environment
+from learners.worker import app as celery_app
+from learners.worker import configure as configure_celery
 from macaron import wiring
 from server.engines.instant import InstantEngine, fixed_reply
 from server.router import RouterService
 from streams.processor import content_hash
 from streams.replay import replay
-from tests.serving import frames_until, send, serving
+from streams.runner import follow
+from tests.serving import frames_until, running_server, send, serving
 
 pytestmark = pytest.mark.fault
+DATA = Path(__file__).resolve().parents[1] / "data"
+ANSWER = '{"type": "Text", "text": "green"}'
 
 
 def turns_in_log(events: list[Any]) -> dict[str, list[str]]:
@@ -277,3 +283,99 @@ def test_a_processor_killed_mid_batch_ends_identical_to_a_clean_replay(
 def _positions_saved(pool: Any) -> bool:
     with pool.connection() as conn:
         return conn.execute("SELECT 1 FROM processor_positions LIMIT 1").fetchone() is not None
+
+
+# --- a Celery worker killed mid-training ------------------------------------------------------
+
+
+def test_a_worker_killed_mid_training_is_redelivered_and_trains_once(
+    database_url: str,
+    celery_redis_url: str,
+    tiny_model: Path,
+    router: RouterService,
+    tmp_path: Path,
+) -> None:
+    recipe = tmp_path / "training.yaml"  # long enough to be killed in the middle
+    recipe.write_text((DATA / "training-e2e.yaml").read_text().replace("steps: 40", "steps: 30"))
+    settings = Settings(
+        home=tmp_path / "home", database_url=database_url, model_dir=tiny_model,
+        redis_url=celery_redis_url, train_threshold=2, training_config=recipe,
+        contract_path=DATA / "contract-e2e.yaml", task_visibility_timeout=5,
+        training_lease_seconds=6, max_new_tokens=8, turns_per_minute=1000, log_format="text",
+    )  # fmt: skip
+    configure_celery(settings)
+    with running_server(settings, router=router) as served:
+        stop = threading.Event()
+        hosts = wiring.processor_hosts(settings, served.server.log, served.server.pool)
+        processors = threading.Thread(target=follow, args=(hosts, stop), daemon=True)
+        processors.start()
+        first = start_worker(settings, tmp_path / "worker-1.log")
+        second = None
+        try:
+            with served.connect(served.key("acme")) as ws:
+                frames_until(ws, "ready")
+                for n in range(2):
+                    send(ws, type="user_turn", client_msg_id=f"g{n}", content="Show the status.",
+                         specialist_hint="genui")  # fmt: skip
+                    turn_id = frames_until(ws, "turn_completed")[-1]["turn_id"]
+                    send(ws, type="feedback", turn_id=turn_id, kind="edit", edited_text=ANSWER)
+            run_id = wait_for(lambda: run_in(served, "running", progressed=True), 180,
+                              tmp_path / "worker-1.log", served)  # fmt: skip
+            kill(first)  # SIGKILL in the middle of training
+            second = start_worker(settings, tmp_path / "worker-2.log")
+            wait_for(lambda: run_in(served, "succeeded"), 300, tmp_path / "worker-2.log", served)
+        finally:
+            stop.set()
+            processors.join(timeout=30)
+            for worker in (first, second):
+                if worker is not None and worker.poll() is None:
+                    worker.terminate()
+                    worker.wait(timeout=60)
+            with celery_app.connection_for_write() as conn:  # the evaluation nobody took
+                conn.default_channel.queue_purge("eval")
+        with served.server.pool.connection() as conn:
+            runs = conn.execute("SELECT run_id, status FROM training_runs").fetchall()
+            versions = conn.execute("SELECT version FROM adapter_versions "
+                                    "WHERE specialist = 'genui' ORDER BY 1").fetchall()  # fmt: skip
+            active = active_release(conn)
+    assert [(str(r["run_id"]), r["status"]) for r in runs] == [(run_id, "succeeded")]
+    redelivered = (tmp_path / "worker-2.log").read_text(errors="replace")
+    assert f"macaron.train_successor[{run_id}] succeeded" in redelivered
+    assert [v["version"] for v in versions] == [0, 1]  # one adapter, trained once
+    assert active.adapters["genui"].version == 0  # nothing half-trained is promoted
+
+
+def start_worker(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as out:
+        return subprocess.Popen([sys.executable, "-m", "macaron", "worker", "--queues", "train"],
+                                env=worker_environment(settings), stdout=out,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+
+
+def run_in(served: Any, status: str, *, progressed: bool = False) -> str | None:
+    """The id of the one training run, once it is in ``status`` (and has trained a step)."""
+    with served.server.pool.connection() as conn:
+        row = conn.execute("SELECT run_id, status FROM training_runs").fetchone()
+    if row is None or row["status"] != status:
+        return None
+    run_id = str(row["run_id"])
+    if progressed:
+        info = celery_app.AsyncResult(run_id).info
+        if not (isinstance(info, dict) and int(info.get("step", 0)) >= 2):
+            return None
+    return run_id
+
+
+def wait_for(probe: Any, timeout: float, log: Path, served: Any) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = probe()
+        if found is not None:
+            return str(found)
+        time.sleep(0.2)
+    with served.server.pool.connection() as conn:
+        runs = conn.execute("SELECT run_id, status, error FROM training_runs").fetchall()
+    states = [(celery_app.AsyncResult(str(r["run_id"])).state,
+               celery_app.AsyncResult(str(r["run_id"])).info) for r in runs]  # fmt: skip
+    raise AssertionError(f"timed out; runs {runs} {states}; worker log:\n"
+                         f"{log.read_text(errors='replace')[-3000:]}")  # fmt: skip
