@@ -17,7 +17,7 @@ from core.log import EventLog, RecordedEvent
 from infra.postgres.db import Pool
 from infra.postgres.eventlog import PostgresEventLog
 from tests.contract.eventlog_contract import EventLogContract
-from tests.factories import turn
+from tests.factories import inject_postgres, turn
 
 
 class TestPostgresEventLog(EventLogContract):
@@ -32,27 +32,7 @@ class TestPostgresEventLog(EventLogContract):
         self.database_url = database_url
 
     def inject(self, log: EventLog, envelope: dict[str, Any]) -> None:
-        with psycopg.connect(self.database_url) as conn:
-            conn.execute(
-                "INSERT INTO events (event_id, type, schema_version, occurred_at, tenant_id, key, "
-                "sequence, causation_id, correlation_id, trace, prev_hash, hash, payload) VALUES "
-                "(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                (
-                    envelope["event_id"],
-                    envelope["type"],
-                    envelope["schema_version"],
-                    envelope["occurred_at"],
-                    envelope["tenant_id"],
-                    envelope["key"],
-                    envelope["sequence"],
-                    None,
-                    None,
-                    Json(envelope["trace"]),
-                    envelope["prev_hash"],
-                    envelope["hash"],
-                    Json(envelope["payload"]),
-                ),
-            )
+        inject_postgres(self.database_url, envelope)
 
     def tamper(self, log: EventLog, record: RecordedEvent, payload: dict[str, Any]) -> None:
         """Storage-level access: bypass the append-only trigger, as a superuser could."""

@@ -1,0 +1,90 @@
+"""Bad stored input: an adapter whose files were changed or that lies outside the artifact store,
+and a poison event in the log. Each is refused with a clear error and costs nothing else."""
+
+from __future__ import annotations
+
+import shutil
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.errors import AdapterInvalid
+from core.settings import Settings
+from infra.artifacts import ArtifactStore, folder_digest, write_identity_adapter
+from infra.postgres.eventlog import PostgresEventLog
+from server.engines.instant import InstantEngine, fixed_reply
+from server.router import RouterService
+from streams.host import ProcessorHost
+from streams.projections import Projections
+from streams.runner import catch_up
+from tests.factories import inject_postgres, raw_envelope
+from tests.serving import Running, frames_until, running_server, send
+
+pytestmark = pytest.mark.badinput
+
+
+def test_a_changed_or_misplaced_adapter_is_refused(tiny_model: Path, tmp_path: Path) -> None:
+    store = ArtifactStore(tmp_path / "adapters")
+    draft = tmp_path / "draft"
+    write_identity_adapter(tiny_model, draft, base_model=tiny_model.name, rank=4, seed=1)
+    sha, stored = store.put(draft)
+    assert store.verified_path(sha, str(stored)) == stored.resolve()
+
+    outside = tmp_path / "elsewhere" / sha  # the same files, outside the store
+    shutil.copytree(stored, outside)
+    other = tmp_path / "other"  # a link in the store that leads out of it
+    write_identity_adapter(tiny_model, other, base_model=tiny_model.name, rank=4, seed=2)
+    other_sha = folder_digest(other)
+    (store.root / other_sha).symlink_to(other, target_is_directory=True)
+    refused = [(sha, str(outside)), (sha, str(stored / ".." / ".." / "elsewhere" / sha)),
+               (sha, "/etc"), (other_sha, str(store.root / other_sha))]  # fmt: skip
+    for digest, path in refused:
+        with pytest.raises(AdapterInvalid, match=r"is not \S+ in the artifact store"):
+            store.verified_path(digest, path)
+
+    weights = stored / "adapter_model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 0xFF  # one byte changed
+    weights.write_bytes(bytes(data))
+    with pytest.raises(AdapterInvalid, match="is corrupted") as caught:
+        store.verified_path(sha, str(stored))
+    assert caught.value.code == "adapter_invalid"
+
+
+@pytest.fixture
+def served_on(
+    database_url: str, tiny_model: Path, router: RouterService, tmp_path: Path
+) -> Iterator[Running]:
+    settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model,
+                        turns_per_minute=1000)  # fmt: skip
+    with running_server(settings, engine=InstantEngine(fixed_reply("ok")), router=router) as run:
+        yield run
+
+
+def test_a_poison_event_goes_to_the_dead_letters_and_the_processor_goes_on(
+    database_url: str, served_on: Running
+) -> None:
+    log = PostgresEventLog(served_on.server.pool, database_url)
+    host = ProcessorHost(Projections(), log, served_on.server.pool)
+    key = served_on.key("acme")
+    turns = []
+    for n in range(2):
+        with served_on.connect(key) as ws:
+            frames_until(ws, "ready")
+            send(ws, type="user_turn", client_msg_id=f"p{n}", content="hello")
+            turns.append(frames_until(ws, "turn_completed")[-1]["turn_id"])
+        if n == 0:  # between the two turns: a TurnReceived this code cannot read
+            inject_postgres(database_url, raw_envelope(
+                key=f"poison-{uuid.uuid4()}", type="TurnReceived", schema_version=3,
+                payload={"turn_id": "not a uuid"},
+            ))  # fmt: skip
+    handled = catch_up(host)
+    [letter] = log.dead_letters()
+    assert letter.code == "invalid_event" and "TurnReceived" in letter.reason
+    with served_on.server.pool.connection() as conn:
+        projected = {str(r["turn_id"]) for r in conn.execute("SELECT turn_id FROM turns")}
+    assert set(turns) <= projected  # the turn after the poison was handled too
+    assert handled > 0 and host.lag() == 0
+    log.close()
