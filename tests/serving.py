@@ -20,6 +20,8 @@ from infra.local_stack import LocalStack, free_port
 from infra.postgres.keys import create_key
 from macaron import wiring
 from server.chat import Router
+from streams.host import ProcessorHost
+from streams.runner import follow
 from tests.conftest import fresh_database
 
 
@@ -96,6 +98,21 @@ def running_server(
         uv.should_exit = True
         thread.join(timeout=15)
         server.close()
+
+
+@contextmanager
+def following(served: Running) -> Iterator[list[ProcessorHost]]:
+    """The stream processors following the server's log in a thread, as ``macaron streams
+    run`` does; stopped on exit."""
+    hosts = wiring.processor_hosts(served.settings, served.server.log, served.server.pool)
+    stop = threading.Event()
+    thread = threading.Thread(target=follow, args=(hosts, stop), name="processors", daemon=True)
+    thread.start()
+    try:
+        yield hosts
+    finally:
+        stop.set()
+        thread.join(timeout=30)
 
 
 def frames_until(ws: ClientConnection, kind: str, timeout: float = 60) -> list[dict[str, Any]]:

@@ -36,8 +36,7 @@ from server.engines.instant import InstantEngine, fixed_reply
 from server.router import RouterService
 from streams.processor import content_hash
 from streams.replay import replay
-from streams.runner import follow
-from tests.serving import frames_until, running_server, send, serving
+from tests.serving import following, frames_until, running_server, send, serving
 
 pytestmark = pytest.mark.fault
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -305,28 +304,23 @@ def test_a_worker_killed_mid_training_is_redelivered_and_trains_once(
     )  # fmt: skip
     configure_celery(settings)
     with running_server(settings, router=router) as served:
-        stop = threading.Event()
-        hosts = wiring.processor_hosts(settings, served.server.log, served.server.pool)
-        processors = threading.Thread(target=follow, args=(hosts, stop), daemon=True)
-        processors.start()
         first = start_worker(settings, tmp_path / "worker-1.log")
         second = None
         try:
-            with served.connect(served.key("acme")) as ws:
+            with following(served), served.connect(served.key("acme")) as ws:
                 frames_until(ws, "ready")
                 for n in range(2):
                     send(ws, type="user_turn", client_msg_id=f"g{n}", content="Show the status.",
                          specialist_hint="genui")  # fmt: skip
                     turn_id = frames_until(ws, "turn_completed")[-1]["turn_id"]
                     send(ws, type="feedback", turn_id=turn_id, kind="edit", edited_text=ANSWER)
-            run_id = wait_for(lambda: run_in(served, "running", progressed=True), 180,
-                              tmp_path / "worker-1.log", served)  # fmt: skip
-            kill(first)  # SIGKILL in the middle of training
-            second = start_worker(settings, tmp_path / "worker-2.log")
-            wait_for(lambda: run_in(served, "succeeded"), 300, tmp_path / "worker-2.log", served)
+                run_id = wait_for(lambda: run_in(served, "running", progressed=True), 180,
+                                  tmp_path / "worker-1.log", served)  # fmt: skip
+                kill(first)  # SIGKILL in the middle of training
+                second = start_worker(settings, tmp_path / "worker-2.log")
+                wait_for(lambda: run_in(served, "succeeded"), 300, tmp_path / "worker-2.log",
+                         served)  # fmt: skip
         finally:
-            stop.set()
-            processors.join(timeout=30)
             for worker in (first, second):
                 if worker is not None and worker.poll() is None:
                     worker.terminate()

@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,13 +24,11 @@ from infra.postgres.registry import active_release
 from learners.contract import load_contract
 from learners.loop import recorded_outcomes
 from learners.worker import configure as configure_celery
-from macaron import wiring
 from server.router import RouterService
 from streams.processor import content_hash
 from streams.replay import replay
-from streams.runner import follow
 from tests.factories import run_macaron
-from tests.serving import Running, frames_until, running_server, send
+from tests.serving import Running, following, frames_until, running_server, send
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ANSWER = '{"type": "Text", "text": "green"}'
@@ -71,11 +68,7 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
 ) -> None:
     configure_celery(loop_settings)
     with running_server(loop_settings, router=router) as served:
-        stop = threading.Event()
-        hosts = wiring.processor_hosts(loop_settings, served.server.log, served.server.pool)
-        processors = threading.Thread(target=follow, args=(hosts, stop), daemon=True)
-        processors.start()
-        try:
+        with following(served) as hosts:
             first_turns = teach(served)
             promoted = wait_for_promotion(served, tmp_path, worker)
             with served.connect(served.key("learner")) as ws:
@@ -83,9 +76,6 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
                 send(ws, type="user_turn", client_msg_id="after", content="Show the status.",
                      specialist_hint="genui")  # fmt: skip
                 after = frames_until(ws, "turn_completed")
-        finally:
-            stop.set()
-            processors.join(timeout=30)
         assert_replay_matches_live(served, hosts)
         assert after[0]["adapter_version"] == "genui@1"
         assert after[0]["release_id"] == promoted.release_id

@@ -11,7 +11,6 @@ import json
 import logging
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -32,9 +31,8 @@ from learners.worker import app as celery_app
 from learners.worker import configure as configure_celery
 from macaron import wiring
 from server.router import RouterService
-from streams.runner import follow
 from tests.factories import run_macaron
-from tests.serving import frames_until, running_server, send
+from tests.serving import following, frames_until, running_server, send
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ANSWER = '{"type": "Text", "text": "green"}'
@@ -82,24 +80,16 @@ def test_one_turn_makes_one_trace_through_processors_and_celery(
 ) -> None:
     configure_celery(traced_settings)
     spans.clear()
-    with running_server(traced_settings, router=router) as served:
-        stop = threading.Event()
-        hosts = wiring.processor_hosts(traced_settings, served.server.log, served.server.pool)
-        processors = threading.Thread(target=follow, args=(hosts, stop), daemon=True)
-        processors.start()
-        try:
-            with served.connect(served.key("acme")) as ws:
-                frames_until(ws, "ready")
-                send(ws, type="user_turn", client_msg_id="m1", content="Show the status.",
-                     specialist_hint="genui")  # fmt: skip
-                turn_id = frames_until(ws, "turn_completed")[-1]["turn_id"]
-                send(ws, type="feedback", turn_id=turn_id, kind="edit", edited_text=ANSWER)
-                send(ws, type="ping")
-                frames_until(ws, "pong")
-            task = worker_span(console_worker, "train_successor")
-        finally:
-            stop.set()
-            processors.join(timeout=30)
+    with running_server(traced_settings, router=router) as served, following(served):
+        with served.connect(served.key("acme")) as ws:
+            frames_until(ws, "ready")
+            send(ws, type="user_turn", client_msg_id="m1", content="Show the status.",
+                 specialist_hint="genui")  # fmt: skip
+            turn_id = frames_until(ws, "turn_completed")[-1]["turn_id"]
+            send(ws, type="feedback", turn_id=turn_id, kind="edit", edited_text=ANSWER)
+            send(ws, type="ping")
+            frames_until(ws, "pong")
+        task = worker_span(console_worker, "train_successor")
 
     local = spans.get_finished_spans()
     [root] = [s for s in local if s.name == "ws.turn"]
