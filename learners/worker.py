@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from celery import Celery, Task
+from celery.exceptions import Retry
 from opentelemetry.trace import Span
 from rich.progress import Progress
 
@@ -117,6 +118,9 @@ def _step(task: Task, step: str, run_id: str) -> Iterator[Span]:
         try:
             yield span
             outcome = "succeeded"
+        except Retry:
+            outcome = "retried"
+            raise
         finally:
             observe.training_runs.add(1, {"step": step, "outcome": outcome})
             observe.training_duration.record(time.monotonic() - started, {"step": step})
