@@ -6,14 +6,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 bash scripts/setup.sh
-# The browser tests drive Debian's Chromium through Playwright (no browser download).
-if ! command -v chromium >/dev/null 2>&1; then
-    echo "installing Debian's chromium for the browser tests"
-    SUDO=$([ "$(id -u)" -eq 0 ] && echo "" || echo "sudo")
-    $SUDO apt-get install -y --no-install-recommends chromium >/dev/null \
-        || { $SUDO apt-get update >/dev/null && \
-             $SUDO apt-get install -y --no-install-recommends chromium >/dev/null; }
-fi
+# Debian packages the tests use: Chromium, driven by Playwright in the browser tests (no
+# browser download), and docker-compose, which validates docker-compose.yml (no engine needed).
+SUDO=$([ "$(id -u)" -eq 0 ] && echo "" || echo "sudo")
+for package in chromium docker-compose; do
+    if ! command -v "$package" >/dev/null 2>&1; then
+        echo "installing Debian's $package for the tests"
+        $SUDO apt-get install -y --no-install-recommends "$package" >/dev/null \
+            || { $SUDO apt-get update >/dev/null && \
+                 $SUDO apt-get install -y --no-install-recommends "$package" >/dev/null; }
+    fi
+done
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
