@@ -83,3 +83,21 @@ def test_the_image_runs_as_a_user_and_the_collector_feeds_jaeger() -> None:
     assert "otlp" in collector["receivers"]
     assert collector["service"]["pipelines"]["traces"]["exporters"] == ["otlp/jaeger"]
     assert collector["exporters"]["otlp/jaeger"]["endpoint"] == "jaeger:4317"
+
+
+def test_the_kubernetes_manifests_cover_the_same_roles() -> None:
+    documents = list(yaml.safe_load_all((ROOT / "infra" / "k8s" / "macaron.yaml").read_text()))
+    deployments = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Deployment"}
+    assert set(deployments) == {"server", "streams", "worker-eval", "worker-train", "vllm",
+                                "otel-collector", "jaeger"}  # fmt: skip
+    assert all(d["metadata"]["namespace"] == "macaron" for d in documents)
+    for name, deployment in deployments.items():
+        pod = deployment["spec"]["template"]["spec"]
+        [container] = pod["containers"]
+        if container["image"].startswith("macaron:"):  # our image runs as its user
+            assert pod["securityContext"]["runAsNonRoot"] is True, name
+    [setup] = [d for d in documents if d["kind"] == "Job"]
+    command = " ".join(setup["spec"]["template"]["spec"]["containers"][0]["command"])
+    assert "db migrate" in command and "kafka topics create" in command
+    vllm = deployments["vllm"]["spec"]["template"]["spec"]["containers"][0]
+    assert "--enable-lora" in vllm["args"]
