@@ -54,7 +54,10 @@ def test_every_service_is_there_and_starts_in_order(config: dict[str, Any]) -> N
         needs = services[name]["depends_on"]
         assert needs["migrate"]["condition"] == "service_completed_successfully", name
         assert needs["kafka-topics"]["condition"] == "service_completed_successfully", name
-        assert services[name]["environment"]["MACARON_EVENT_LOG"] == "kafka", name
+        environment = services[name]["environment"]
+        assert environment["MACARON_EVENT_LOG"] == "kafka", name
+        assert environment["MACARON_OTEL_TRACES"] == "otlp", name  # spans to the collector
+        assert environment["MACARON_OTEL_ENDPOINT"] == "http://otel-collector:4318", name
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert services["kafka-topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
     for name in ("postgres", "redis", "kafka", "server", "vllm"):
