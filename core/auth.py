@@ -15,7 +15,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.errors import InvalidApiKey
+from core.errors import Forbidden, InvalidApiKey
 
 Scope = Literal["chat", "admin", "metrics"]
 KEY_PREFIX = "mk_"
@@ -34,6 +34,12 @@ class Principal(BaseModel):
 
     def allows(self, scope: Scope) -> bool:
         return scope in self.scopes
+
+    def require(self, scope: Scope) -> Principal:
+        """This principal, if its key grants ``scope``; ``Forbidden`` otherwise."""
+        if not self.allows(scope):
+            raise Forbidden(f"this key does not grant the {scope} scope")
+        return self
 
 
 def new_key() -> str:

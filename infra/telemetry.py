@@ -39,7 +39,7 @@ from opentelemetry.sdk.trace.export import (
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
 from core.auth import bearer_key
-from core.errors import Forbidden, MacaronError
+from core.errors import Forbidden, InvalidApiKey, MacaronError
 from core.settings import Settings
 from infra.postgres.db import Pool
 from infra.postgres.keys import authenticate
@@ -116,9 +116,7 @@ def metrics_exposition() -> tuple[bytes, str]:
 def authorize_scrape(pool: Pool, authorization: str | None) -> None:
     """Raise a typed error unless the header carries a live key with the ``metrics`` scope."""
     with pool.connection() as conn:
-        principal = authenticate(conn, bearer_key(authorization))
-    if not principal.allows("metrics"):
-        raise Forbidden("this key does not grant the metrics scope")
+        authenticate(conn, bearer_key(authorization)).require("metrics")
 
 
 WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
@@ -133,13 +131,21 @@ def metrics_wsgi_app(pool: Pool) -> WsgiApp:
         try:
             authorize_scrape(pool, environ.get("HTTP_AUTHORIZATION"))
         except MacaronError as exc:
-            status = "403 Forbidden" if exc.code == "forbidden" else "401 Unauthorized"
-            return _error(start_response, status, exc.code, str(exc))
+            return _error(start_response, _status(exc), exc.code, str(exc))
         body, content_type = metrics_exposition()
         start_response("200 OK", [("Content-Type", content_type)])
         return [body]
 
     return app
+
+
+def _status(exc: MacaronError) -> str:
+    """The HTTP status of a failed scrape, by the error's type."""
+    if isinstance(exc, InvalidApiKey):
+        return "401 Unauthorized"
+    if isinstance(exc, Forbidden):
+        return "403 Forbidden"
+    return "503 Service Unavailable" if exc.retryable else "500 Internal Server Error"
 
 
 def _error(

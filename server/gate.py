@@ -7,7 +7,7 @@ import asyncio
 from collections import Counter
 
 from core.auth import Principal, Scope
-from core.errors import Forbidden, TooManyConnections
+from core.errors import TooManyConnections
 from infra.postgres.db import Pool
 from infra.postgres.keys import authenticate
 
@@ -26,9 +26,7 @@ class Gate:
                 return authenticate(conn, key)
 
         principal = await asyncio.to_thread(lookup)
-        if not principal.allows(scope):
-            raise Forbidden(f"this key does not grant the {scope} scope")
-        return principal
+        return principal.require(scope)
 
     def enter(self, principal: Principal) -> None:
         if self._open[principal.tenant_id] >= self.max_connections_per_tenant:

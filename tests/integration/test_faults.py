@@ -225,13 +225,16 @@ def test_the_broker_stopped_under_traffic_gives_retryable_errors_and_loses_nothi
             traffic = Traffic(ws)
             traffic.wait_for_success(after=5)
             os.kill(broker, signal.SIGSTOP)
+            frozen_at = len(traffic.acknowledged)
             try:
                 time.sleep(6)
+                while_frozen = len(traffic.acknowledged) - frozen_at
             finally:
                 os.kill(broker, signal.SIGCONT)
             during = len(traffic.acknowledged)
             traffic.wait_for_success(after=during + 5, timeout=120)
             traffic.finish()
+        assert while_frozen <= 1  # the frozen broker held the appends back (one was in flight)
         assert {(e["code"], e["retryable"]) for e in traffic.errors} <= {("unavailable", True)}
         completed = completed_in_log(served.events())
     assert set(traffic.acknowledged) <= completed  # every acknowledged event is readable
