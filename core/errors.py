@@ -167,6 +167,12 @@ class EngineUnavailable(MacaronError):
     retryable = True
 
 
+class BaseModelNotServed(MacaronError):
+    """The engine serves adapters only (the vLLM fleet): a request must name one."""
+
+    code = "base_model_not_served"
+
+
 class EngineError(MacaronError):
     """The engine failed while generating this request; other requests keep being served."""
 

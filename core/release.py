@@ -39,6 +39,17 @@ class Release(BaseModel):
     def adapter_for(self, specialist: str) -> AdapterRef | None:
         return self.adapters.get(specialist)
 
+    def successor(self, specialist: str, adapter: AdapterRef) -> Release:
+        """This release with ``specialist`` served by ``adapter``: the child it would promote."""
+        adapters = {**self.adapters, specialist: adapter}
+        release_id = release_id_for(
+            self.release_id, self.base_model, self.router_version, self.harness_version,
+            self.hcp_version, {name: ref.sha256 for name, ref in adapters.items()},
+        )  # fmt: skip
+        return self.model_copy(update={"release_id": release_id,
+                                       "parent_release_id": self.release_id,
+                                       "adapters": adapters})  # fmt: skip
+
 
 def release_id_for(
     parent_release_id: str | None,

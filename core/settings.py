@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -39,6 +39,16 @@ class Settings(BaseSettings):
     http_port: int = Field(default=8420, ge=1, le=65535, description="`macaron serve` port")
     model_dir: Path | None = Field(
         default=None, description="base model folder; unset means the pulled SmolLM2-135M"
+    )
+    engine: Literal["local", "vllm"] = Field(
+        default="local",
+        description="local: this process runs the model; vllm: the vLLM fleet at vllm_urls",
+    )
+    vllm_urls: str = Field(
+        default="", description="comma-separated base URLs of the vLLM replicas (engine=vllm)"
+    )
+    vllm_max_lora_rank: int = Field(
+        default=16, ge=1, le=512, description="the replicas' --max-lora-rank (engine=vllm)"
     )
     max_frame_bytes: int = Field(default=65_536, ge=1024, le=16 * 2**20)
     turns_per_minute: int = Field(default=30, ge=1, le=100_000, description="per API key")
@@ -77,6 +87,19 @@ class Settings(BaseSettings):
         default=None, ge=1, le=65535,
         description="/metrics port of `streams run` and `worker` (the server uses its own port)",
     )  # fmt: skip
+
+    @model_validator(mode="after")
+    def _fleet(self) -> Settings:
+        if self.engine == "vllm" and not self.vllm_replicas:
+            raise ValueError("MACARON_ENGINE=vllm needs MACARON_VLLM_URLS (comma-separated)")
+        for url in self.vllm_replicas:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"MACARON_VLLM_URLS: {url!r} is not an http(s) URL")
+        return self
+
+    @property
+    def vllm_replicas(self) -> list[str]:
+        return [url.strip() for url in self.vllm_urls.split(",") if url.strip()]
 
     @property
     def kafka_servers(self) -> str:

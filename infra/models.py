@@ -193,16 +193,17 @@ def pull_model(home: Path, name: str, progress: Progress) -> tuple[Path, bool]:
     return folder, True
 
 
-def make_tiny_model(out: Path, tokenizer: Any, *, seed: int = 0) -> Path:
-    """A tiny random Llama with the given tokenizer: seconds to make, for tests."""
+def make_tiny_model(out: Path, tokenizer: Any, *, seed: int = 0, hidden_size: int = 64) -> Path:
+    """A tiny random Llama with the given tokenizer: seconds to make, for tests. Four attention
+    heads: ``hidden_size=128`` gives head size 32, the smallest vLLM's CPU backend runs."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=64,
-        intermediate_size=128,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,

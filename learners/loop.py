@@ -25,7 +25,7 @@ from core.contract import Contract, decide
 from core.errors import MacaronError
 from core.events import CandidateTrained, ContractEvaluated, NewEvent, PromotionRejected
 from core.log import EventLog
-from core.release import AdapterRef, Release, release_id_for
+from core.release import AdapterRef
 from core.settings import Settings
 from infra import observe
 from infra.artifacts import ArtifactStore
@@ -263,7 +263,7 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
         engine.close()
     decision = decide(candidate_outcomes, parent_outcomes, specialist, contract.rule)
     cand_scores, parent_scores = _scores(candidate_outcomes), _scores(parent_outcomes)
-    successor = _successor(release, specialist, candidate) if decision.passed else None
+    successor = release.successor(specialist, candidate) if decision.passed else None
     evaluation_id = _step_id(run_id, "evaluated")
     with rt.pool.connection() as conn, conn.transaction():
         conn.execute(
@@ -348,15 +348,3 @@ def _adapter(conn: DictConnection, adapter_version_id: int) -> AdapterRef:
     return AdapterRef(adapter_version_id=row["adapter_version_id"], specialist=row["specialist"],
                       version=row["version"], sha256=row["sha256"], path=row["path"],
                       rank=row["rank"])  # fmt: skip
-
-
-def _successor(release: Release, specialist: str, candidate: AdapterRef) -> Release:
-    adapters = {**release.adapters, specialist: candidate}
-    release_id = release_id_for(
-        release.release_id, release.base_model, release.router_version,
-        release.harness_version, release.hcp_version,
-        {name: ref.sha256 for name, ref in adapters.items()},
-    )  # fmt: skip
-    return release.model_copy(update={"release_id": release_id,
-                                      "parent_release_id": release.release_id,
-                                      "adapters": adapters})  # fmt: skip

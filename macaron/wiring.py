@@ -21,6 +21,7 @@ from infra.postgres.eventlog import PostgresEventLog
 from learners.worker import enqueue_training
 from server.app import create_app
 from server.chat import ChatLimits, ChatService, Router
+from server.engines.fleet import FleetEngine
 from server.engines.local import LocalEngine
 from server.gate import Gate
 from server.promotion import PromotionListener
@@ -73,6 +74,16 @@ def model_dir(settings: Settings) -> Path:
     return folder
 
 
+def serving_engine(settings: Settings, folder: Path, step: Callable[[str], None]) -> Engine:
+    """The engine ``macaron serve`` answers with: this process's own, or the vLLM fleet."""
+    if settings.engine == "vllm":
+        step(f"connecting to the vLLM fleet at {settings.vllm_urls}")
+        return FleetEngine(settings.vllm_replicas, folder,
+                           max_lora_rank=settings.vllm_max_lora_rank)  # fmt: skip
+    step(f"loading the base model from {folder}")
+    return LocalEngine(folder)
+
+
 def chat_server(
     settings: Settings,
     step: Callable[[str], None],
@@ -88,8 +99,7 @@ def chat_server(
     db = pool(settings)
     log = log or event_log(settings, db)
     if engine is None:
-        step(f"loading the base model from {folder}")
-        engine = LocalEngine(folder)
+        engine = serving_engine(settings, folder, step)
     if router is None:
         step("training the router from its seed examples")
         router = RouterService.from_seed(SentenceEmbedder())

@@ -138,12 +138,19 @@ class ChatService:
         self.engine = engine
         self.router = router
         self.release = release
+        self.serving_since = time.time()  # wall-clock moment ``release`` began to be served
         self.limits = limits or ChatLimits()
         self._clock = clock
         self._committer = GroupCommitter(log)
         self._conversations: OrderedDict[UUID, Conversation] = OrderedDict()
         self._in_flight: set[UUID] = set()
         self._recent_turns: dict[UUID, deque[float]] = {}
+
+    def serve(self, release: Release) -> None:
+        """Answer new turns with ``release``; turns in flight end on the one they began with."""
+        self.release = release
+        self.serving_since = time.time()
+        _log.info("serving release %s", release.release_id)
 
     # --- conversations ----------------------------------------------------------------------
 

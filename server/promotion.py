@@ -192,7 +192,7 @@ class PromotionListener:
 
     def _switch(self, release: Release) -> None:
         old = self.chat.release
-        self.chat.release = release
+        self.chat.serve(release)
         serving = {ref.name for ref in release.adapters.values()}
         loaded = set(self.chat.engine.loaded_adapters())
         for ref in old.adapters.values():

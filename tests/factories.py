@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -54,6 +55,25 @@ def raw_envelope(
     }
     digest = sha256_hex(canonical_json(payload))
     return {**header, "hash": chain_hash(header, digest), "payload": payload}
+
+
+def make_adapter(base_dir: Path, out: Path, rank: int, targets: list[str], seed: int) -> Path:
+    """A PEFT LoRA adapter with random A and B (so it changes the output), saved to ``out``."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    base = AutoModelForCausalLM.from_pretrained(base_dir)
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=4 * rank,
+        target_modules=targets,
+        init_lora_weights=False,
+        lora_dropout=0.0,
+    )
+    get_peft_model(base, config).save_pretrained(str(out))
+    return out
 
 
 def run_macaron(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -57,6 +57,12 @@ def _engine_error(exc: Exception) -> MacaronError:
     return exc if isinstance(exc, MacaronError) else EngineError(f"generation failed: {exc}")
 
 
+def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[int, ...]:
+    """Token ids of a conversation in the model's chat template, ready for the reply."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
+    return tuple(int(t) for t in ids["input_ids"])
+
+
 @dataclass(frozen=True)
 class EngineLimits:
     max_batch: int = 16
@@ -211,11 +217,7 @@ class LocalEngine:
         return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
-        """Token ids of a conversation in the model's chat template, ready for the reply."""
-        ids = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_dict=True
-        )["input_ids"]
-        return tuple(int(t) for t in ids)
+        return chat_prompt_ids(self.tokenizer, messages)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         prompt = (

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from peft import LoraConfig, PeftModel, get_peft_model
+from peft import PeftModel
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -26,6 +26,7 @@ from core.errors import (
     EngineUnavailable,
 )
 from server.engines.local import EngineLimits, LocalEngine
+from tests.factories import make_adapter
 
 ADAPTERS = {  # name: (rank, target modules, seed)
     "coding@1": (8, ["q_proj", "k_proj", "v_proj", "o_proj"], 1),
@@ -33,20 +34,6 @@ ADAPTERS = {  # name: (rank, target modules, seed)
     "genui@1": (16, ["q_proj", "v_proj", "gate_proj", "up_proj", "down_proj", "o_proj"], 3),
 }
 PROMPTS = ["Hello there, how are you?", "def add(a, b):", "Show me a form", "Paris is"]
-
-
-def make_adapter(base_dir: Path, out: Path, rank: int, targets: list[str], seed: int) -> Path:
-    torch.manual_seed(seed)
-    base = AutoModelForCausalLM.from_pretrained(base_dir)
-    config = LoraConfig(
-        r=rank,
-        lora_alpha=4 * rank,
-        target_modules=targets,
-        init_lora_weights=False,
-        lora_dropout=0.0,
-    )
-    get_peft_model(base, config).save_pretrained(str(out))
-    return out
 
 
 @pytest.fixture(scope="module")

