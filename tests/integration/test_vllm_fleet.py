@@ -10,6 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -300,18 +301,42 @@ def successor(served: Running, folder: Path, rank: int) -> Release:
     return child
 
 
+@contextmanager
+def server_on(
+    stack: LocalStack, tmp_path_factory: pytest.TempPathFactory, router: RouterService,
+    replicas: list[VllmReplica], vllm_model: Path, max_lora_rank: int = 16,
+) -> Iterator[Running]:  # fmt: skip
+    """A chat server on a fresh database answering through ``replicas``, wired as ``macaron
+    serve`` wires it with MACARON_ENGINE=vllm."""
+    settings = Settings(engine="vllm", vllm_urls=",".join(r.url for r in replicas),
+                        vllm_max_lora_rank=max_lora_rank, model_dir=vllm_model)  # fmt: skip
+    engine = wiring.serving_engine(settings, vllm_model, lambda _: None)
+    try:
+        with serving(stack, tmp_path_factory, engine=engine, router=router, model_dir=vllm_model,
+                     turns_per_minute=100_000, max_new_tokens=24) as served:  # fmt: skip
+            yield served
+    finally:
+        unload_everything(replicas, vllm_model)
+
+
 @pytest.fixture
 def served_on_fleet(
     stack: LocalStack, tmp_path_factory: pytest.TempPathFactory, router: RouterService,
     replicas: list[VllmReplica], vllm_model: Path,
 ) -> Iterator[Running]:  # fmt: skip
-    urls = ",".join(r.url for r in replicas)
-    settings = Settings(engine="vllm", vllm_urls=urls, model_dir=vllm_model)
-    engine = wiring.serving_engine(settings, vllm_model, lambda _: None)  # as `macaron serve`
-    with serving(stack, tmp_path_factory, engine=engine, router=router, model_dir=vllm_model,
-                 turns_per_minute=100_000, max_new_tokens=24) as served:  # fmt: skip
+    with server_on(stack, tmp_path_factory, router, replicas, vllm_model) as served:
         yield served
-    unload_everything(replicas, vllm_model)
+
+
+def one_turn(served: Running, tenant: str) -> list[dict[str, Any]]:
+    with served.connect(served.key(tenant)) as ws:
+        json.loads(ws.recv(timeout=30))  # ready
+        ws.send(json.dumps({"type": "user_turn", "client_msg_id": "m1",
+                            "content": "write a python function"}))  # fmt: skip
+        frames: list[dict[str, Any]] = []
+        while not frames or frames[-1]["type"] not in ("turn_completed", "error"):
+            frames.append(json.loads(ws.recv(timeout=60)))
+    return frames
 
 
 def test_promotion_under_load_fails_no_turn_and_flips_at_one_instant(
@@ -387,11 +412,40 @@ def test_a_rank_too_large_promotion_is_refused_and_the_old_release_serves_on(
         active = conn.execute("SELECT release_id FROM releases WHERE active").fetchone()
     assert active is not None and active["release_id"] == old.release_id
     assert all("coding@1" not in names_on(r) for r in replicas)
-    with served.connect(served.key("t-after")) as ws:
-        json.loads(ws.recv(timeout=30))
-        ws.send(json.dumps({"type": "user_turn", "client_msg_id": "m1",
-                            "content": "write a python function"}))  # fmt: skip
-        frames: list[dict[str, Any]] = []
-        while not frames or frames[-1]["type"] not in ("turn_completed", "error"):
-            frames.append(json.loads(ws.recv(timeout=60)))
+    frames = one_turn(served, "t-after")
     assert frames[0]["adapter_version"] == "coding@0" and frames[-1]["type"] == "turn_completed"
+
+
+def test_a_load_refused_by_one_replica_is_undone_on_the_others(
+    stack: LocalStack, tmp_path_factory: pytest.TempPathFactory, router: RouterService,
+    replicas: list[VllmReplica], vllm_model: Path, tmp_path: Path,
+) -> None:  # fmt: skip
+    """A fleet whose replicas disagree on --max-lora-rank: the rank-32 version loads on the
+    wide replica, the other refuses it, so the wide one unloads it and the old release serves."""
+    wide = start_replica(vllm_python(), vllm_model, free_port(), tmp_path / "wide.log",
+                         max_lora_rank=32)  # fmt: skip
+    try:
+        wide.wait_ready()
+        fleet = [wide, replicas[0]]
+        with server_on(stack, tmp_path_factory, router, fleet, vllm_model, 32) as served:
+            old = served.server.chat.release
+            big = make_adapter(vllm_model, tmp_path / "big", 32, ALL_LINEAR, 9)
+            child = successor(served, big, 32)
+            request_id = request_promotion(served.server.pool, child.release_id,
+                                           requested_by="test")  # fmt: skip
+            outcome = wait_for_request(served.server.pool, request_id, 120)
+            assert outcome["status"] == "failed"
+            assert f"vLLM replica {replicas[0].url} refused adapter coding@1" in outcome["reason"]
+            assert "500 InternalServerError" in outcome["reason"]
+            assert "coding@1" not in names_on(wide) | names_on(replicas[0])
+            with served.server.pool.connection() as conn:
+                sql = "SELECT kind FROM promotions WHERE promotion_id = %s"
+                rejected = conn.execute(sql, (request_id,)).fetchone()
+                active = conn.execute("SELECT release_id FROM releases WHERE active").fetchone()
+            assert rejected is not None and rejected["kind"] == "rejected"
+            assert active is not None and active["release_id"] == old.release_id
+            frames = one_turn(served, "t-after")
+            assert frames[0]["adapter_version"] == "coding@0"
+            assert frames[-1]["type"] == "turn_completed"
+    finally:
+        wide.stop()
