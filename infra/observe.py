@@ -89,6 +89,14 @@ engine_in_flight = _meter.create_up_down_counter(
 adapters_loaded = _meter.create_gauge(
     "macaron.engine.adapters_loaded", unit="1", description="Adapters the serving engine holds"
 )
+replicas_in_service = _meter.create_gauge(
+    "macaron.engine.replicas_in_service", unit="1",
+    description="vLLM replicas the fleet engine sends requests to (healthy, adapters in place)",
+)  # fmt: skip
+replica_failovers = _meter.create_counter(
+    "macaron.engine.replica_failovers", unit="1",
+    description="Requests sent to another vLLM replica after one failed before the first token",
+)  # fmt: skip
 
 
 class Lagging(Protocol):

@@ -46,6 +46,7 @@ from core.errors import (
     MacaronError,
     ModelUnavailable,
 )
+from infra import observe
 from server.engines.local import chat_prompt_ids
 from server.engines.lora import check_rank, read_adapter_config
 
@@ -143,6 +144,10 @@ class FleetEngine:
                 if up and not replica.healthy:
                     log.info("vLLM replica %s is in service", replica.url)
                 replica.healthy = up
+        self._count_in_service()
+
+    def _count_in_service(self) -> None:
+        observe.replicas_in_service.set(sum(r.healthy for r in self.replicas))
 
     def _watch(self, interval: float) -> None:
         while not self._stopping.wait(interval):
@@ -153,6 +158,7 @@ class FleetEngine:
             if replica.healthy:
                 log.warning("vLLM replica %s failed a request: %s", replica.url, reason)
             replica.healthy = False
+        self._count_in_service()
 
     # --- adapters ---------------------------------------------------------------------------
 
@@ -345,6 +351,7 @@ class FleetEngine:
                         raise EngineUnavailable(
                             f"vLLM replica {replica.url} was lost mid-answer; retry the turn"
                         ) from None
+                    observe.replica_failovers.add(1)
                 finally:
                     self._done(replica)
         finally:

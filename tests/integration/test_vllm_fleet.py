@@ -18,7 +18,9 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from peft import PeftModel
+from prometheus_client.parser import text_string_to_metric_families
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from core.engine import GenerationChunk, GenerationRequest, SamplingParams
@@ -36,6 +38,7 @@ from infra.local_stack import LocalStack, free_port
 from infra.models import make_tiny_model
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import create_release, register_adapter
+from infra.telemetry import metrics_exposition
 from infra.vllm_cpu import VllmReplica, start_replica, vllm_python
 from macaron import wiring
 from server.engines.fleet import FleetEngine
@@ -180,58 +183,80 @@ def test_adapters_above_the_rank_limit_are_refused(
         assert not {"chat@5", "chat@6"} & names_on(replica)
 
 
-def test_a_replica_killed_mid_stream_gives_a_retryable_error_then_rejoins(
+def metric(name: str) -> float:
+    """A sample's value in this process's Prometheus scrape (0 until first recorded)."""
+    text = metrics_exposition()[0].decode()
+    return sum(sample.value for family in text_string_to_metric_families(text)
+               for sample in family.samples if sample.name == name)  # fmt: skip
+
+
+def restart(replicas: list[VllmReplica], index: int) -> None:
+    """Start replica ``index`` again on its port (with no adapters, as after a crash)."""
+    old = replicas[index]
+    log = old.log_path.with_name(f"{old.log_path.stem}-again{old.log_path.suffix}")
+    cores = str(index % (os.cpu_count() or 1))
+    replicas[index] = start_replica(vllm_python(), old.model_dir, old.port, log, cores=cores)
+    replicas[index].wait_ready()
+
+
+def test_replicas_that_die_are_failed_over_and_rejoin_with_their_adapters(
     replicas: list[VllmReplica], adapters: dict[str, Path], vllm_model: Path,
+    spans: InMemorySpanExporter,  # the metrics SDK, configured once per process
 ) -> None:  # fmt: skip
-    # A slow health check, so the fleet learns of the kill from requests first.
+    # A slow health check, so the fleet learns of deaths from requests first.
     fleet = FleetEngine([r.url for r in replicas], vllm_model, health_interval_s=3600)
     try:
         fleet.load_adapter("coding@1", str(adapters["coding@1"]))
         prompt = fleet.chat_prompt([{"role": "user", "content": "Tell me a long story."}])
+        expected = peft_tokens(vllm_model, adapters["coding@1"], prompt, 8)
+
+        def answers_right(times: int) -> None:
+            for _ in range(times):
+                chunks = asyncio.run(collect(fleet, request("coding@1", prompt, 8)))
+                assert [t for c in chunks for t in c.token_ids] == expected
+
+        # 1. A replica dies while idle: the request that meets it goes to the other one.
+        failovers = metric("macaron_engine_replica_failovers_total")
+        replicas[1].kill()
+        answers_right(4)
+        assert not fleet.replicas[1].healthy and fleet.replicas[0].healthy
+        assert metric("macaron_engine_replica_failovers_total") == failovers + 1
+        assert metric("macaron_engine_replicas_in_service") == 1
+
+        # 2. Restarted, it has no adapters: the health check gives them back before it serves.
+        restart(replicas, 1)
+        assert "coding@1" not in names_on(replicas[1])
+        fleet.check_health()
+        assert fleet.replicas[1].healthy and "coding@1" in names_on(replicas[1])
+        assert metric("macaron_engine_replicas_in_service") == 2
+        before = fleet.replicas[1].requests
+        answers_right(4)
+        assert fleet.replicas[1].requests > before
+
+        # 3. A replica dies mid-answer: that turn ends with a retryable error, the next work.
         endless = SamplingParams(max_tokens=1500, ignore_eos=True)
         long = GenerationRequest(request_id="long", prompt=prompt, adapter="coding@1",
                                  params=endless)  # fmt: skip
         victim: list[int] = []
 
-        async def stream_and_kill() -> int:
-            got = 0
-            async for chunk in fleet.generate(long):
-                got += len(chunk.token_ids)
+        async def stream_and_kill() -> None:
+            async for _ in fleet.generate(long):
                 if not victim:
                     [busy] = [i for i, r in enumerate(fleet.replicas) if r.in_flight]
                     victim.append(busy)
                     await asyncio.to_thread(replicas[busy].kill)
-            return got
 
         with pytest.raises(EngineUnavailable, match="lost mid-answer") as lost:
             asyncio.run(stream_and_kill())
         assert lost.value.retryable and lost.value.code == "unavailable"
-        [dead] = victim
-
-        # Before the fleet has polled: requests that meet the dead replica go to the other.
-        expected = peft_tokens(vllm_model, adapters["coding@1"], prompt, 8)
-        for _ in range(4):
-            chunks = asyncio.run(collect(fleet, request("coding@1", prompt, 8)))
-            assert [t for c in chunks for t in c.token_ids] == expected
-        assert not fleet.replicas[dead].healthy
-
-        # Restarted, it has no adapters; the health check gives them back before it serves.
-        python = vllm_python()
-        old = replicas[dead]
-        replicas[dead] = start_replica(python, vllm_model, old.port, old.log_path.with_suffix(
-            ".restarted.log"), cores=str(dead % (os.cpu_count() or 1)))  # fmt: skip
-        replicas[dead].wait_ready()
-        assert "coding@1" not in names_on(replicas[dead])
-        fleet.check_health()
-        assert fleet.replicas[dead].healthy and "coding@1" in names_on(replicas[dead])
-        before = fleet.replicas[dead].requests
-        for _ in range(4):
-            chunks = asyncio.run(collect(fleet, request("coding@1", prompt, 8)))
-            assert [t for c in chunks for t in c.token_ids] == expected
-        assert fleet.replicas[dead].requests > before
+        answers_right(2)
+        assert not fleet.replicas[victim[0]].healthy
         fleet.unload_adapter("coding@1")
     finally:
         fleet.close()
+        for index, replica in enumerate(replicas):  # the module's later tests need both
+            if replica.process.poll() is not None:
+                restart(replicas, index)
 
 
 class TestFleetEngine(EngineContract):
