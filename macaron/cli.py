@@ -250,7 +250,8 @@ def serve(
 ) -> None:
     """Serve chat: the WebSocket protocol at /v1/ws, the OpenAI-compatible API at /v1 and the
     web UI at /, on MACARON_BIND_HOST (127.0.0.1 unless configured), and Prometheus metrics at
-    /metrics (a key with the metrics scope)."""
+    /metrics (a key with the metrics scope). Answers with the model in this process, or through
+    the vLLM replicas of MACARON_VLLM_URLS when MACARON_ENGINE=vllm."""
     cfg = settings(ctx)
     configure_telemetry(cfg, "macaron-server")
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),

@@ -29,6 +29,7 @@ from core.errors import (
     AdapterNotFound,
     AdapterRankTooLarge,
     BaseModelNotServed,
+    EngineOverloaded,
     EngineUnavailable,
 )
 from core.release import AdapterRef, Release
@@ -159,6 +160,39 @@ def test_outputs_through_the_fleet_equal_peft(
         asyncio.run(collect(fleet, request(None, prompts[0])))
     with pytest.raises(AdapterNotFound):
         asyncio.run(collect(fleet, request("coding@9", prompts[0])))
+
+
+def test_requests_go_to_the_least_busy_replica_and_a_full_fleet_says_overloaded(
+    replicas: list[VllmReplica], adapters: dict[str, Path], vllm_model: Path,
+) -> None:  # fmt: skip
+    fleet = FleetEngine([r.url for r in replicas], vllm_model, max_in_flight=1)
+    try:
+        fleet.load_adapter("agent@1", str(adapters["agent@1"]))
+        prompt = fleet.chat_prompt([{"role": "user", "content": "Count to a thousand."}])
+        endless = GenerationRequest(
+            request_id="busy",
+            prompt=prompt,
+            adapter="agent@1",
+            params=SamplingParams(max_tokens=1500, ignore_eos=True),
+        )
+
+        async def two_streaming_then_a_third() -> None:
+            first, second = fleet.generate(endless), fleet.generate(endless)
+            await anext(first)
+            await anext(second)  # the other replica: the first one is busy
+            assert [r.in_flight for r in fleet.replicas] == [1, 1]
+            with pytest.raises(EngineOverloaded) as full:
+                await collect(fleet, request("agent@1", prompt))
+            assert full.value.retryable and full.value.code == "overloaded"
+            await first.aclose()
+            await second.aclose()
+
+        asyncio.run(two_streaming_then_a_third())
+        assert [r.in_flight for r in fleet.replicas] == [0, 0]
+        assert asyncio.run(collect(fleet, request("agent@1", prompt)))[-1].finish_reason
+    finally:
+        fleet.close()
+        unload_everything(replicas, vllm_model)
 
 
 def test_adapters_above_the_rank_limit_are_refused(
