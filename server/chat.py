@@ -15,7 +15,7 @@ import asyncio
 import json
 import logging
 import time
-from collections import OrderedDict, deque
+from collections import Counter, OrderedDict, deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -145,12 +145,37 @@ class ChatService:
         self._conversations: OrderedDict[UUID, Conversation] = OrderedDict()
         self._in_flight: set[UUID] = set()
         self._recent_turns: dict[UUID, deque[float]] = {}
+        self._turns_on: Counter[str] = Counter()  # turns in flight, by the release they began on
+        self._retiring: dict[str, list[str]] = {}  # release id -> adapters to unload once idle
 
     def serve(self, release: Release) -> None:
-        """Answer new turns with ``release``; turns in flight end on the one they began with."""
-        self.release = release
+        """Answer new turns with ``release``. A turn keeps the release it began with to its end;
+        adapters that only the old release used are unloaded when its last turn ends."""
+        old, self.release = self.release, release
         self.serving_since = time.time()
+        self._retiring.pop(release.release_id, None)  # served again (a rollback): keep all
+        keep = {ref.name for ref in release.adapters.values()}
+        retiring = [ref.name for ref in old.adapters.values() if ref.name not in keep]
+        if retiring and old.release_id != release.release_id:
+            self._retiring[old.release_id] = retiring
+            self._retire_if_idle(old.release_id)
         _log.info("serving release %s", release.release_id)
+
+    def _turn_ended(self, release_id: str) -> None:
+        self._turns_on[release_id] -= 1
+        if not self._turns_on[release_id]:
+            del self._turns_on[release_id]
+            self._retire_if_idle(release_id)
+
+    def _retire_if_idle(self, release_id: str) -> None:
+        if self._turns_on[release_id] or release_id not in self._retiring:
+            return
+        keep = {ref.name for ref in self.release.adapters.values()}
+        loaded = set(self.engine.loaded_adapters())
+        for name in self._retiring.pop(release_id):
+            if name not in keep and name in loaded:
+                self.engine.unload_adapter(name)
+        observe.adapters_loaded.set(len(self.engine.loaded_adapters()))
 
     # --- conversations ----------------------------------------------------------------------
 
@@ -214,26 +239,28 @@ class ChatService:
         self._check_rate(principal)
         started = time.monotonic()
         if request.conversation_id is None:
-            conversation_id = uuid7()
-            conversation = Conversation(conversation_id, principal.tenant_id)
-            opening: list[EventPayload] = [
-                ConversationStarted(
-                    conversation_id=conversation_id, release_id=self.release.release_id,
-                    history=list(request.history),
-                )
-            ]  # fmt: skip
+            conversation = Conversation(uuid7(), principal.tenant_id)
         else:
             conversation = await self.conversation(principal, request.conversation_id)
-            opening = []
         key = conversation.conversation_id
         if key in self._in_flight:
             raise TurnInFlight(f"conversation {key} is answering another turn")
+        # The turn's release, held until the turn ends: no await between reading it and
+        # counting the turn in, so a promotion cannot unload its adapters in between.
+        release = self.release
+        opening: list[EventPayload] = [] if request.conversation_id is not None else [
+            ConversationStarted(conversation_id=key, release_id=release.release_id,
+                                history=list(request.history))
+        ]  # fmt: skip
         self._in_flight.add(key)
+        self._turns_on[release.release_id] += 1
         trace.get_current_span().set_attribute("macaron.conversation_id", str(key))
         try:
             if opening:
                 self._remember(conversation)
-            outcome = await self._run(conversation, request, opening, sink, cancel, started)
+            outcome = await self._run(
+                conversation, request, release, opening, sink, cancel, started
+            )
         except MacaronError as exc:
             observe.turns.add(1, {"outcome": exc.code})
             _log.warning("turn in conversation %s failed: %s (tenant %s)", key, exc.code,
@@ -241,6 +268,7 @@ class ChatService:
             raise
         finally:
             self._in_flight.discard(key)
+            self._turn_ended(release.release_id)
         seconds = time.monotonic() - started
         observe.turns.add(1, {"outcome": outcome.finish_reason})
         observe.turn_latency.record(seconds)
@@ -253,6 +281,7 @@ class ChatService:
         self,
         conversation: Conversation,
         request: TurnRequest,
+        release: Release,
         opening: list[EventPayload],
         sink: Sink,
         cancel: asyncio.Event,
@@ -261,7 +290,6 @@ class ChatService:
         earlier = conversation.by_client_msg.get(request.client_msg_id)
         if earlier is not None and conversation.turns[earlier].completed is not None:
             return await self._resend(conversation, conversation.turns[earlier], sink)
-        release = self.release
         with observe.tracer.start_as_current_span("router.decide") as span:
             decision = await asyncio.to_thread(
                 self.router.route, request.content, request.specialist_hint

@@ -4,9 +4,9 @@ it owns the engine.
 For a pending request it loads the release's adapters (each checked against its content
 address), sends a canary request through every adapter that is new, and flips the active
 release in one transaction with the promotion record; then it appends ``ReleasePromoted`` (or
-``ReleaseRolledBack``), swaps the release its chat service serves (turns in flight finish on the
-release they started with) and unloads the adapters no longer served, which the engine frees
-once their last turn ends. Any failure before the flip unloads what was loaded, keeps the old
+``ReleaseRolledBack``) and swaps the release its chat service serves: turns in flight finish on
+the release they began with, and the chat service unloads the adapters no longer served when
+the last of those turns ends. Any failure before the flip unloads what was loaded, keeps the old
 release active and records why. A server that sees another replica's flip follows it.
 """
 
@@ -58,7 +58,7 @@ class PromotionListener:
         active = await asyncio.to_thread(self._active)
         if active.release_id != self.chat.release.release_id:
             await self._load(active)
-            self._switch(active)
+            self.chat.serve(active)
 
     def _pending(self) -> dict[str, Any] | None:
         with self.pool.connection() as conn:
@@ -104,7 +104,7 @@ class PromotionListener:
                 self.chat.engine.unload_adapter(name)
             await asyncio.to_thread(self._refuse, request, old, exc.message)
             return "refused"
-        self._switch(release)
+        self.chat.serve(release)
         return "done"
 
     async def _load(self, release: Release) -> list[str]:
@@ -189,12 +189,3 @@ class PromotionListener:
                 tenant_id=SYSTEM_TENANT, key=RELEASES_KEY,
                 event_id=derived_id("promotion", request["request_id"]),
             )])  # fmt: skip
-
-    def _switch(self, release: Release) -> None:
-        old = self.chat.release
-        self.chat.serve(release)
-        serving = {ref.name for ref in release.adapters.values()}
-        loaded = set(self.chat.engine.loaded_adapters())
-        for ref in old.adapters.values():
-            if ref.name not in serving and ref.name in loaded:
-                self.chat.engine.unload_adapter(ref.name)  # freed when its last turn ends

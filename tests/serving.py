@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,9 +16,12 @@ import uvicorn
 from websockets.sync.client import ClientConnection, connect
 
 from core.engine import Engine
+from core.release import AdapterRef, Release
 from core.settings import Settings
+from infra.artifacts import ArtifactStore
 from infra.local_stack import LocalStack, free_port
 from infra.postgres.keys import create_key
+from infra.postgres.registry import create_release, register_adapter
 from macaron import wiring
 from server.chat import Router
 from streams.host import ProcessorHost
@@ -128,3 +132,20 @@ def frames_until(ws: ClientConnection, kind: str, timeout: float = 60) -> list[d
 
 def send(ws: ClientConnection, **frame: Any) -> None:
     ws.send(json.dumps(frame))
+
+
+def successor(served: Running, folder: Path, rank: int) -> Release:
+    """A child of the active release with a new coding adapter, recorded, not active."""
+    store = ArtifactStore(served.settings.home / "adapters")
+    sha, path = store.put(folder)
+    release = served.server.chat.release
+    parent = release.adapters["coding"]
+    with served.server.pool.connection() as conn, conn.transaction():
+        ref: AdapterRef = register_adapter(
+            conn, specialist="coding", version=parent.version + 1,
+            parent_id=parent.adapter_version_id, sha256=sha, path=str(path), rank=rank,
+            base_model=release.base_model,
+        )  # fmt: skip
+        child = release.successor("coding", ref)
+        create_release(conn, child, active=False)
+    return child

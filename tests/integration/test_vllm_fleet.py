@@ -32,13 +32,10 @@ from core.errors import (
     EngineOverloaded,
     EngineUnavailable,
 )
-from core.release import AdapterRef, Release
 from core.settings import Settings
-from infra.artifacts import ArtifactStore
 from infra.local_stack import LocalStack, free_port
 from infra.models import make_tiny_model
 from infra.postgres.promotions import request_promotion, wait_for_request
-from infra.postgres.registry import create_release, register_adapter
 from infra.telemetry import metrics_exposition
 from infra.vllm_cpu import VllmReplica, start_replica, vllm_python
 from macaron import wiring
@@ -46,7 +43,7 @@ from server.engines.fleet import FleetEngine
 from server.router import RouterService
 from tests.contract.engine_contract import EngineContract
 from tests.factories import make_adapter
-from tests.serving import Running, serving
+from tests.serving import Running, serving, successor
 
 pytestmark = pytest.mark.vllm
 
@@ -341,23 +338,6 @@ class Session:
                     self.turns.append(turn)
         except Exception as exc:  # recorded: the test fails on any
             self.failures.append(repr(exc))
-
-
-def successor(served: Running, folder: Path, rank: int) -> Release:
-    """A child of the active release with a new coding adapter, recorded, not active."""
-    store = ArtifactStore(served.settings.home / "adapters")
-    sha, path = store.put(folder)
-    release = served.server.chat.release
-    parent = release.adapters["coding"]
-    with served.server.pool.connection() as conn, conn.transaction():
-        ref: AdapterRef = register_adapter(
-            conn, specialist="coding", version=parent.version + 1,
-            parent_id=parent.adapter_version_id, sha256=sha, path=str(path), rank=rank,
-            base_model=release.base_model,
-        )  # fmt: skip
-        child = release.successor("coding", ref)
-        create_release(conn, child, active=False)
-    return child
 
 
 @contextmanager
