@@ -65,8 +65,13 @@ class Replica:
     requests: int = 0  # sent to it so far, retries included
 
 
-class _ReplicaLost(Exception):
-    """The replica's connection or engine failed: the request may go to another replica."""
+class ReplicaLost(Exception):
+    """The replica's connection or engine failed, or it lacks an adapter it was given: the
+    request may go to another replica."""
+
+    def __init__(self, reason: str, *, adapter_missing: bool = False) -> None:
+        super().__init__(reason)
+        self.adapter_missing = adapter_missing
 
 
 def _error_info(body: bytes) -> tuple[str, str]:
@@ -78,15 +83,17 @@ def _error_info(body: bytes) -> tuple[str, str]:
         return "", body[:200].decode(errors="replace")
 
 
-def _refusal(status: int, kind: str, message: str, url: str) -> Exception:
-    """A generation refusal by status and type: what the caller gets, or ``_ReplicaLost`` when
+def refusal(status: int, kind: str, message: str, url: str) -> Exception:
+    """A generation refusal by status and type: what the caller gets, or ``ReplicaLost`` when
     another replica should try."""
     if status == 429:
         return EngineOverloaded(f"vLLM replica {url} is overloaded: {message}")
-    if status == 404 or kind == "NotFoundError" or status >= 500:
-        # 404 for an adapter this engine loaded: the replica lost it (a restart); 5xx: its
-        # engine failed. Either way the health check resynchronises it.
-        return _ReplicaLost(f"{status} {kind}: {message}")
+    if status == 404 or kind == "NotFoundError":
+        # An adapter this engine loaded, gone from the replica (a restart, or an unload behind
+        # our back): the health check loads it again.
+        return ReplicaLost(f"{status} {kind}: {message}", adapter_missing=True)
+    if status >= 500:  # its engine failed
+        return ReplicaLost(f"{status} {kind}: {message}")
     return EngineError(f"vLLM replica {url} refused the request ({status} {kind}): {message}")
 
 
@@ -136,7 +143,7 @@ class FleetEngine:
                         if name not in served:
                             self._load_on(replica, name, path)
                     up = True
-                except (_ReplicaLost, MacaronError) as exc:
+                except (ReplicaLost, MacaronError) as exc:
                     up = False
                     if replica.healthy:
                         log.warning("vLLM replica %s is out of service: %s", replica.url, exc)
@@ -183,7 +190,7 @@ class FleetEngine:
                         self._load_on(replica, name, path)
                         done.append(replica)
                     self._canary(replica, name)
-            except (_ReplicaLost, MacaronError) as exc:
+            except (ReplicaLost, MacaronError) as exc:
                 for replica in done:
                     self._unload_on(replica, name)
                 if isinstance(exc, MacaronError):
@@ -222,9 +229,9 @@ class FleetEngine:
         try:
             response = self._http.get(f"{replica.url}/v1/models", timeout=CONNECT_TIMEOUT_S)
         except httpx.TransportError as exc:
-            raise _ReplicaLost(f"unreachable ({exc.__class__.__name__})") from exc
+            raise ReplicaLost(f"unreachable ({exc.__class__.__name__})") from exc
         if response.status_code != 200:
-            raise _ReplicaLost(f"/v1/models answered {response.status_code}")
+            raise ReplicaLost(f"/v1/models answered {response.status_code}")
         return {str(model["id"]) for model in response.json().get("data", [])}
 
     def _load_on(self, replica: Replica, name: str, path: str) -> None:
@@ -232,7 +239,7 @@ class FleetEngine:
             response = self._http.post(f"{replica.url}/v1/load_lora_adapter",
                                        json={"lora_name": name, "lora_path": path})  # fmt: skip
         except httpx.TransportError as exc:
-            raise _ReplicaLost(f"unreachable while loading {name}") from exc
+            raise ReplicaLost(f"unreachable while loading {name}") from exc
         if response.status_code == 200:
             return
         kind, message = _error_info(response.content)
@@ -264,7 +271,7 @@ class FleetEngine:
         try:
             response = self._http.post(f"{replica.url}/v1/completions", json=body)
         except httpx.TransportError as exc:
-            raise _ReplicaLost(f"unreachable during the canary request on {name}") from exc
+            raise ReplicaLost(f"unreachable during the canary request on {name}") from exc
         if response.status_code != 200 or not response.json().get("choices"):
             kind, message = _error_info(response.content)
             raise EngineError(f"canary request on {name} failed on vLLM replica {replica.url} "
@@ -334,8 +341,17 @@ class FleetEngine:
         self._acquire(request.adapter)
         try:
             tried: set[Replica] = set()
+            missing = 0  # replicas that answered "no such adapter"
             while True:
-                replica = self._pick(tried)
+                try:
+                    replica = self._pick(tried)
+                except EngineUnavailable:
+                    if tried and missing == len(tried):
+                        raise AdapterNotFound(
+                            f"adapter {request.adapter} is on no vLLM replica; the health "
+                            "check is loading it again"
+                        ) from None
+                    raise
                 tried.add(replica)
                 streamed = False
                 try:
@@ -345,8 +361,9 @@ class FleetEngine:
                             streamed = True
                             yield chunk
                     return
-                except _ReplicaLost as exc:
+                except ReplicaLost as exc:
                     self._mark_down(replica, exc)
+                    missing += exc.adapter_missing
                     if streamed:
                         raise EngineUnavailable(
                             f"vLLM replica {replica.url} was lost mid-answer; retry the turn"
@@ -376,7 +393,7 @@ class FleetEngine:
             ):
                 if response.status_code != 200:
                     kind, message = _error_info(await response.aread())
-                    raise _refusal(response.status_code, kind, message, replica.url)
+                    raise refusal(response.status_code, kind, message, replica.url)
                 async for line in response.aiter_lines():
                     if self._stopping.is_set():
                         raise EngineUnavailable("the engine was shut down")
@@ -385,7 +402,7 @@ class FleetEngine:
                     event = json.loads(line[len("data: ") :])
                     if "error" in event:
                         error = event["error"]
-                        raise _refusal(int(error.get("code") or 500), str(error.get("type")),
+                        raise refusal(int(error.get("code") or 500), str(error.get("type")),
                                        str(error.get("message")), replica.url)  # fmt: skip
                     choice = event["choices"][0]
                     tokens = tuple(int(t) for t in choice.get("token_ids") or ())
@@ -399,8 +416,8 @@ class FleetEngine:
                     if finish is not None:
                         return
         except httpx.TransportError as exc:  # refused, reset, timed out, cut short
-            raise _ReplicaLost(f"{exc.__class__.__name__}: {exc}") from exc
-        raise _ReplicaLost("the stream ended without a finish reason")
+            raise ReplicaLost(f"{exc.__class__.__name__}: {exc}") from exc
+        raise ReplicaLost("the stream ended without a finish reason")
 
     def close(self) -> None:
         """Stop polling; requests still streaming end with ``EngineUnavailable``."""

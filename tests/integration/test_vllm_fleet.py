@@ -192,6 +192,28 @@ def test_requests_go_to_the_least_busy_replica_and_a_full_fleet_says_overloaded(
         unload_everything(replicas, vllm_model)
 
 
+def test_an_adapter_gone_from_every_replica_is_adapter_not_found_then_reloaded(
+    replicas: list[VllmReplica], adapters: dict[str, Path], vllm_model: Path,
+) -> None:  # fmt: skip
+    fleet = FleetEngine([r.url for r in replicas], vllm_model, health_interval_s=3600)
+    try:
+        fleet.load_adapter("genui@1", str(adapters["genui@1"]))
+        unload_everything(replicas, vllm_model)  # behind the fleet's back: vLLM answers 404
+        prompt = fleet.chat_prompt([{"role": "user", "content": "Show me a form"}])
+        with pytest.raises(AdapterNotFound, match="on no vLLM replica") as missing:
+            asyncio.run(collect(fleet, request("genui@1", prompt)))
+        assert missing.value.code == "adapter_not_found"
+        assert not any(r.healthy for r in fleet.replicas)
+        fleet.check_health()  # gives every replica its adapters back
+        assert all("genui@1" in names_on(r) for r in replicas)
+        chunks = asyncio.run(collect(fleet, request("genui@1", prompt, 8)))
+        expected = peft_tokens(vllm_model, adapters["genui@1"], prompt, 8)
+        assert [t for c in chunks for t in c.token_ids] == expected
+    finally:
+        fleet.close()
+        unload_everything(replicas, vllm_model)
+
+
 def test_adapters_above_the_rank_limit_are_refused(
     fleet: FleetEngine, replicas: list[VllmReplica], vllm_model: Path, tmp_path: Path,
 ) -> None:  # fmt: skip
