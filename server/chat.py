@@ -146,35 +146,39 @@ class ChatService:
         self._in_flight: set[UUID] = set()
         self._recent_turns: dict[UUID, deque[float]] = {}
         self._turns_on: Counter[str] = Counter()  # turns in flight, by the release they began on
-        self._retiring: dict[str, list[str]] = {}  # release id -> adapters to unload once idle
+        self._busy: dict[str, Release] = {}  # those releases
+        self._unused: set[str] = set()  # adapters a past release served: unload once unused
 
     def serve(self, release: Release) -> None:
         """Answer new turns with ``release``. A turn keeps the release it began with to its end;
-        adapters that only the old release used are unloaded when its last turn ends."""
+        an adapter the new release does not serve is unloaded once no turn in flight uses it."""
         old, self.release = self.release, release
         self.serving_since = time.time()
-        self._retiring.pop(release.release_id, None)  # served again (a rollback): keep all
-        keep = {ref.name for ref in release.adapters.values()}
-        retiring = [ref.name for ref in old.adapters.values() if ref.name not in keep]
-        if retiring and old.release_id != release.release_id:
-            self._retiring[old.release_id] = retiring
-            self._retire_if_idle(old.release_id)
+        self._unused |= {ref.name for ref in old.adapters.values()}
+        self._unload_unused()
         _log.info("serving release %s", release.release_id)
 
-    def _turn_ended(self, release_id: str) -> None:
-        self._turns_on[release_id] -= 1
-        if not self._turns_on[release_id]:
-            del self._turns_on[release_id]
-            self._retire_if_idle(release_id)
+    def _turn_began(self, release: Release) -> None:
+        self._turns_on[release.release_id] += 1
+        self._busy[release.release_id] = release
 
-    def _retire_if_idle(self, release_id: str) -> None:
-        if self._turns_on[release_id] or release_id not in self._retiring:
-            return
-        keep = {ref.name for ref in self.release.adapters.values()}
+    def _turn_ended(self, release: Release) -> None:
+        self._turns_on[release.release_id] -= 1
+        if not self._turns_on[release.release_id]:
+            del self._turns_on[release.release_id], self._busy[release.release_id]
+            self._unload_unused()
+
+    def _unload_unused(self) -> None:
+        serving = [self.release, *self._busy.values()]
+        used = {ref.name for r in serving for ref in r.adapters.values()}
         loaded = set(self.engine.loaded_adapters())
-        for name in self._retiring.pop(release_id):
-            if name not in keep and name in loaded:
-                self.engine.unload_adapter(name)
+        for name in self._unused - used:
+            if name in loaded:
+                try:
+                    self.engine.unload_adapter(name)
+                except MacaronError as exc:  # the turn that ended must not fail for this
+                    _log.warning("could not unload adapter %s: %s", name, exc.message)
+        self._unused &= used
         observe.adapters_loaded.set(len(self.engine.loaded_adapters()))
 
     # --- conversations ----------------------------------------------------------------------
@@ -253,7 +257,7 @@ class ChatService:
                                 history=list(request.history))
         ]  # fmt: skip
         self._in_flight.add(key)
-        self._turns_on[release.release_id] += 1
+        self._turn_began(release)
         trace.get_current_span().set_attribute("macaron.conversation_id", str(key))
         try:
             if opening:
@@ -268,7 +272,7 @@ class ChatService:
             raise
         finally:
             self._in_flight.discard(key)
-            self._turn_ended(release.release_id)
+            self._turn_ended(release)
         seconds = time.monotonic() - started
         observe.turns.add(1, {"outcome": outcome.finish_reason})
         observe.turn_latency.record(seconds)

@@ -134,18 +134,19 @@ def send(ws: ClientConnection, **frame: Any) -> None:
     ws.send(json.dumps(frame))
 
 
-def successor(served: Running, folder: Path, rank: int) -> Release:
-    """A child of the active release with a new coding adapter, recorded, not active."""
+def successor(served: Running, folder: Path, rank: int, specialist: str = "coding") -> Release:
+    """A child of the active release with a new adapter for ``specialist``, recorded, not
+    active."""
     store = ArtifactStore(served.settings.home / "adapters")
     sha, path = store.put(folder)
     release = served.server.chat.release
-    parent = release.adapters["coding"]
+    parent = release.adapters[specialist]
     with served.server.pool.connection() as conn, conn.transaction():
         ref: AdapterRef = register_adapter(
-            conn, specialist="coding", version=parent.version + 1,
+            conn, specialist=specialist, version=parent.version + 1,
             parent_id=parent.adapter_version_id, sha256=sha, path=str(path), rank=rank,
             base_model=release.base_model,
         )  # fmt: skip
-        child = release.successor("coding", ref)
+        child = release.successor(specialist, ref)
         create_release(conn, child, active=False)
     return child

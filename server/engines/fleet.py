@@ -83,6 +83,33 @@ def _error_info(body: bytes) -> tuple[str, str]:
         return "", body[:200].decode(errors="replace")
 
 
+def _has_choices(body: bytes) -> bool:
+    try:
+        return bool(json.loads(body)["choices"])
+    except (ValueError, KeyError, TypeError):
+        return False
+
+
+def _parse_event(data: str, url: str) -> tuple[str, tuple[int, ...], FinishReason | None]:
+    """One server-sent event of a streamed completion: (text, token ids, finish reason)."""
+    try:
+        event = json.loads(data)
+        if "error" in event:
+            error = event["error"]
+            raise refusal(int(error.get("code") or 500), str(error.get("type")),
+                          str(error.get("message")), url)  # fmt: skip
+        choice = event["choices"][0]
+        tokens = tuple(int(t) for t in choice.get("token_ids") or ())
+        finish = choice.get("finish_reason")
+        return (
+            str(choice["text"]),
+            tokens,
+            None if finish is None else FINISH.get(finish, "cancelled"),
+        )
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError) as exc:
+        raise ReplicaLost(f"a malformed event in the stream ({exc!r})") from exc
+
+
 def refusal(status: int, kind: str, message: str, url: str) -> Exception:
     """A generation refusal by status and type: what the caller gets, or ``ReplicaLost`` when
     another replica should try."""
@@ -134,31 +161,38 @@ class FleetEngine:
     def check_health(self) -> None:
         """Poll every replica; give one that lacks loaded adapters those adapters first."""
         for replica in self.replicas:
-            with self._admin:
-                try:
-                    served = self._served(replica)
-                    with self._lock:
-                        wanted = {n: p for n, p in self._adapters.items() if n not in self._retired}
-                    for name, path in wanted.items():
-                        if name not in served:
-                            self._load_on(replica, name, path)
-                    up = True
-                except (ReplicaLost, MacaronError) as exc:
-                    up = False
-                    if replica.healthy:
-                        log.warning("vLLM replica %s is out of service: %s", replica.url, exc)
+            self._sync(replica)
+        self._count_in_service()
+
+    def _sync(self, replica: Replica) -> None:
+        """Check one replica and load what it lacks; it is in service only when that works."""
+        with self._admin:
+            try:
+                served = self._served(replica)
+                with self._lock:
+                    wanted = {n: p for n, p in self._adapters.items() if n not in self._retired}
+                for name, path in wanted.items():
+                    if name not in served:
+                        self._load_on(replica, name, path)
+                up = True
+            except (ReplicaLost, MacaronError) as exc:
+                up = False
+                if replica.healthy:
+                    log.warning("vLLM replica %s is out of service: %s", replica.url, exc)
             with self._lock:
                 if up and not replica.healthy:
                     log.info("vLLM replica %s is in service", replica.url)
                 replica.healthy = up
-        self._count_in_service()
 
     def _count_in_service(self) -> None:
         observe.replicas_in_service.set(sum(r.healthy for r in self.replicas))
 
     def _watch(self, interval: float) -> None:
         while not self._stopping.wait(interval):
-            self.check_health()
+            try:
+                self.check_health()
+            except Exception:  # last resort: the health thread must outlive any one answer
+                log.exception("vLLM fleet health check failed; trying again")
 
     def _mark_down(self, replica: Replica, reason: object) -> None:
         with self._lock:
@@ -219,10 +253,20 @@ class FleetEngine:
 
         def unload() -> None:
             with self._admin:
+                with self._lock:
+                    if name in self._adapters:
+                        return  # loaded again since: the replicas keep it
                 for replica in self.replicas:
                     self._unload_on(replica, name)
 
-        self._background.submit(unload)
+        if not self._stopping.is_set():
+            with contextlib.suppress(RuntimeError):  # closing meanwhile: nothing to tidy
+                self._background.submit(unload)
+
+    def _resync_later(self, replica: Replica) -> None:
+        if not self._stopping.is_set():
+            with contextlib.suppress(RuntimeError):
+                self._background.submit(self._sync, replica)
 
     def _served(self, replica: Replica) -> set[str]:
         """Model names the replica serves (its base model and loaded adapters)."""
@@ -232,7 +276,10 @@ class FleetEngine:
             raise ReplicaLost(f"unreachable ({exc.__class__.__name__})") from exc
         if response.status_code != 200:
             raise ReplicaLost(f"/v1/models answered {response.status_code}")
-        return {str(model["id"]) for model in response.json().get("data", [])}
+        try:
+            return {str(model["id"]) for model in response.json()["data"]}
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ReplicaLost(f"/v1/models answered what is not a model list ({exc!r})") from exc
 
     def _load_on(self, replica: Replica, name: str, path: str) -> None:
         try:
@@ -272,7 +319,7 @@ class FleetEngine:
             response = self._http.post(f"{replica.url}/v1/completions", json=body)
         except httpx.TransportError as exc:
             raise ReplicaLost(f"unreachable during the canary request on {name}") from exc
-        if response.status_code != 200 or not response.json().get("choices"):
+        if response.status_code != 200 or not _has_choices(response.content):
             kind, message = _error_info(response.content)
             raise EngineError(f"canary request on {name} failed on vLLM replica {replica.url} "
                               f"({response.status_code} {kind}): {message}")  # fmt: skip
@@ -362,8 +409,11 @@ class FleetEngine:
                             yield chunk
                     return
                 except ReplicaLost as exc:
-                    self._mark_down(replica, exc)
-                    missing += exc.adapter_missing
+                    if exc.adapter_missing:  # the replica is fine; give it its adapters back
+                        missing += 1
+                        self._resync_later(replica)
+                    else:
+                        self._mark_down(replica, exc)
                     if streamed:
                         raise EngineUnavailable(
                             f"vLLM replica {replica.url} was lost mid-answer; retry the turn"
@@ -399,29 +449,22 @@ class FleetEngine:
                         raise EngineUnavailable("the engine was shut down")
                     if not line.startswith("data: ") or line == "data: [DONE]":
                         continue
-                    event = json.loads(line[len("data: ") :])
-                    if "error" in event:
-                        error = event["error"]
-                        raise refusal(int(error.get("code") or 500), str(error.get("type")),
-                                       str(error.get("message")), replica.url)  # fmt: skip
-                    choice = event["choices"][0]
-                    tokens = tuple(int(t) for t in choice.get("token_ids") or ())
+                    text, tokens, finish = _parse_event(line[len("data: ") :], replica.url)
                     completion += len(tokens)
-                    finish = choice.get("finish_reason")
                     yield GenerationChunk(
-                        request_id=request.request_id, text=choice["text"], token_ids=tokens,
-                        finish_reason=None if finish is None else FINISH.get(finish, "cancelled"),
-                        prompt_tokens=len(prompt), completion_tokens=completion,
+                        request_id=request.request_id, text=text, token_ids=tokens,
+                        finish_reason=finish, prompt_tokens=len(prompt),
+                        completion_tokens=completion,
                     )  # fmt: skip
                     if finish is not None:
                         return
-        except httpx.TransportError as exc:  # refused, reset, timed out, cut short
+        except httpx.HTTPError as exc:  # refused, reset, timed out, cut short, undecodable
             raise ReplicaLost(f"{exc.__class__.__name__}: {exc}") from exc
         raise ReplicaLost("the stream ended without a finish reason")
 
     def close(self) -> None:
         """Stop polling; requests still streaming end with ``EngineUnavailable``."""
         self._stopping.set()
-        self._watcher.join(timeout=10)
+        self._watcher.join(timeout=ADMIN_TIMEOUT_S)  # a health check may be loading adapters
         self._background.shutdown(wait=True)  # unloads already asked for go out first
         self._http.close()

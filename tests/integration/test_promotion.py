@@ -54,23 +54,32 @@ def gated(
         gate.gate.set()
 
 
+def promote(served: Running, tiny_model: Path, folder: Path, specialist: str, seed: int) -> None:
+    """Make a child of the active release with a new ``specialist`` adapter active."""
+    write_identity_adapter(tiny_model, folder, base_model=tiny_model.name, rank=4, seed=seed)
+    child = successor(served, folder, 4, specialist)
+    request_id = request_promotion(served.server.pool, child.release_id, requested_by="t")
+    assert wait_for_request(served.server.pool, request_id, 60)["status"] == "done"
+    assert served.server.chat.release.release_id == child.release_id
+
+
+@pytest.mark.parametrize("between", [False, True], ids=["one flip", "two flips"])
 def test_a_turn_keeps_its_release_through_a_flip_before_it_reaches_the_engine(
-    gated: tuple[Running, GatedRouter], tiny_model: Path, tmp_path: Path
+    gated: tuple[Running, GatedRouter], tiny_model: Path, tmp_path: Path, between: bool
 ) -> None:
+    """With ``between``, a release that keeps coding@0 is promoted first: the second flip
+    drops coding@0, which the held turn (on the release before both) still needs."""
     served, gate = gated
     engine = served.server.engine
-    folder = tmp_path / "coding-1"
-    write_identity_adapter(tiny_model, folder, base_model=tiny_model.name, rank=4, seed=11)
-    child = successor(served, folder, 4)
     with served.connect(served.key("t-held")) as ws:
         json.loads(ws.recv(timeout=30))  # ready
         ws.send(json.dumps({"type": "user_turn", "client_msg_id": "m1",
                             "content": "write a python function"}))  # fmt: skip
         assert gate.entered.wait(30)  # the turn has its release and waits in the router
 
-        request_id = request_promotion(served.server.pool, child.release_id, requested_by="t")
-        assert wait_for_request(served.server.pool, request_id, 60)["status"] == "done"
-        assert served.server.chat.release.release_id == child.release_id
+        if between:
+            promote(served, tiny_model, tmp_path / "genui-1", "genui", seed=21)
+        promote(served, tiny_model, tmp_path / "coding-1", "coding", seed=11)
         assert {"coding@0", "coding@1"} <= set(engine.loaded_adapters())  # held by the turn
 
         gate.gate.set()
