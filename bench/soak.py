@@ -20,7 +20,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from rich.progress import Progress
 from websockets.asyncio.client import connect
 
 from bench.report import Row, report, row
+from bench.ws import ask, scratch_postgres
 from core.settings import Settings
 from infra.local_stack import LocalStack, free_port
 from infra.models import make_tiny_model, tokenizer_for_tiny
@@ -57,22 +57,13 @@ async def session(url: str, key: str, deadline: float, think_s: float, tally: Ta
             n = 0
             while time.monotonic() < deadline:
                 n += 1
-                frame = {"type": "user_turn", "client_msg_id": f"m{n}", "content": f"q {n}"}
-                if conversation:
-                    frame["conversation_id"] = conversation
                 started = time.perf_counter()
-                await ws.send(json.dumps(frame))
-                while True:
-                    reply = json.loads(await ws.recv())
-                    if reply["type"] == "turn_started":
-                        conversation = reply["conversation_id"]
-                    elif reply["type"] == "turn_completed":
-                        tally.latencies_ms.append((time.perf_counter() - started) * 1000)
-                        tally.acknowledged.add(reply["turn_id"])
-                        break
-                    elif reply["type"] == "error":
-                        tally.errors[reply["code"]] += 1
-                        break
+                final, conversation = await ask(ws, n, conversation)
+                if final["type"] == "turn_completed":
+                    tally.latencies_ms.append((time.perf_counter() - started) * 1000)
+                    tally.acknowledged.add(final["turn_id"])
+                else:
+                    tally.errors[final["code"]] += 1
                 await asyncio.sleep(think_s * pause.uniform(0.5, 1.5))
     except (OSError, TimeoutError) as exc:
         tally.errors[f"connection: {type(exc).__name__}"] += 1
@@ -107,15 +98,8 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=300)
     parser.add_argument("--think-ms", type=float, default=5000, help="mean pause between turns")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="macaron-bench-soak-") as scratch:
-        home = Path(scratch)
-        stack = LocalStack(Settings(home=home, postgres_port=free_port(),
-                                    redis_port=free_port(), kafka_port=free_port()))  # fmt: skip
-        stack.postgres.start()
-        try:
-            rows = measure(home, stack, args.sessions, args.seconds, args.think_ms / 1000)
-        finally:
-            stack.postgres.stop()
+    with scratch_postgres("soak") as (home, stack):
+        rows = measure(home, stack, args.sessions, args.seconds, args.think_ms / 1000)
     report("soak", rows)
 
 

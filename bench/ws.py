@@ -25,12 +25,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import uvicorn
 from rich.progress import Progress
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 
 from bench.report import Row, report, row
 from core.events import Envelope, NewEvent
@@ -117,6 +119,23 @@ def serve(mode: str, settings_json: str, port: int) -> None:
         server.close()
 
 
+async def ask(
+    ws: ClientConnection, n: int, conversation: str | None
+) -> tuple[dict[str, Any], str | None]:
+    """Send turn ``n`` (in ``conversation`` once there is one) and read its frames: the last one
+    (``turn_completed`` or ``error``) and the conversation the turn is in."""
+    frame = {"type": "user_turn", "client_msg_id": f"m{n}", "content": f"question {n}"}
+    if conversation:
+        frame["conversation_id"] = conversation
+    await ws.send(json.dumps(frame))
+    while True:
+        reply = json.loads(await ws.recv())
+        if reply["type"] == "turn_started":
+            conversation = reply["conversation_id"]
+        elif reply["type"] in ("turn_completed", "error"):
+            return reply, conversation
+
+
 async def session(url: str, key: str, turns: int, think_s: float, latencies: list[float]) -> None:
     async with connect(url, additional_headers={"Authorization": f"Bearer {key}"},
                        open_timeout=60, max_queue=None) as ws:  # fmt: skip
@@ -126,19 +145,10 @@ async def session(url: str, key: str, turns: int, think_s: float, latencies: lis
         for n in range(turns):
             if think_s:
                 await asyncio.sleep(think_s * pause.uniform(0.5, 1.5))
-            frame = {"type": "user_turn", "client_msg_id": f"m{n}", "content": f"question {n}"}
-            if conversation:
-                frame["conversation_id"] = conversation
             started = time.perf_counter()
-            await ws.send(json.dumps(frame))
-            while True:
-                reply = json.loads(await ws.recv())
-                if reply["type"] == "turn_started":
-                    conversation = reply["conversation_id"]
-                elif reply["type"] == "turn_completed":
-                    break
-                elif reply["type"] == "error":
-                    raise RuntimeError(f"turn failed: {reply}")
+            final, conversation = await ask(ws, n, conversation)
+            if final["type"] == "error":
+                raise RuntimeError(f"turn failed: {final}")
             latencies.append((time.perf_counter() - started) * 1000)
 
 
@@ -206,16 +216,23 @@ def main() -> None:
     if args.serve:
         serve(args.serve, args.settings, args.port)
         return
-    with tempfile.TemporaryDirectory(prefix="macaron-bench-ws-") as scratch:
+    with scratch_postgres("ws") as (home, stack):
+        rows = measure(home, stack, args.sessions, args.turns, args.think_ms / 1000)
+    report("ws", rows)
+
+
+@contextmanager
+def scratch_postgres(bench: str) -> Iterator[tuple[Path, LocalStack]]:
+    """A temporary state folder with the embedded PostgreSQL running in it, for one benchmark."""
+    with tempfile.TemporaryDirectory(prefix=f"macaron-bench-{bench}-") as scratch:
         home = Path(scratch)
         stack = LocalStack(Settings(home=home, postgres_port=free_port(),
                                     redis_port=free_port(), kafka_port=free_port()))  # fmt: skip
         stack.postgres.start()
         try:
-            rows = measure(home, stack, args.sessions, args.turns, args.think_ms / 1000)
+            yield home, stack
         finally:
             stack.postgres.stop()
-    report("ws", rows)
 
 
 def measure(home: Path, stack: LocalStack, sessions: int, turns: int, think_s: float) -> list[Row]:

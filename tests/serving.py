@@ -130,6 +130,14 @@ def frames_until(ws: ClientConnection, kind: str, timeout: float = 60) -> list[d
             return got
 
 
+def turn_frames(ws: ClientConnection, timeout: float = 60) -> list[dict[str, Any]]:
+    """The frames of the turn just sent, up to its ``turn_completed`` or ``error``."""
+    frames: list[dict[str, Any]] = []
+    while not frames or frames[-1]["type"] not in ("turn_completed", "error"):
+        frames.append(json.loads(ws.recv(timeout=timeout)))
+    return frames
+
+
 def send(ws: ClientConnection, **frame: Any) -> None:
     ws.send(json.dumps(frame))
 

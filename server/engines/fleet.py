@@ -47,7 +47,7 @@ from core.errors import (
     ModelUnavailable,
 )
 from infra import observe
-from server.engines.local import chat_prompt_ids
+from server.engines.local import chat_prompt_ids, prompt_ids
 from server.engines.lora import check_rank, read_adapter_config
 
 log = logging.getLogger(__name__)
@@ -379,7 +379,7 @@ class FleetEngine:
             )
         prompt = (
             list(request.prompt) if isinstance(request.prompt, tuple)
-            else list(self.tokenizer(request.prompt, add_special_tokens=True)["input_ids"])
+            else prompt_ids(self.tokenizer, request.prompt)
         )  # fmt: skip
         if not prompt:
             raise ValueError("the prompt must hold at least one token")

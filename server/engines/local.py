@@ -57,6 +57,11 @@ def _engine_error(exc: Exception) -> MacaronError:
     return exc if isinstance(exc, MacaronError) else EngineError(f"generation failed: {exc}")
 
 
+def prompt_ids(tokenizer: Any, text: str) -> list[int]:
+    """Token ids of plain text, as the model reads a prompt (special tokens added)."""
+    return [int(t) for t in tokenizer(text, add_special_tokens=True)["input_ids"]]
+
+
 def chat_prompt_ids(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[int, ...]:
     """Token ids of a conversation in the model's chat template, ready for the reply."""
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)
@@ -214,7 +219,7 @@ class LocalEngine:
     # --- requests ---------------------------------------------------------------------------
 
     def encode(self, text: str) -> list[int]:
-        return list(self.tokenizer(text, add_special_tokens=True)["input_ids"])
+        return prompt_ids(self.tokenizer, text)
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
         return chat_prompt_ids(self.tokenizer, messages)

@@ -18,7 +18,7 @@ from infra.artifacts import write_identity_adapter
 from infra.postgres.promotions import request_promotion, wait_for_request
 from server.engines.instant import InstantEngine, fixed_reply
 from server.router import RouterService
-from tests.serving import Running, running_server, successor
+from tests.serving import Running, running_server, successor, turn_frames
 
 
 class GatedRouter:
@@ -83,9 +83,7 @@ def test_a_turn_keeps_its_release_through_a_flip_before_it_reaches_the_engine(
         assert {"coding@0", "coding@1"} <= set(engine.loaded_adapters())  # held by the turn
 
         gate.gate.set()
-        frames: list[dict[str, Any]] = []
-        while not frames or frames[-1]["type"] not in ("turn_completed", "error"):
-            frames.append(json.loads(ws.recv(timeout=30)))
+        frames = turn_frames(ws)
         assert frames[0]["adapter_version"] == "coding@0", frames
         assert frames[-1]["type"] == "turn_completed", frames
 

@@ -43,7 +43,7 @@ from server.engines.fleet import FleetEngine
 from server.router import RouterService
 from tests.contract.engine_contract import EngineContract
 from tests.factories import make_adapter
-from tests.serving import Running, serving, successor
+from tests.serving import Running, serving, successor, turn_frames
 
 pytestmark = pytest.mark.vllm
 
@@ -396,10 +396,7 @@ def one_turn(served: Running, tenant: str) -> list[dict[str, Any]]:
         json.loads(ws.recv(timeout=30))  # ready
         ws.send(json.dumps({"type": "user_turn", "client_msg_id": "m1",
                             "content": "write a python function"}))  # fmt: skip
-        frames: list[dict[str, Any]] = []
-        while not frames or frames[-1]["type"] not in ("turn_completed", "error"):
-            frames.append(json.loads(ws.recv(timeout=60)))
-    return frames
+        return turn_frames(ws)
 
 
 def test_promotion_under_load_fails_no_turn_and_flips_at_one_instant(
