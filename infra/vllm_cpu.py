@@ -97,6 +97,9 @@ def start_replica(
         "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
         "--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras),
         "--max-model-len", "2048", "--disable-uvicorn-access-log",
+        # vLLM's CPU backend: a seeded request whose prefill is split across steps kills the
+        # engine ("CPU Generator does not use offset"), so prompts are never split here.
+        "--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048",
     ]  # fmt: skip
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as out:

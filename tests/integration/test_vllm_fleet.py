@@ -216,6 +216,27 @@ def test_an_adapter_gone_from_every_replica_is_adapter_not_found_then_reloaded(
         unload_everything(replicas, vllm_model)
 
 
+def test_many_seeded_samples_with_long_prompts_leave_the_replicas_healthy(
+    fleet: FleetEngine, adapters: dict[str, Path]
+) -> None:
+    """The chat server seeds every sampled request. On vLLM's CPU backend a seeded request
+    whose prefill is split across steps killed the engine; the replicas here never split."""
+    fleet.load_adapter("coding@1", str(adapters["coding@1"]))
+    prompts = [tuple(range(100, 700 + i)) for i in range(40)]  # 600+ tokens each, 40 at once
+
+    async def all_at_once() -> list[list[GenerationChunk]]:
+        params = [SamplingParams(max_tokens=8, temperature=0.7, seed=i) for i in range(40)]
+        return await asyncio.gather(*(
+            collect(fleet, GenerationRequest(request_id=f"s{i}", prompt=p, adapter="coding@1",
+                                             params=params[i]))
+            for i, p in enumerate(prompts)
+        ))  # fmt: skip
+
+    results = asyncio.run(all_at_once())
+    assert all(chunks[-1].completion_tokens == 8 for chunks in results)
+    assert all(r.healthy for r in fleet.replicas)
+
+
 def test_adapters_above_the_rank_limit_are_refused(
     fleet: FleetEngine, replicas: list[VllmReplica], vllm_model: Path, tmp_path: Path,
 ) -> None:  # fmt: skip
