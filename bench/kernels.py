@@ -32,9 +32,15 @@ from kernels.lora import (
 )
 
 # SmolLM2-135M: hidden 576, 3 KV heads of 64, MLP 1536.
-PROJECTIONS = {"q_proj": (576, 576), "k_proj": (576, 192), "v_proj": (576, 192),
-               "o_proj": (576, 576), "gate_proj": (576, 1536), "up_proj": (576, 1536),
-               "down_proj": (1536, 576)}  # fmt: skip
+PROJECTIONS = {
+    "q_proj": (576, 576),
+    "k_proj": (576, 192),
+    "v_proj": (576, 192),
+    "o_proj": (576, 576),
+    "gate_proj": (576, 1536),
+    "up_proj": (576, 1536),
+    "down_proj": (1536, 576),
+}
 
 
 class Projections(nn.Module):
@@ -70,8 +76,12 @@ def main() -> None:
     model = Projections()
     names = [f"a{i}" for i in range(n)]
     for name in names:
-        config = LoraConfig(r=args.rank, lora_alpha=2 * args.rank,
-                            target_modules=list(PROJECTIONS), init_lora_weights=False)  # fmt: skip
+        config = LoraConfig(
+            r=args.rank,
+            lora_alpha=2 * args.rank,
+            target_modules=list(PROJECTIONS),
+            init_lora_weights=False,
+        )
         inject_adapter_in_model(config, model, adapter_name=name)
     model.eval()
     idx = torch.arange(tokens) % n
@@ -80,10 +90,12 @@ def main() -> None:
     stacks = {}
     for proj in PROJECTIONS:
         layer = getattr(model, proj)
-        stacks[proj] = LoRAStack.of([
-            (layer.lora_A[a].weight.detach(), layer.lora_B[a].weight.detach(), layer.scaling[a])
-            for a in names
-        ])  # fmt: skip
+        stacks[proj] = LoRAStack.of(
+            [
+                (layer.lora_A[a].weight.detach(), layer.lora_B[a].weight.detach(), layer.scaling[a])
+                for a in names
+            ]
+        )
     weights = {proj: getattr(model, proj).base_layer.weight.detach() for proj in PROJECTIONS}
     inputs = {proj: torch.randn(tokens, fan_in) for proj, (fan_in, _) in PROJECTIONS.items()}
 
@@ -143,20 +155,40 @@ def main() -> None:
         return rate(max(seconds - t_base, 1e-9))
 
     rows = [
-        row(f"segments, LoRA part ({label})", lora_rate(t_segments), "tokens/s", lora_peft,
-            ">= 2x"),
-        row("gathered incl. gather, LoRA part", lora_rate(t_fresh), "tokens/s", lora_peft,
-            ">= 2x"),
-        row("gathered, gather kept (engine decode), LoRA part", lora_rate(t_cached),
-            "tokens/s", lora_peft, "report"),
-        row("reference (per-token loop), LoRA part", lora_rate(t_reference), "tokens/s",
-            lora_peft, "report"),
-        row("segments, whole layer (vs PEFT whole layer)", rate(t_segments), "tokens/s", peft,
-            "report"),
+        row(
+            f"segments, LoRA part ({label})", lora_rate(t_segments), "tokens/s", lora_peft, ">= 2x"
+        ),
+        row("gathered incl. gather, LoRA part", lora_rate(t_fresh), "tokens/s", lora_peft, ">= 2x"),
+        row(
+            "gathered, gather kept (engine decode), LoRA part",
+            lora_rate(t_cached),
+            "tokens/s",
+            lora_peft,
+            "report",
+        ),
+        row(
+            "reference (per-token loop), LoRA part",
+            lora_rate(t_reference),
+            "tokens/s",
+            lora_peft,
+            "report",
+        ),
+        row(
+            "segments, whole layer (vs PEFT whole layer)",
+            rate(t_segments),
+            "tokens/s",
+            peft,
+            "report",
+        ),
         # overhead <= 15 % means mixed time <= 1.15 x single time: throughput ratio >= 0.87
-        row("segments, whole layer: mixed (vs one adapter)", rate(t_segments), "tokens/s",
-            rate(t_single), ">= 0.87x"),
-    ]  # fmt: skip
+        row(
+            "segments, whole layer: mixed (vs one adapter)",
+            rate(t_segments),
+            "tokens/s",
+            rate(t_single),
+            ">= 0.87x",
+        ),
+    ]
     print(
         f"PEFT mixed batch (adapter_names=): {peft:,.0f} tokens/s for the whole layer, "
         f"{lora_peft:,.0f} tokens/s for its LoRA part; frozen matmuls alone {rate(t_base):,.0f}"

@@ -50,8 +50,9 @@ def report(bench: str, rows: list[Row]) -> Path:
         table.add_column(column, justify="left" if column in {"name", "unit"} else "right")
     for r in rows:
         met = "-" if r.met is None else ("yes" if r.met else "NO")
-        table.add_row(r.name, f"{r.value:,.2f}", r.unit, f"{r.baseline:,.2f}", f"{r.ratio:.3f}",
-                      r.target, met)  # fmt: skip
+        table.add_row(
+            r.name, f"{r.value:,.2f}", r.unit, f"{r.baseline:,.2f}", f"{r.ratio:.3f}", r.target, met
+        )
     Console(width=140).print(table)
     RESULTS.mkdir(exist_ok=True)
     path = RESULTS / f"{bench}.json"

@@ -50,8 +50,12 @@ async def session(url: str, key: str, deadline: float, think_s: float, tally: Ta
     pause = random.Random(key)
     await asyncio.sleep(pause.uniform(0, think_s))  # connections arrive spread out
     try:
-        async with connect(url, additional_headers={"Authorization": f"Bearer {key}"},
-                           open_timeout=60, max_queue=None) as ws:  # fmt: skip
+        async with connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {key}"},
+            open_timeout=60,
+            max_queue=None,
+        ) as ws:
             assert json.loads(await ws.recv())["type"] == "ready"
             conversation: str | None = None
             n = 0
@@ -76,8 +80,9 @@ async def soak(url: str, keys: list[str], seconds: float, think_s: float, tally:
 
         async def tick() -> None:
             while (left := deadline - time.monotonic()) > 0:
-                progress.update(task, completed=seconds - left,
-                                description=f"{len(tally.acknowledged)} turns")  # fmt: skip
+                progress.update(
+                    task, completed=seconds - left, description=f"{len(tally.acknowledged)} turns"
+                )
                 await asyncio.sleep(1)
 
         ticker = asyncio.create_task(tick())
@@ -111,11 +116,27 @@ def measure(
     model = make_tiny_model(home / "tiny", tokenizer_for_tiny(home, lambda _: None), seed=0)
     with open_pool(url) as pool, pool.connection() as conn:
         keys = [create_key(conn, f"soak-{i % 10}", {"chat"})[1] for i in range(sessions)]
-    settings = Settings(home=home, database_url=url, model_dir=model, turns_per_minute=100_000,
-                        max_connections_per_tenant=sessions)  # fmt: skip
+    settings = Settings(
+        home=home,
+        database_url=url,
+        model_dir=model,
+        turns_per_minute=100_000,
+        max_connections_per_tenant=sessions,
+    )
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "bench.ws", "--serve", "on", "--port",
-                               str(port), "--settings", settings.model_dump_json()])  # fmt: skip
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "bench.ws",
+            "--serve",
+            "on",
+            "--port",
+            str(port),
+            "--settings",
+            settings.model_dump_json(),
+        ]
+    )
     try:
         _await_port(port, server)
         ws_url = f"ws://127.0.0.1:{port}/v1/ws"
@@ -143,18 +164,33 @@ def measure(
     errors = sum(tally.errors.values())
     label = f"{sessions} connections, {seconds:.0f} s, {think_s:g} s mean pause"
     return [
-        row(f"turns/s ({label}; baseline: the offered rate)", turns / wall, "turns/s", offered,
-            "report"),
+        row(
+            f"turns/s ({label}; baseline: the offered rate)",
+            turns / wall,
+            "turns/s",
+            offered,
+            "report",
+        ),
         row("p50 turn latency (baseline: p99)", cuts[49], "ms", cuts[98], "report"),
         row("p99 turn latency (baseline: p50)", cuts[98], "ms", cuts[49], "report"),
-        row("errors (baseline: turns; " + (", ".join(f"{c} {n}" for c, n in
-                                                     tally.errors.items()) or "none") + ")",
-            errors, "errors", turns, "<= 0 errors"),
-        row("acknowledged turns in the log (baseline: acknowledged)", in_log, "turns",
-            len(tally.acknowledged), ">= 1x"),
-        row("server RSS at the end (baseline: after warm-up)", rss_end, "MiB", rss_start,
-            "report"),
-    ]  # fmt: skip
+        row(
+            "errors (baseline: turns; "
+            + (", ".join(f"{c} {n}" for c, n in tally.errors.items()) or "none")
+            + ")",
+            errors,
+            "errors",
+            turns,
+            "<= 0 errors",
+        ),
+        row(
+            "acknowledged turns in the log (baseline: acknowledged)",
+            in_log,
+            "turns",
+            len(tally.acknowledged),
+            ">= 1x",
+        ),
+        row("server RSS at the end (baseline: after warm-up)", rss_end, "MiB", rss_start, "report"),
+    ]
 
 
 def _await_port(port: int, server: subprocess.Popen[bytes]) -> None:

@@ -58,8 +58,12 @@ class FixedRouter:
     specialists = ("chat", "agent", "coding", "genui")
 
     def route(self, text: str, hint: str | None = None) -> RouterDecision:
-        return RouterDecision(scores={"chat": 1.0}, specialist="chat", reason="only_specialist",
-                              router_version=self.version)  # fmt: skip
+        return RouterDecision(
+            scores={"chat": 1.0},
+            specialist="chat",
+            reason="only_specialist",
+            router_version=self.version,
+        )
 
 
 class MemoryLog:
@@ -110,11 +114,21 @@ def serve(mode: str, settings_json: str, port: int) -> None:
     """The server process: the app ``macaron serve`` wires, with the bench engine and router."""
     settings = Settings.model_validate_json(settings_json)
     log = MemoryLog() if mode == "off" else None
-    server = wiring.chat_server(settings, lambda _: None, engine=InstantEngine(fixed_reply(REPLY)),
-                                router=FixedRouter(), log=log)  # fmt: skip
+    server = wiring.chat_server(
+        settings,
+        lambda _: None,
+        engine=InstantEngine(fixed_reply(REPLY)),
+        router=FixedRouter(),
+        log=log,
+    )
     try:
-        uvicorn.run(server.app, host="127.0.0.1", port=port, log_level="warning",
-                    ws_max_size=settings.max_frame_bytes)  # fmt: skip
+        uvicorn.run(
+            server.app,
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            ws_max_size=settings.max_frame_bytes,
+        )
     finally:
         server.close()
 
@@ -137,8 +151,9 @@ async def ask(
 
 
 async def session(url: str, key: str, turns: int, think_s: float, latencies: list[float]) -> None:
-    async with connect(url, additional_headers={"Authorization": f"Bearer {key}"},
-                       open_timeout=60, max_queue=None) as ws:  # fmt: skip
+    async with connect(
+        url, additional_headers={"Authorization": f"Bearer {key}"}, open_timeout=60, max_queue=None
+    ) as ws:
         assert json.loads(await ws.recv())["type"] == "ready"
         conversation: str | None = None
         pause = random.Random(key)
@@ -172,8 +187,17 @@ def run_mode(
     soon as the last is answered: the server saturated) and ``paced`` (users pause
     ``think_s`` on average between turns: latency without queueing)."""
     port = free_port()
-    command = [sys.executable, "-m", "bench.ws", "--serve", mode, "--port", str(port),
-               "--settings", settings.model_dump_json()]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "bench.ws",
+        "--serve",
+        mode,
+        "--port",
+        str(port),
+        "--settings",
+        settings.model_dump_json(),
+    ]
     server = subprocess.Popen(command, env={**os.environ, "PYTHONPATH": os.getcwd()})
     try:
         deadline = time.monotonic() + 120
@@ -226,8 +250,11 @@ def scratch_postgres(bench: str) -> Iterator[tuple[Path, LocalStack]]:
     """A temporary state folder with the embedded PostgreSQL running in it, for one benchmark."""
     with tempfile.TemporaryDirectory(prefix=f"macaron-bench-{bench}-") as scratch:
         home = Path(scratch)
-        stack = LocalStack(Settings(home=home, postgres_port=free_port(),
-                                    redis_port=free_port(), kafka_port=free_port()))  # fmt: skip
+        stack = LocalStack(
+            Settings(
+                home=home, postgres_port=free_port(), redis_port=free_port(), kafka_port=free_port()
+            )
+        )
         stack.postgres.start()
         try:
             yield home, stack
@@ -245,9 +272,13 @@ def measure(home: Path, stack: LocalStack, sessions: int, turns: int, think_s: f
     with Progress() as progress:
         task = progress.add_task("logging on / off", total=2)
         for mode in ("on", "off"):
-            settings = Settings(home=home, database_url=url, model_dir=model,
-                                turns_per_minute=100_000,
-                                max_connections_per_tenant=sessions)  # fmt: skip
+            settings = Settings(
+                home=home,
+                database_url=url,
+                model_dir=model,
+                turns_per_minute=100_000,
+                max_connections_per_tenant=sessions,
+            )
             results[mode] = run_mode(mode, settings, keys, turns, think_s)
             progress.advance(task)
     with psycopg.connect(url) as conn:
@@ -261,15 +292,28 @@ def measure(home: Path, stack: LocalStack, sessions: int, turns: int, think_s: f
     for load_name, note in (("burst", "no pause"), ("paced", f"{think_s:g} s mean pause")):
         a, b = on[load_name], off[load_name]
         rows += [
-            row(f"{load_name} ({label}, {note}): turns/s, logging on", a[0], "turns/s", b[0],
-                "report"),
+            row(
+                f"{load_name} ({label}, {note}): turns/s, logging on",
+                a[0],
+                "turns/s",
+                b[0],
+                "report",
+            ),
             row(f"{load_name}: p50 turn latency, logging on", a[1], "ms", b[1], "report"),
             row(f"{load_name}: p99 turn latency, logging on", a[2], "ms", b[2], "report"),
-            row(f"{load_name}: p99 added by logging (on - off)", a[2] - b[2], "ms", b[2],
-                "<= 5 ms"),
-        ]  # fmt: skip
-    rows.append(row("turns in the log / turns acknowledged (logging on)", completed, "turns",
-                    acknowledged, ">= 1x"))  # fmt: skip
+            row(
+                f"{load_name}: p99 added by logging (on - off)", a[2] - b[2], "ms", b[2], "<= 5 ms"
+            ),
+        ]
+    rows.append(
+        row(
+            "turns in the log / turns acknowledged (logging on)",
+            completed,
+            "turns",
+            acknowledged,
+            ">= 1x",
+        )
+    )
     return rows
 
 

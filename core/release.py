@@ -43,12 +43,20 @@ class Release(BaseModel):
         """This release with ``specialist`` served by ``adapter``: the child it would promote."""
         adapters = {**self.adapters, specialist: adapter}
         release_id = release_id_for(
-            self.release_id, self.base_model, self.router_version, self.harness_version,
-            self.hcp_version, {name: ref.sha256 for name, ref in adapters.items()},
-        )  # fmt: skip
-        return self.model_copy(update={"release_id": release_id,
-                                       "parent_release_id": self.release_id,
-                                       "adapters": adapters})  # fmt: skip
+            self.release_id,
+            self.base_model,
+            self.router_version,
+            self.harness_version,
+            self.hcp_version,
+            {name: ref.sha256 for name, ref in adapters.items()},
+        )
+        return self.model_copy(
+            update={
+                "release_id": release_id,
+                "parent_release_id": self.release_id,
+                "adapters": adapters,
+            }
+        )
 
 
 def release_id_for(

@@ -62,14 +62,18 @@ class Settings(BaseSettings):
         default=32, ge=1, le=1_000_000, description="new experience records that start a run"
     )
     task_visibility_timeout: int = Field(
-        default=900, ge=5, le=86_400,
+        default=900,
+        ge=5,
+        le=86_400,
         description="seconds before an unacknowledged task is given to another worker",
-    )  # fmt: skip
+    )
     training_lease_seconds: int = Field(
-        default=120, ge=5, le=3600,
+        default=120,
+        ge=5,
+        le=3600,
         description="a training run's lease, renewed while it trains; another worker may take "
         "over a run whose lease ran out (its worker died)",
-    )  # fmt: skip
+    )
     contract_path: Path | None = Field(default=None, description="unset means contract v1")
     training_config: Path | None = Field(default=None, description="unset means the default")
 
@@ -77,16 +81,19 @@ class Settings(BaseSettings):
         default="off", description="where spans go: nowhere, stderr, or the OTLP collector"
     )
     otel_endpoint: str = Field(
-        default="http://127.0.0.1:4318", pattern=r"^https?://",
+        default="http://127.0.0.1:4318",
+        pattern=r"^https?://",
         description="OTLP/HTTP collector base URL (traces go to /v1/traces)",
-    )  # fmt: skip
+    )
     log_format: Literal["json", "text"] = Field(
         default="json", description="server logs: JSON lines with trace ids, or plain text"
     )
     metrics_port: int | None = Field(
-        default=None, ge=1, le=65535,
+        default=None,
+        ge=1,
+        le=65535,
         description="/metrics port of `streams run` and `worker` (the server uses its own port)",
-    )  # fmt: skip
+    )
 
     @model_validator(mode="after")
     def _fleet(self) -> Settings:

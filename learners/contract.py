@@ -41,9 +41,9 @@ from core.contract import (
 from core.conversation import empty_tool_state
 from core.engine import Engine, GenerationRequest, SamplingParams
 from core.errors import ContractInvalid, MacaronError
-from server.harness.actions import TOOLS, execute
-from server.harness.genui import parse_genui_output
-from server.harness.hcp import build_context, tool_call_of
+from core.harness.actions import TOOLS, execute
+from core.harness.genui import parse_genui_output
+from core.harness.hcp import build_context, tool_call_of
 
 CONTRACT_V1 = Path(__file__).with_name("contract-v1.yaml")
 PYTHON_TIMEOUT_S = 10.0
@@ -288,9 +288,10 @@ async def _run(
             request_id=f"contract-{task.id}",
             prompt=engine.chat_prompt(messages),
             adapter=adapter,
-            params=SamplingParams(temperature=0.0, seed=seed,
-                                  max_tokens=contract.answer_budget(task.specialist)),
-        )  # fmt: skip
+            params=SamplingParams(
+                temperature=0.0, seed=seed, max_tokens=contract.answer_budget(task.specialist)
+            ),
+        )
         async with slots:
             return "".join([chunk.text async for chunk in engine.generate(request)])
 

@@ -22,8 +22,11 @@ from psycopg.types.json import Jsonb
 from pydantic import TypeAdapter, ValidationError
 
 from core.contract import Contract, decide
+from core.engine import Engine
 from core.errors import MacaronError
 from core.events import CandidateTrained, ContractEvaluated, NewEvent, PromotionRejected
+from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record, experience_key
+from core.ids import derived_id
 from core.log import EventLog
 from core.release import AdapterRef
 from core.settings import Settings
@@ -38,10 +41,6 @@ from learners.recipes.lora import (
     TrainingConfig,
     train_successor_adapter,
 )
-from server.engines.local import LocalEngine
-from streams.experience import FILTER_VERSION, experience_key
-from streams.processor import derived_id
-from streams.trigger import EMPTY_CHAIN, chain_record
 
 Progress = Callable[[int, int, dict[str, float]], None]
 
@@ -66,6 +65,8 @@ class Runtime:
     model_dir: Path
     training: TrainingConfig
     contract_path: Path
+    contract_engine: Callable[[], Engine]
+    """A fresh engine on the base model, to run the contract with (closed after each run)."""
 
 
 # --- training -------------------------------------------------------------------------------
@@ -92,18 +93,25 @@ def train_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -> st
             done = conn.execute(
                 "SELECT r.status, a.specialist, a.version FROM training_runs r LEFT JOIN "
                 "adapter_versions a ON a.adapter_version_id = r.result_adapter_id "
-                "WHERE r.run_id = %s", (run_id,),
-            ).fetchone()  # fmt: skip
+                "WHERE r.run_id = %s",
+                (run_id,),
+            ).fetchone()
             if done is None:
                 raise RunFailed(f"no training run {run_id}")
             if done["status"] == "running":
                 raise RunBusy(f"run {run_id} is being trained by a worker whose lease is live")
-            return f"{done['specialist']}@{done['version']}" if done["version"] is not None \
-                else str(done["status"])  # fmt: skip
-        snapshot = conn.execute("SELECT * FROM dataset_snapshots WHERE snapshot_id = %s",
-                                (run["snapshot_id"],)).fetchone()  # fmt: skip
-        parent = conn.execute("SELECT * FROM adapter_versions WHERE adapter_version_id = %s",
-                              (run["parent_adapter_id"],)).fetchone()  # fmt: skip
+            return (
+                f"{done['specialist']}@{done['version']}"
+                if done["version"] is not None
+                else str(done["status"])
+            )
+        snapshot = conn.execute(
+            "SELECT * FROM dataset_snapshots WHERE snapshot_id = %s", (run["snapshot_id"],)
+        ).fetchone()
+        parent = conn.execute(
+            "SELECT * FROM adapter_versions WHERE adapter_version_id = %s",
+            (run["parent_adapter_id"],),
+        ).fetchone()
     assert snapshot is not None and parent is not None  # foreign keys
     try:
         return _train(rt, run, dict(snapshot), dict(parent), _renewing(rt, run_id, progress))
@@ -126,8 +134,11 @@ def _renewing(rt: Runtime, run_id: UUID, progress: Progress | None) -> Progress:
         lease = rt.settings.training_lease_seconds
         if time.monotonic() - renewed > lease / 4:
             with rt.pool.connection() as conn, conn.transaction():
-                conn.execute("UPDATE training_runs SET lease_until = now() + %s * interval '1 s' "
-                             "WHERE run_id = %s", (lease, run_id))  # fmt: skip
+                conn.execute(
+                    "UPDATE training_runs SET lease_until = now() + %s * interval '1 s' "
+                    "WHERE run_id = %s",
+                    (lease, run_id),
+                )
             renewed = time.monotonic()
         if progress is not None:
             progress(done, steps, losses)
@@ -175,48 +186,85 @@ def _train(
     progress: Progress | None,
 ) -> str:
     records, older = materialize(rt, snapshot)
-    sft = [SFTExample(messages=r.record["messages"], target=r.record["target"])
-           for r in records if r.kind == "sft"]  # fmt: skip
-    pairs = [PreferencePair(messages=r.record["messages"], chosen=r.record["chosen"],
-                            rejected=r.record["rejected"])
-             for r in records if r.kind == "preference"]  # fmt: skip
-    old = [SFTExample(messages=r.record["messages"], target=r.record["target"])
-           for r in older if r.kind == "sft"]  # fmt: skip
+    sft = [
+        SFTExample(messages=r.record["messages"], target=r.record["target"])
+        for r in records
+        if r.kind == "sft"
+    ]
+    pairs = [
+        PreferencePair(
+            messages=r.record["messages"], chosen=r.record["chosen"], rejected=r.record["rejected"]
+        )
+        for r in records
+        if r.kind == "preference"
+    ]
+    old = [
+        SFTExample(messages=r.record["messages"], target=r.record["target"])
+        for r in older
+        if r.kind == "sft"
+    ]
     parent_dir = rt.store.verified_path(parent["sha256"], parent["path"])
     with tempfile.TemporaryDirectory() as scratch:
         result = train_successor_adapter(
-            rt.model_dir, parent_dir, Path(scratch), sft=sft, preferences=pairs, older=old,
-            config=rt.training, progress=progress,
-        )  # fmt: skip
+            rt.model_dir,
+            parent_dir,
+            Path(scratch),
+            sft=sft,
+            preferences=pairs,
+            older=old,
+            config=rt.training,
+            progress=progress,
+        )
         sha, stored = rt.store.put(Path(scratch))
-    metrics = {"final_loss": result.final_loss, "seconds": result.seconds,
-               "examples": float(result.examples), "pairs": float(result.pairs)}  # fmt: skip
+    metrics = {
+        "final_loss": result.final_loss,
+        "seconds": result.seconds,
+        "examples": float(result.examples),
+        "pairs": float(result.pairs),
+    }
     with rt.pool.connection() as conn, conn.transaction():
         version = conn.execute(
             "SELECT max(version) + 1 AS v FROM adapter_versions WHERE specialist = %s",
             (run["specialist"],),
         ).fetchone()
         adapter = register_adapter(
-            conn, specialist=run["specialist"], version=int(version["v"] if version else 1),
-            parent_id=parent["adapter_version_id"], sha256=sha, path=str(stored),
-            rank=int(parent["rank"]), base_model=parent["base_model"],
-        )  # fmt: skip
+            conn,
+            specialist=run["specialist"],
+            version=int(version["v"] if version else 1),
+            parent_id=parent["adapter_version_id"],
+            sha256=sha,
+            path=str(stored),
+            rank=int(parent["rank"]),
+            base_model=parent["base_model"],
+        )
         conn.execute(
             "UPDATE training_runs SET status = 'succeeded', result_adapter_id = %s, "
             "config = %s, metrics = %s, finished_at = now(), lease_until = NULL "
             "WHERE run_id = %s",
-            (adapter.adapter_version_id, Jsonb(rt.training.model_dump()), Jsonb(metrics),
-             run["run_id"]),
-        )  # fmt: skip
-    rt.log.append([NewEvent(
-        payload=CandidateTrained(
-            run_id=run["run_id"], specialist=run["specialist"], adapter_version=adapter.name,
-            parent_adapter_version=f"{parent['specialist']}@{parent['version']}", sha256=sha,
-            metrics=metrics,
-        ),
-        tenant_id="system", key=f"training.{run['specialist']}",
-        event_id=_step_id(run["run_id"], "trained"),
-    )])  # fmt: skip
+            (
+                adapter.adapter_version_id,
+                Jsonb(rt.training.model_dump()),
+                Jsonb(metrics),
+                run["run_id"],
+            ),
+        )
+    rt.log.append(
+        [
+            NewEvent(
+                payload=CandidateTrained(
+                    run_id=run["run_id"],
+                    specialist=run["specialist"],
+                    adapter_version=adapter.name,
+                    parent_adapter_version=f"{parent['specialist']}@{parent['version']}",
+                    sha256=sha,
+                    metrics=metrics,
+                ),
+                tenant_id="system",
+                key=f"training.{run['specialist']}",
+                event_id=_step_id(run["run_id"], "trained"),
+            )
+        ]
+    )
     return adapter.name
 
 
@@ -252,7 +300,7 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
     candidates = {**parents, specialist: candidate.name}
     with rt.pool.connection() as conn:
         parent_outcomes = recorded_outcomes(conn, release.release_id, contract)
-    engine = LocalEngine(rt.model_dir)
+    engine = rt.contract_engine()
     try:
         for ref in [*release.adapters.values(), candidate]:
             engine.load_adapter(ref.name, str(rt.store.verified_path(ref.sha256, ref.path)))
@@ -270,40 +318,71 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
             "INSERT INTO evaluations (evaluation_id, run_id, adapter_version_id, "
             "contract_version, scores, passed) VALUES (%s, %s, %s, %s, %s, %s) "
             "ON CONFLICT DO NOTHING",
-            (evaluation_id, run_id, candidate.adapter_version_id, contract.version,
-             Jsonb({"candidate": cand_scores, "parent": parent_scores,
-                    "outcomes": {"candidate": candidate_outcomes, "parent": parent_outcomes},
-                    "parent_release_id": release.release_id,
-                    "reasons": decision.reasons, "p_value": decision.p_value}),
-             decision.passed),
-        )  # fmt: skip
+            (
+                evaluation_id,
+                run_id,
+                candidate.adapter_version_id,
+                contract.version,
+                Jsonb(
+                    {
+                        "candidate": cand_scores,
+                        "parent": parent_scores,
+                        "outcomes": {"candidate": candidate_outcomes, "parent": parent_outcomes},
+                        "parent_release_id": release.release_id,
+                        "reasons": decision.reasons,
+                        "p_value": decision.p_value,
+                    }
+                ),
+                decision.passed,
+            ),
+        )
         if successor is not None:
-            conn.execute("SELECT 1 FROM releases WHERE release_id = %s FOR UPDATE",
-                         (successor.release_id,))  # fmt: skip
-            exists = conn.execute("SELECT 1 FROM releases WHERE release_id = %s",
-                                  (successor.release_id,)).fetchone()  # fmt: skip
+            conn.execute(
+                "SELECT 1 FROM releases WHERE release_id = %s FOR UPDATE", (successor.release_id,)
+            )
+            exists = conn.execute(
+                "SELECT 1 FROM releases WHERE release_id = %s", (successor.release_id,)
+            ).fetchone()
             if exists is None:
                 create_release(conn, successor, active=False)
-                conn.execute("UPDATE releases SET run_id = %s WHERE release_id = %s",
-                             (run_id, successor.release_id))  # fmt: skip
-    events = [NewEvent(
-        payload=ContractEvaluated(
-            evaluation_id=evaluation_id, run_id=run_id, contract_version=contract.version,
-            scores={**{f"candidate.{k}": v for k, v in cand_scores.items()},
-                    **{f"parent.{k}": v for k, v in parent_scores.items()}},
-            passed=decision.passed,
-        ),
-        tenant_id="system", key=f"training.{specialist}", event_id=evaluation_id,
-    )]  # fmt: skip
+                conn.execute(
+                    "UPDATE releases SET run_id = %s WHERE release_id = %s",
+                    (run_id, successor.release_id),
+                )
+    events = [
+        NewEvent(
+            payload=ContractEvaluated(
+                evaluation_id=evaluation_id,
+                run_id=run_id,
+                contract_version=contract.version,
+                scores={
+                    **{f"candidate.{k}": v for k, v in cand_scores.items()},
+                    **{f"parent.{k}": v for k, v in parent_scores.items()},
+                },
+                passed=decision.passed,
+            ),
+            tenant_id="system",
+            key=f"training.{specialist}",
+            event_id=evaluation_id,
+        )
+    ]
     if not decision.passed:
-        events.append(NewEvent(
-            payload=PromotionRejected(run_id=run_id, reason="; ".join(decision.reasons)),
-            tenant_id="system", key=f"training.{specialist}",
-            event_id=_step_id(run_id, "rejected"),
-        ))  # fmt: skip
+        events.append(
+            NewEvent(
+                payload=PromotionRejected(run_id=run_id, reason="; ".join(decision.reasons)),
+                tenant_id="system",
+                key=f"training.{specialist}",
+                event_id=_step_id(run_id, "rejected"),
+            )
+        )
     rt.log.append(events)
-    return Evaluation(decision.passed, cand_scores, parent_scores, decision.reasons,
-                      None if successor is None else successor.release_id)  # fmt: skip
+    return Evaluation(
+        decision.passed,
+        cand_scores,
+        parent_scores,
+        decision.reasons,
+        None if successor is None else successor.release_id,
+    )
 
 
 def _scores(outcomes: dict[str, list[bool]]) -> dict[str, float]:
@@ -341,10 +420,16 @@ def recorded_outcomes(
 
 
 def _adapter(conn: DictConnection, adapter_version_id: int) -> AdapterRef:
-    row = conn.execute("SELECT * FROM adapter_versions WHERE adapter_version_id = %s",
-                       (adapter_version_id,)).fetchone()  # fmt: skip
+    row = conn.execute(
+        "SELECT * FROM adapter_versions WHERE adapter_version_id = %s", (adapter_version_id,)
+    ).fetchone()
     if row is None:
         raise RunFailed(f"no adapter version {adapter_version_id}")
-    return AdapterRef(adapter_version_id=row["adapter_version_id"], specialist=row["specialist"],
-                      version=row["version"], sha256=row["sha256"], path=row["path"],
-                      rank=row["rank"])  # fmt: skip
+    return AdapterRef(
+        adapter_version_id=row["adapter_version_id"],
+        specialist=row["specialist"],
+        version=row["version"],
+        sha256=row["sha256"],
+        path=row["path"],
+        rank=row["rank"],
+    )

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from celery import Celery, Task
@@ -20,11 +21,14 @@ from celery.exceptions import Retry
 from opentelemetry.trace import Span
 from rich.progress import Progress
 
+from core.engine import Engine
 from core.errors import ConfigError
+from core.log import EventLog
 from core.settings import Settings
 from infra import observe
 from infra.artifacts import ArtifactStore
 from infra.local_stack import LocalStack
+from infra.postgres.db import Pool
 from infra.postgres.promotions import request_promotion, wait_for_request
 from learners.contract import CONTRACT_V1
 from learners.loop import RunBusy, Runtime, evaluate_run, train_run
@@ -90,27 +94,38 @@ def runtime() -> Runtime:
     return _runtime
 
 
-def make_runtime(settings: Settings, model_dir: Any, pool: Any, log: Any) -> Runtime:
-    config_path = settings.training_config or DEFAULT_CONFIG
+def make_runtime(
+    settings: Settings, model_dir: Path, pool: Pool, log: EventLog, engine: Callable[[], Engine]
+) -> Runtime:
+    """The worker's runtime; ``engine`` makes the engine the contract runs on."""
     return Runtime(
-        settings=settings, pool=pool, log=log, store=ArtifactStore(settings.home / "adapters"),
-        model_dir=model_dir, training=load_config(config_path),
+        settings=settings,
+        pool=pool,
+        log=log,
+        store=ArtifactStore(settings.home / "adapters"),
+        model_dir=model_dir,
+        training=load_config(settings.training_config or DEFAULT_CONFIG),
         contract_path=settings.contract_path or CONTRACT_V1,
-    )  # fmt: skip
+        contract_engine=engine,
+    )
 
 
 def enqueue_training(run_id: uuid.UUID, trace: Mapping[str, str] | None = None) -> None:
     """Enqueue a run's training once (the task id is the run id); ``trace`` (W3C headers) is
     the trace it continues, else the current one."""
-    train_successor.apply_async((str(run_id),), task_id=str(run_id),
-                                headers=dict(trace or observe.carrier()))  # fmt: skip
+    train_successor.apply_async(
+        (str(run_id),), task_id=str(run_id), headers=dict(trace or observe.carrier())
+    )
 
 
 @contextmanager
 def _step(task: Task, step: str, run_id: str) -> Iterator[Span]:
     """The task's span, continuing the trace its headers carry, and its outcome metrics."""
-    headers = {name: value for name in ("traceparent", "tracestate")
-               if isinstance(value := task.request.get(name), str)}  # fmt: skip
+    headers = {
+        name: value
+        for name in ("traceparent", "tracestate")
+        if isinstance(value := task.request.get(name), str)
+    }
     started, outcome = time.monotonic(), "failed"
     with observe.tracer.start_as_current_span(
         step, context=observe.context_of(headers), attributes={"macaron.run_id": run_id}
@@ -134,17 +149,18 @@ def train_successor(self: Task, run_id: str) -> str:
 
         def progress(step: int, steps: int, losses: dict[str, float]) -> None:
             bar.update(task, completed=step, total=steps)
-            self.update_state(state="PROGRESS",
-                              meta={"step": step, "steps": steps, **losses})  # fmt: skip
+            self.update_state(state="PROGRESS", meta={"step": step, "steps": steps, **losses})
 
         try:
             adapter = train_run(rt, uuid.UUID(run_id), progress)
         except RunBusy as exc:  # a redelivery while the lease of a dead worker runs out
-            raise self.retry(countdown=rt.settings.training_lease_seconds / 2,
-                             max_retries=None) from exc  # fmt: skip
+            raise self.retry(
+                countdown=rt.settings.training_lease_seconds / 2, max_retries=None
+            ) from exc
         span.set_attribute("macaron.adapter", adapter)
-        evaluate_candidate.apply_async((run_id,), task_id=f"{run_id}.evaluate",
-                                       headers=observe.carrier())  # fmt: skip
+        evaluate_candidate.apply_async(
+            (run_id,), task_id=f"{run_id}.evaluate", headers=observe.carrier()
+        )
     return adapter
 
 
@@ -152,13 +168,20 @@ def train_successor(self: Task, run_id: str) -> str:
 def evaluate_candidate(self: Task, run_id: str) -> dict[str, Any]:
     with _step(self, "evaluate_candidate", run_id) as span:
         result = evaluate_run(runtime(), uuid.UUID(run_id))
-        span.set_attributes({"macaron.passed": result.passed,
-                             "macaron.release_id": result.release_id or ""})  # fmt: skip
+        span.set_attributes(
+            {"macaron.passed": result.passed, "macaron.release_id": result.release_id or ""}
+        )
         if result.passed and result.release_id is not None:
-            promote.apply_async((run_id, result.release_id), task_id=f"{run_id}.promote",
-                                headers=observe.carrier())  # fmt: skip
-    return {"passed": result.passed, "candidate": result.candidate, "parent": result.parent,
-            "reasons": result.reasons, "release_id": result.release_id}  # fmt: skip
+            promote.apply_async(
+                (run_id, result.release_id), task_id=f"{run_id}.promote", headers=observe.carrier()
+            )
+    return {
+        "passed": result.passed,
+        "candidate": result.candidate,
+        "parent": result.parent,
+        "reasons": result.reasons,
+        "release_id": result.release_id,
+    }
 
 
 @app.task(bind=True, name="macaron.promote")
@@ -175,11 +198,13 @@ def _promote(run_id: str, release_id: str) -> dict[str, Any]:
     with rt.pool.connection() as conn:
         done = conn.execute(
             "SELECT status, reason FROM promotion_requests WHERE run_id = %s "
-            "ORDER BY requested_at DESC LIMIT 1", (uuid.UUID(run_id),),
-        ).fetchone()  # fmt: skip
+            "ORDER BY requested_at DESC LIMIT 1",
+            (uuid.UUID(run_id),),
+        ).fetchone()
     if done is not None and done["status"] != "failed":
         return {"status": done["status"], "reason": done["reason"]}
-    request = request_promotion(rt.pool, release_id, run_id=uuid.UUID(run_id),
-                                requested_by=f"run {run_id}")  # fmt: skip
+    request = request_promotion(
+        rt.pool, release_id, run_id=uuid.UUID(run_id), requested_by=f"run {run_id}"
+    )
     final = wait_for_request(rt.pool, request, PROMOTION_TIMEOUT_S)
     return {"status": final["status"], "reason": final["reason"]}

@@ -50,8 +50,12 @@ from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, release_by_id
 from infra.telemetry import configure_telemetry, serve_metrics
 from learners.contract import CONTRACT_V1, load_contract, run_contract
-from learners.demo import demo_table, generation_table, run_demo
-from learners.simulator import (
+from learners.tasks import load_bank
+from learners.worker import configure as configure_celery
+from learners.worker import install_runtime
+from macaron import wiring
+from macaron.demo import demo_table, generation_table, run_demo
+from macaron.simulator import (
     DEFAULT_SPECIALISTS,
     SIMULATOR_TENANT,
     bank_tasks,
@@ -59,10 +63,6 @@ from learners.simulator import (
     report_table,
     run_simulation,
 )
-from learners.tasks import load_bank
-from learners.worker import configure as configure_celery
-from learners.worker import install_runtime, make_runtime
-from macaron import wiring
 from server.engines.local import LocalEngine
 from server.schemas import export as export_schemas
 from streams.faust_app import run_worker as run_faust_worker
@@ -254,15 +254,21 @@ def serve(
     the vLLM replicas of MACARON_VLLM_URLS when MACARON_ENGINE=vllm."""
     cfg = settings(ctx)
     configure_telemetry(cfg, "macaron-server")
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err_console) as progress:  # fmt: skip
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console
+    ) as progress:
         task = progress.add_task("starting")
         server = wiring.chat_server(cfg, lambda s: progress.update(task, description=s))
     chosen = port or cfg.http_port
     console.print(f"serving on http://{cfg.bind_host}:{chosen}/ (Ctrl-C stops)")
     try:
-        uvicorn.run(server.app, host=cfg.bind_host, port=chosen, ws_max_size=cfg.max_frame_bytes,
-                    log_level="warning")  # fmt: skip
+        uvicorn.run(
+            server.app,
+            host=cfg.bind_host,
+            port=chosen,
+            ws_max_size=cfg.max_frame_bytes,
+            log_level="warning",
+        )
     finally:
         server.close()
 
@@ -332,10 +338,22 @@ def worker(
     pool = wiring.pool(cfg)
     if cfg.metrics_port is not None:
         serve_metrics(cfg, pool, cfg.metrics_port)
-    install_runtime(make_runtime(cfg, wiring.model_dir(cfg), pool, wiring.event_log(cfg, pool)))
-    celery.worker_main(["worker", "--queues", queues, "--pool", "solo", "--loglevel", "INFO",
-                        "--hostname", f"macaron-{os.getpid()}@%h", "--without-gossip",
-                        "--without-mingle"])  # fmt: skip
+    install_runtime(wiring.learning_runtime(cfg, pool))
+    celery.worker_main(
+        [
+            "worker",
+            "--queues",
+            queues,
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--hostname",
+            f"macaron-{os.getpid()}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
 
 
 @app.command("promote")
@@ -421,11 +439,13 @@ def trace_command(
     cfg = settings(ctx)
     with wiring.pool(cfg) as pool:
         with pool.connection() as conn:
-            row = conn.execute("SELECT conversation_id FROM turns WHERE turn_id = %s",
-                               (turn_id,)).fetchone()  # fmt: skip
+            row = conn.execute(
+                "SELECT conversation_id FROM turns WHERE turn_id = %s", (turn_id,)
+            ).fetchone()
         if row is None:
-            raise TurnNotFound(f"no turn {turn_id} in the projections (are the stream "
-                               "processors running?)")  # fmt: skip
+            raise TurnNotFound(
+                f"no turn {turn_id} in the projections (are the stream processors running?)"
+            )
         log = wiring.event_log(cfg, pool)
         try:
             received = [
@@ -473,14 +493,19 @@ def lineage_command(
             snapshot = run.get("snapshot") or {}
             evaluation = (run.get("evaluations") or [{}])[-1]
             table.add_row(
-                step.kind, step.id, step.parent or "(root)", step.created_at[:19],
+                step.kind,
+                step.id,
+                step.parent or "(root)",
+                step.created_at[:19],
                 f"{run.get('run_id', '')[:8]} {run.get('status', '')}",
                 f"{snapshot.get('records', '')} records {snapshot.get('start', '')}->"
                 f"{snapshot.get('end', '')} {str(snapshot.get('content_hash', ''))[:12]}"
-                if snapshot else "",
+                if snapshot
+                else "",
                 f"passed={evaluation.get('passed')} {evaluation.get('candidate', '')}"
-                if evaluation else "",
-            )  # fmt: skip
+                if evaluation
+                else "",
+            )
         console.print(table)
 
 
@@ -500,9 +525,11 @@ def audit_verify(ctx: typer.Context) -> None:
             log.close()
     for problem in [*report.chain_violations, *report.adapter_failures]:
         err_console.print(f"[red]{problem}[/]")
-    console.print(f"{report.events} events on {report.keys} keys, {report.adapters} adapters: "
-                  f"{len(report.chain_violations)} chain violations, "
-                  f"{len(report.adapter_failures)} adapter failures")  # fmt: skip
+    console.print(
+        f"{report.events} events on {report.keys} keys, {report.adapters} adapters: "
+        f"{len(report.chain_violations)} chain violations, "
+        f"{len(report.adapter_failures)} adapter failures"
+    )
     if not report.ok:
         raise typer.Exit(1)
 
@@ -529,10 +556,12 @@ def replay_command(
         chosen = hosts[processor].processor
         partitions = list(log.end_positions())
         digest, handled = replay(
-            chosen, log, pool,
+            chosen,
+            log,
+            pool,
             start=None if start is None else dict.fromkeys(partitions, start),
             end=None if end is None else dict.fromkeys(partitions, end),
-        )  # fmt: skip
+        )
         with pool.connection() as conn:
             live = content_hash(conn, chosen)
         log.close()
@@ -575,12 +604,20 @@ def simulate(
             key_id, key = create_key(conn, SIMULATOR_TENANT, {"chat"})
         err_console.print(f"made key {key_id} for tenant {SIMULATOR_TENANT}")
     target = url or f"ws://{cfg.bind_host}:{cfg.http_port}/v1/ws"
-    columns = (SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-               MofNCompleteColumn(), TimeElapsedColumn())  # fmt: skip
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
     with Progress(*columns, console=err_console) as progress:
         task = progress.add_task(f"simulating users against {target}", total=turns)
-        report = asyncio.run(run_simulation(target, key, plan, concurrency=concurrency,
-                                            on_turn=lambda _: progress.advance(task)))  # fmt: skip
+        report = asyncio.run(
+            run_simulation(
+                target, key, plan, concurrency=concurrency, on_turn=lambda _: progress.advance(task)
+            )
+        )
     console.print(report_table(report))
 
 
@@ -616,15 +653,21 @@ def demo(
     cfg = settings(ctx)
     configure_telemetry(cfg, "macaron-demo")
     folder = out or cfg.home / "demo"
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err_console) as progress:  # fmt: skip
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console
+    ) as progress:
         task = progress.add_task("starting")
         report = run_demo(
-            cfg, generations=generations, turns_per_generation=turns_per_generation,
-            concurrency=concurrency, out_dir=folder, specialists=_specialist_names(specialists),
-            seed=seed, step=lambda s: progress.update(task, description=s),
+            cfg,
+            generations=generations,
+            turns_per_generation=turns_per_generation,
+            concurrency=concurrency,
+            out_dir=folder,
+            specialists=_specialist_names(specialists),
+            seed=seed,
+            step=lambda s: progress.update(task, description=s),
             on_generation=lambda record: console.print(generation_table(record)),
-        )  # fmt: skip
+        )
     console.print(demo_table(report))
     console.print(f"wrote {folder / 'demo.json'} and {folder / 'demo.png'}")
 
@@ -636,8 +679,9 @@ def model_pull(
 ) -> None:
     """Fetch and convert a base model once into MACARON_HOME/models (idempotent)."""
     cfg = settings(ctx)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  console=err_console) as progress:  # fmt: skip
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console
+    ) as progress:
         task = progress.add_task(f"{name}: starting")
         folder, changed = pull_model(
             cfg.home, name, lambda step: progress.update(task, description=f"{name}: {step}")
@@ -699,9 +743,13 @@ def keys_list(
     for column in ("key id", "tenant", "scopes", "created", "revoked"):
         table.add_column(column)
     for r in records:
-        table.add_row(str(r.key_id), r.tenant_id, ",".join(r.scopes),
-                      f"{r.created_at:%Y-%m-%d %H:%M}", f"{r.revoked_at:%Y-%m-%d %H:%M}"
-                      if r.revoked_at else "-")  # fmt: skip
+        table.add_row(
+            str(r.key_id),
+            r.tenant_id,
+            ",".join(r.scopes),
+            f"{r.created_at:%Y-%m-%d %H:%M}",
+            f"{r.revoked_at:%Y-%m-%d %H:%M}" if r.revoked_at else "-",
+        )
     console.print(table)
 
 

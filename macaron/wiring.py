@@ -18,7 +18,8 @@ from infra.local_stack import LocalStack
 from infra.models import models_dir
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
-from learners.worker import enqueue_training
+from learners.loop import Runtime
+from learners.worker import enqueue_training, make_runtime
 from server.app import create_app
 from server.chat import ChatLimits, ChatService, Router
 from server.engines.fleet import FleetEngine
@@ -74,12 +75,21 @@ def model_dir(settings: Settings) -> Path:
     return folder
 
 
+def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
+    """What the learning loop's tasks run with; the contract runs on a local engine."""
+    folder = model_dir(settings)
+    return make_runtime(
+        settings, folder, pool, event_log(settings, pool), lambda: LocalEngine(folder)
+    )
+
+
 def serving_engine(settings: Settings, folder: Path, step: Callable[[str], None]) -> Engine:
     """The engine ``macaron serve`` answers with: this process's own, or the vLLM fleet."""
     if settings.engine == "vllm":
         step(f"connecting to the vLLM fleet at {settings.vllm_urls}")
-        return FleetEngine(settings.vllm_replicas, folder,
-                           max_lora_rank=settings.vllm_max_lora_rank)  # fmt: skip
+        return FleetEngine(
+            settings.vllm_replicas, folder, max_lora_rank=settings.vllm_max_lora_rank
+        )
     step(f"loading the base model from {folder}")
     return LocalEngine(folder)
 
@@ -106,12 +116,18 @@ def chat_server(
     step("loading the active release")
     store = ArtifactStore(settings.home / "adapters")
     release = ensure_root_release(
-        db, log, store, model_dir=folder, base_model=folder.name,
-        router_version=router.version, specialists=router.specialists,
-    )  # fmt: skip
+        db,
+        log,
+        store,
+        model_dir=folder,
+        base_model=folder.name,
+        router_version=router.version,
+        specialists=router.specialists,
+    )
     load_release(engine, store, release)
-    limits = ChatLimits(turns_per_minute=settings.turns_per_minute,
-                        max_new_tokens=settings.max_new_tokens)  # fmt: skip
+    limits = ChatLimits(
+        turns_per_minute=settings.turns_per_minute, max_new_tokens=settings.max_new_tokens
+    )
     chat = ChatService(log, engine, router, release, limits=limits)
     gate = Gate(db, max_connections_per_tenant=settings.max_connections_per_tenant)
     listener = PromotionListener(chat, db, store, log)
@@ -121,9 +137,11 @@ def chat_server(
 def processor_hosts(settings: Settings, log: EventLog, pool: Pool) -> list[ProcessorHost]:
     """The stream processors, each in its host; the trigger enqueues training runs."""
     processors: list[Processor] = [
-        Projections(), ExperienceBuilder(), LiveScores(),
+        Projections(),
+        ExperienceBuilder(),
+        LiveScores(),
         TrainingTrigger(settings.train_threshold, enqueue_training),
-    ]  # fmt: skip
+    ]
     return [ProcessorHost(p, log, pool) for p in processors]
 
 

@@ -65,11 +65,12 @@ def _rates(row: dict[str, Any]) -> dict[str, Any]:
     ratio = _ratio
     return {
         **row,
-        "thumbs_up_rate": ratio(row["ups"], turns), "edit_rate": ratio(row["edits"], turns),
+        "thumbs_up_rate": ratio(row["ups"], turns),
+        "edit_rate": ratio(row["edits"], turns),
         "action_success_rate": ratio(row["actions_ok"], row["actions"]),
         "genui_validity_rate": ratio(row["genui_valid"], row["genui"]),
         "mean_latency_ms": ratio(row["latency_ms"], turns),
-    }  # fmt: skip
+    }
 
 
 async def promote_endpoint(request: Request) -> Response:

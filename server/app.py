@@ -63,8 +63,7 @@ def status_of(exc: errors.MacaronError) -> int:
 
 async def macaron_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, errors.MacaronError)
-    body = {"code": exc.code, "message": exc.message, "type": exc.code,
-            "retryable": exc.retryable}  # fmt: skip
+    body = {"code": exc.code, "message": exc.message, "type": exc.code, "retryable": exc.retryable}
     headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, errors.InvalidApiKey) else None
     observe.errors.add(1, {"code": exc.code, "front_end": "http"})
     return JSONResponse({"error": body}, status_of(exc), headers=headers)
@@ -73,8 +72,12 @@ async def macaron_error(request: Request, exc: Exception) -> Response:
 async def unexpected_error(request: Request, exc: Exception) -> Response:
     """A bug, answered as a typed error too (the exception is still logged by the server)."""
     observe.errors.add(1, {"code": errors.MacaronError.code, "front_end": "http"})
-    body = {"code": errors.MacaronError.code, "message": "internal error; it was logged",
-            "type": errors.MacaronError.code, "retryable": False}  # fmt: skip
+    body = {
+        "code": errors.MacaronError.code,
+        "message": "internal error; it was logged",
+        "type": errors.MacaronError.code,
+        "retryable": False,
+    }
     return JSONResponse({"error": body}, 500)
 
 

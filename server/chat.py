@@ -50,22 +50,15 @@ from core.events import (
     TurnReceived,
     utc_now,
 )
-from core.ids import uuid7
-from core.log import EventLog
-from core.release import AdapterRef, Release
-from core.routing import RouterDecision
-from infra import observe
-from server import protocol as wire
-from server.committer import GroupCommitter
-from server.harness.actions import MAX_ACTIONS_PER_TURN, execute
-from server.harness.genui import (
+from core.harness.actions import MAX_ACTIONS_PER_TURN, execute
+from core.harness.genui import (
     CATALOGUE_VERSION,
     GenUIResult,
     interactive_ids,
     parse_genui_output,
     text_fallback,
 )
-from server.harness.hcp import (
+from core.harness.hcp import (
     HISTORY_TURNS,
     STAMP,
     HarnessContext,
@@ -73,6 +66,13 @@ from server.harness.hcp import (
     looks_structured,
     tool_call_of,
 )
+from core.ids import uuid7
+from core.log import EventLog
+from core.release import AdapterRef, Release
+from core.routing import RouterDecision
+from infra import observe
+from server import protocol as wire
+from server.committer import GroupCommitter
 
 Sink = Callable[[wire.Frame], Awaitable[None]]
 _log = logging.getLogger(__name__)
@@ -217,12 +217,16 @@ class ChatService:
         base, when, headers = conversation.version, at or self._clock(), observe.carrier()
         events = [
             NewEvent(
-                payload=payload, tenant_id=conversation.tenant_id, key=conversation.key,
-                sequence=base + i + 1, correlation_id=correlation_id, occurred_at=when,
+                payload=payload,
+                tenant_id=conversation.tenant_id,
+                key=conversation.key,
+                sequence=base + i + 1,
+                correlation_id=correlation_id,
+                occurred_at=when,
                 trace=headers,
             )
             for i, payload in enumerate(payloads)
-        ]  # fmt: skip
+        ]
         try:
             with observe.tracer.start_as_current_span(
                 "log.append", attributes={"macaron.events": [e.payload.event_type for e in events]}
@@ -252,10 +256,17 @@ class ChatService:
         # The turn's release, held until the turn ends: no await between reading it and
         # counting the turn in, so a promotion cannot unload its adapters in between.
         release = self.release
-        opening: list[EventPayload] = [] if request.conversation_id is not None else [
-            ConversationStarted(conversation_id=key, release_id=release.release_id,
-                                history=list(request.history))
-        ]  # fmt: skip
+        opening: list[EventPayload] = (
+            []
+            if request.conversation_id is not None
+            else [
+                ConversationStarted(
+                    conversation_id=key,
+                    release_id=release.release_id,
+                    history=list(request.history),
+                )
+            ]
+        )
         self._in_flight.add(key)
         self._turn_began(release)
         trace.get_current_span().set_attribute("macaron.conversation_id", str(key))
@@ -267,8 +278,9 @@ class ChatService:
             )
         except MacaronError as exc:
             observe.turns.add(1, {"outcome": exc.code})
-            _log.warning("turn in conversation %s failed: %s (tenant %s)", key, exc.code,
-                         principal.tenant_id)  # fmt: skip
+            _log.warning(
+                "turn in conversation %s failed: %s (tenant %s)", key, exc.code, principal.tenant_id
+            )
             raise
         finally:
             self._in_flight.discard(key)
@@ -276,9 +288,14 @@ class ChatService:
         seconds = time.monotonic() - started
         observe.turns.add(1, {"outcome": outcome.finish_reason})
         observe.turn_latency.record(seconds)
-        _log.info("turn %s completed: %s in %.0f ms (tenant %s, conversation %s)",
-                  outcome.turn_id, outcome.finish_reason, seconds * 1000, principal.tenant_id,
-                  key)  # fmt: skip
+        _log.info(
+            "turn %s completed: %s in %.0f ms (tenant %s, conversation %s)",
+            outcome.turn_id,
+            outcome.finish_reason,
+            seconds * 1000,
+            principal.tenant_id,
+            key,
+        )
         return outcome
 
     async def _run(
@@ -306,21 +323,28 @@ class ChatService:
                 f"release {release.release_id} has no adapter for {decision.specialist}"
             )
         turn_id = earlier if earlier is not None else uuid7()
-        trace.get_current_span().set_attributes({
-            "macaron.turn_id": str(turn_id), "macaron.specialist": decision.specialist,
-            "macaron.adapter": adapter.name, "macaron.release_id": release.release_id,
-        })  # fmt: skip
+        trace.get_current_span().set_attributes(
+            {
+                "macaron.turn_id": str(turn_id),
+                "macaron.specialist": decision.specialist,
+                "macaron.adapter": adapter.name,
+                "macaron.release_id": release.release_id,
+            }
+        )
         events = list(opening)
         if earlier is None:  # a resent turn that never completed goes on under its first id
             events.append(
                 TurnReceived(
-                    conversation_id=conversation.conversation_id, turn_id=turn_id,
-                    client_msg_id=request.client_msg_id, content=request.content,
+                    conversation_id=conversation.conversation_id,
+                    turn_id=turn_id,
+                    client_msg_id=request.client_msg_id,
+                    content=request.content,
                     specialist_hint=request.specialist_hint,
                     input_kind="ui_event" if request.input_kind == "ui_event" else "text",
-                    release_id=release.release_id, harness=STAMP,
+                    release_id=release.release_id,
+                    harness=STAMP,
                 )
-            )  # fmt: skip
+            )
         events.append(decision.to_event(turn_id, adapter.name, STAMP))
         with observe.tracer.start_as_current_span("harness.context"):
             history = conversation.history(HISTORY_TURNS)
@@ -330,11 +354,14 @@ class ChatService:
         receipt = asyncio.create_task(self._append(conversation, events, correlation_id=turn_id))
         await sink(
             wire.TurnStarted(
-                turn_id=turn_id, conversation_id=conversation.conversation_id,
-                client_msg_id=request.client_msg_id, specialist=decision.specialist,
-                adapter_version=adapter.name, release_id=release.release_id,
+                turn_id=turn_id,
+                conversation_id=conversation.conversation_id,
+                client_msg_id=request.client_msg_id,
+                specialist=decision.specialist,
+                adapter_version=adapter.name,
+                release_id=release.release_id,
             )
-        )  # fmt: skip
+        )
         outcome = TurnOutcome(turn_id, conversation.conversation_id, "", "stop")
         try:
             await self._answer(conversation, context, adapter, outcome, sink, cancel, receipt)
@@ -354,11 +381,14 @@ class ChatService:
         if outcome.genui is not None:
             final.append(
                 GenUIRendered(
-                    turn_id=turn_id, tree=outcome.genui.tree or {}, valid=outcome.genui.valid,
-                    errors=outcome.genui.errors, catalogue_version=CATALOGUE_VERSION,
+                    turn_id=turn_id,
+                    tree=outcome.genui.tree or {},
+                    valid=outcome.genui.valid,
+                    errors=outcome.genui.errors,
+                    catalogue_version=CATALOGUE_VERSION,
                     harness=STAMP,
                 )
-            )  # fmt: skip
+            )
             await sink(self._genui_frame(turn_id, outcome.text, outcome.genui))
         latency_ms = (time.monotonic() - started) * 1000
         final.append(
@@ -368,11 +398,14 @@ class ChatService:
         await self._append(conversation, final, correlation_id=turn_id)
         await sink(
             wire.TurnCompleted(
-                turn_id=turn_id, latency_ms=latency_ms, finish_reason=outcome.finish_reason,
-                usage=wire.Usage(prompt_tokens=outcome.prompt_tokens,
-                                 completion_tokens=outcome.completion_tokens),
+                turn_id=turn_id,
+                latency_ms=latency_ms,
+                finish_reason=outcome.finish_reason,
+                usage=wire.Usage(
+                    prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens
+                ),
             )
-        )  # fmt: skip
+        )
         return outcome
 
     @staticmethod
@@ -380,11 +413,16 @@ class ChatService:
         release: Release, specialist: str, adapter: AdapterRef, outcome: TurnOutcome, finish: str
     ) -> ModelResponded:
         return ModelResponded(
-            turn_id=outcome.turn_id, release_id=release.release_id, specialist=specialist,
-            adapter_version=adapter.name, harness=STAMP, text=outcome.text,
+            turn_id=outcome.turn_id,
+            release_id=release.release_id,
+            specialist=specialist,
+            adapter_version=adapter.name,
+            harness=STAMP,
+            text=outcome.text,
             finish_reason=finish,  # type: ignore[arg-type]  # one of FinishReason or "error"
-            prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens,
-        )  # fmt: skip
+            prompt_tokens=outcome.prompt_tokens,
+            completion_tokens=outcome.completion_tokens,
+        )
 
     async def _answer(
         self,
@@ -414,15 +452,26 @@ class ChatService:
                 done = execute(call, conversation.tool_state, now)
                 span.set_attributes({"macaron.tool": done.name, "macaron.ok": done.ok})
             action = HarnessActionExecuted(
-                turn_id=outcome.turn_id, action_id=uuid7(), name=done.name, args=done.args,
-                result=done.result, ok=done.ok, state_delta=done.state_delta, harness=STAMP,
-            )  # fmt: skip
+                turn_id=outcome.turn_id,
+                action_id=uuid7(),
+                name=done.name,
+                args=done.args,
+                result=done.result,
+                ok=done.ok,
+                state_delta=done.state_delta,
+                harness=STAMP,
+            )
             await self._append(conversation, [action], correlation_id=outcome.turn_id, at=now)
             outcome.actions.append(action)
             await sink(
-                wire.Action(turn_id=outcome.turn_id, name=done.name, args=done.args,
-                            result=done.result, ok=done.ok)
-            )  # fmt: skip
+                wire.Action(
+                    turn_id=outcome.turn_id,
+                    name=done.name,
+                    args=done.args,
+                    result=done.result,
+                    ok=done.ok,
+                )
+            )
             scratch.append(ChatMessage(role="assistant", content=text.strip()))
             result = json.dumps({"tool": done.name, "ok": done.ok, "result": done.result})
             scratch.append(ChatMessage(role="user", content=f"Tool result: {result}"))
@@ -443,21 +492,28 @@ class ChatService:
         (a tool call or a GenUI tree): that is held back until it can be judged whole."""
         prompt = self.engine.chat_prompt(context.messages())
         request = GenerationRequest(
-            request_id=f"{outcome.turn_id}.{step}", prompt=prompt, adapter=adapter.name,
+            request_id=f"{outcome.turn_id}.{step}",
+            prompt=prompt,
+            adapter=adapter.name,
             params=SamplingParams(
-                max_tokens=self.limits.max_new_tokens, temperature=self.limits.temperature,
+                max_tokens=self.limits.max_new_tokens,
+                temperature=self.limits.temperature,
                 seed=(outcome.turn_id.int + step) % 2**63,
             ),
-        )  # fmt: skip
+        )
         hold = "genui" in context.grammars
         undecided = "tool_call" in context.grammars
         text, sent, tokens, first = "", 0, 0, None
         submitted = time.monotonic()
         chunks = self.engine.generate(request)
         observe.engine_in_flight.add(1)
-        with observe.tracer.start_as_current_span("engine.generate", attributes={
-            "macaron.adapter": adapter.name, "macaron.step": step,
-        }) as span:  # fmt: skip
+        with observe.tracer.start_as_current_span(
+            "engine.generate",
+            attributes={
+                "macaron.adapter": adapter.name,
+                "macaron.step": step,
+            },
+        ) as span:
             try:
                 async for chunk in chunks:
                     if first is None and chunk.text:
@@ -484,8 +540,9 @@ class ChatService:
                     span.set_attribute("macaron.time_to_first_token_ms", first * 1000)
                     if step == 0:
                         observe.time_to_first_token.record(first)
-                span.set_attributes({"macaron.tokens": tokens,
-                                     "macaron.finish_reason": outcome.finish_reason})  # fmt: skip
+                span.set_attributes(
+                    {"macaron.tokens": tokens, "macaron.finish_reason": outcome.finish_reason}
+                )
         if hold and "genui" not in context.grammars and tool_call_of(text) is None:
             await sink(wire.Token(turn_id=outcome.turn_id, delta=text))  # JSON, not a call
         return text
@@ -503,14 +560,23 @@ class ChatService:
             raise TurnNotFound(f"turn {turn.turn_id} has no recorded answer")
         await sink(
             wire.TurnStarted(
-                turn_id=turn.turn_id, conversation_id=conversation.conversation_id,
-                client_msg_id=turn.client_msg_id, specialist=response.specialist,
-                adapter_version=response.adapter_version, release_id=response.release_id,
+                turn_id=turn.turn_id,
+                conversation_id=conversation.conversation_id,
+                client_msg_id=turn.client_msg_id,
+                specialist=response.specialist,
+                adapter_version=response.adapter_version,
+                release_id=response.release_id,
             )
-        )  # fmt: skip
-        outcome = TurnOutcome(turn.turn_id, conversation.conversation_id, response.text,
-                              response.finish_reason, response.prompt_tokens,
-                              response.completion_tokens, actions=list(turn.actions))  # fmt: skip
+        )
+        outcome = TurnOutcome(
+            turn.turn_id,
+            conversation.conversation_id,
+            response.text,
+            response.finish_reason,
+            response.prompt_tokens,
+            response.completion_tokens,
+            actions=list(turn.actions),
+        )
         if turn.genui is not None:
             result = GenUIResult(turn.genui.valid, turn.genui.tree or None, turn.genui.errors)
             outcome.genui = result
@@ -519,12 +585,16 @@ class ChatService:
             await sink(wire.Token(turn_id=turn.turn_id, delta=response.text))
         await sink(
             wire.TurnCompleted(
-                turn_id=turn.turn_id, latency_ms=completed.latency_ms,
-                finish_reason=response.finish_reason, resent=True,
-                usage=wire.Usage(prompt_tokens=response.prompt_tokens,
-                                 completion_tokens=response.completion_tokens),
+                turn_id=turn.turn_id,
+                latency_ms=completed.latency_ms,
+                finish_reason=response.finish_reason,
+                resent=True,
+                usage=wire.Usage(
+                    prompt_tokens=response.prompt_tokens,
+                    completion_tokens=response.completion_tokens,
+                ),
             )
-        )  # fmt: skip
+        )
         return outcome
 
     def _check_rate(self, principal: Principal) -> None:
@@ -552,13 +622,15 @@ class ChatService:
             raise InvalidFrame("feedback of kind edit needs edited_text")
         if frame.kind != "edit" and frame.edited_text is not None:
             raise InvalidFrame("edited_text goes only with feedback of kind edit")
-        payload = FeedbackGiven(turn_id=turn.turn_id, kind=frame.kind,
-                                edited_text=frame.edited_text)  # fmt: skip
+        payload = FeedbackGiven(
+            turn_id=turn.turn_id, kind=frame.kind, edited_text=frame.edited_text
+        )
         # Feedback continues the turn's trace: what it teaches is followed from the turn.
         with observe.tracer.start_as_current_span(
-            "ws.feedback", context=observe.context_of(turn.trace),
+            "ws.feedback",
+            context=observe.context_of(turn.trace),
             attributes={"macaron.turn_id": str(turn.turn_id), "macaron.feedback": frame.kind},
-        ):  # fmt: skip
+        ):
             await self._append(conversation, [payload], correlation_id=turn.turn_id)
         return turn
 
@@ -571,14 +643,18 @@ class ChatService:
         if tree is None or frame.component_id not in interactive_ids(tree):
             raise InvalidFrame(f"turn {frame.turn_id} rendered no component {frame.component_id!r}")
         event: dict[str, JsonValue] = {
-            "turn_id": str(frame.turn_id), "component_id": frame.component_id,
-            "action": frame.action, "value": frame.value,
-        }  # fmt: skip
+            "turn_id": str(frame.turn_id),
+            "component_id": frame.component_id,
+            "action": frame.action,
+            "value": frame.value,
+        }
         return TurnRequest(
-            client_msg_id=f"ui-{uuid7()}", content="ui_event " + json.dumps(event),
-            conversation_id=conversation_id, specialist_hint=turn.specialist,
+            client_msg_id=f"ui-{uuid7()}",
+            content="ui_event " + json.dumps(event),
+            conversation_id=conversation_id,
+            specialist_hint=turn.specialist,
             input_kind="ui_event",
-        )  # fmt: skip
+        )
 
     async def _turn(
         self, principal: Principal, conversation_id: UUID | None, turn_id: UUID
@@ -606,12 +682,16 @@ def transcript(conversation: Conversation) -> Transcript:
         release_id=conversation.release_id,
         turns=[
             {
-                "turn_id": str(t.turn_id), "client_msg_id": t.client_msg_id,
-                "content": t.content, "input_kind": t.input_kind, "specialist": t.specialist,
-                "adapter_version": t.adapter_version, "answer": t.answer,
+                "turn_id": str(t.turn_id),
+                "client_msg_id": t.client_msg_id,
+                "content": t.content,
+                "input_kind": t.input_kind,
+                "specialist": t.specialist,
+                "adapter_version": t.adapter_version,
+                "answer": t.answer,
                 "completed": t.completed is not None,
                 "feedback": [f.kind for f in t.feedback],
             }
             for t in conversation.turns.values()
         ],
-    )  # fmt: skip
+    )

@@ -40,8 +40,9 @@ class GroupCommitter:
             while self._waiting:
                 batch: list[_Waiting] = []
                 size = 0
-                while self._waiting and (not batch or size + len(self._waiting[0][0])
-                                         <= self.max_events):  # fmt: skip
+                while self._waiting and (
+                    not batch or size + len(self._waiting[0][0]) <= self.max_events
+                ):
                     batch.append(self._waiting.popleft())
                     size += len(batch[-1][0])
                 await self._write(batch)

@@ -71,9 +71,11 @@ def _turn_request(body: ChatCompletionRequest, service: ChatService) -> TurnRequ
             raise UnknownSpecialist(f"no model {body.model!r}: use auto or a specialist name")
         hint = body.model
     return TurnRequest(
-        client_msg_id=f"openai-{uuid7()}", content=last.content, specialist_hint=hint,
+        client_msg_id=f"openai-{uuid7()}",
+        content=last.content,
+        specialist_hint=hint,
         history=tuple(ChatMessage(role=m.role, content=m.content) for m in earlier),
-    )  # fmt: skip
+    )
 
 
 def _finish(reason: str) -> str:
@@ -125,16 +127,21 @@ async def chat_completions(request: Request) -> Response:
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}  # fmt: skip
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
+    }
 
 
 def _provenance(started: wire.TurnStarted) -> dict[str, str]:
     return {
-        "turn_id": str(started.turn_id), "conversation_id": str(started.conversation_id),
-        "specialist": started.specialist, "adapter_version": started.adapter_version,
+        "turn_id": str(started.turn_id),
+        "conversation_id": str(started.conversation_id),
+        "specialist": started.specialist,
+        "adapter_version": started.adapter_version,
         "release_id": started.release_id,
-    }  # fmt: skip
+    }
 
 
 def _span(principal: Principal) -> AbstractContextManager[Span]:
@@ -168,8 +175,11 @@ async def _stream(
     while (frame := await queue.get()) is not None:
         match frame:
             case wire.TurnStarted():
-                base |= {"id": f"chatcmpl-{frame.turn_id}", "model": frame.specialist,
-                         "macaron": _provenance(frame)}  # fmt: skip
+                base |= {
+                    "id": f"chatcmpl-{frame.turn_id}",
+                    "model": frame.specialist,
+                    "macaron": _provenance(frame),
+                }
                 yield _event(base, {"role": "assistant", "content": ""}, None)
             case wire.Token():
                 yield _event(base, {"content": frame.delta}, None)
@@ -178,12 +188,17 @@ async def _stream(
             case wire.TurnCompleted():
                 chunk = _chunk(base, {}, _finish(frame.finish_reason))
                 if body.stream_options is not None and body.stream_options.include_usage:
-                    chunk["usage"] = _usage(frame.usage.prompt_tokens,
-                                            frame.usage.completion_tokens)  # fmt: skip
+                    chunk["usage"] = _usage(
+                        frame.usage.prompt_tokens, frame.usage.completion_tokens
+                    )
                 yield f"data: {json.dumps(chunk)}\n\n"
             case wire.Error():
-                error = {"code": frame.code, "message": frame.message, "type": frame.code,
-                         "retryable": frame.retryable}  # fmt: skip
+                error = {
+                    "code": frame.code,
+                    "message": frame.message,
+                    "type": frame.code,
+                    "retryable": frame.retryable,
+                }
                 yield f"data: {json.dumps({'error': error})}\n\n"
     await task
     yield "data: [DONE]\n\n"
@@ -202,12 +217,25 @@ async def models(request: Request) -> Response:
     await _principal(request, request.app.state.gate)
     release = service.release
     created = int(time.time())
-    data = [{"id": AUTO, "object": "model", "created": created, "owned_by": "macaron",
-             "release_id": release.release_id}]  # fmt: skip
+    data = [
+        {
+            "id": AUTO,
+            "object": "model",
+            "created": created,
+            "owned_by": "macaron",
+            "release_id": release.release_id,
+        }
+    ]
     data += [
-        {"id": name, "object": "model", "created": created, "owned_by": "macaron",
-         "adapter_version": adapter.name, "adapter_sha256": adapter.sha256,
-         "release_id": release.release_id}
+        {
+            "id": name,
+            "object": "model",
+            "created": created,
+            "owned_by": "macaron",
+            "adapter_version": adapter.name,
+            "adapter_sha256": adapter.sha256,
+            "release_id": release.release_id,
+        }
         for name, adapter in sorted(release.adapters.items())
-    ]  # fmt: skip
+    ]
     return JSONResponse({"object": "list", "data": data})

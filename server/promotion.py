@@ -19,6 +19,7 @@ from typing import Any
 from core.engine import GenerationRequest, SamplingParams
 from core.errors import MacaronError, PromotionFailed
 from core.events import NewEvent, PromotionRejected, ReleasePromoted, ReleaseRolledBack
+from core.ids import derived_id
 from core.log import EventLog
 from core.release import Release
 from infra import observe
@@ -27,7 +28,6 @@ from infra.postgres.db import Pool
 from infra.postgres.registry import active_release, release_by_id
 from server.chat import ChatService
 from server.releases import RELEASES_KEY, SYSTEM_TENANT
-from streams.processor import derived_id
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
@@ -72,10 +72,14 @@ class PromotionListener:
             return active_release(conn)
 
     async def _carry_out(self, request: dict[str, Any]) -> None:
-        with observe.tracer.start_as_current_span("promotion.apply", attributes={
-            "macaron.kind": request["kind"], "macaron.release_id": request["release_id"],
-            "macaron.run_id": str(request["run_id"] or ""),
-        }) as span:  # fmt: skip
+        with observe.tracer.start_as_current_span(
+            "promotion.apply",
+            attributes={
+                "macaron.kind": request["kind"],
+                "macaron.release_id": request["release_id"],
+                "macaron.run_id": str(request["run_id"] or ""),
+            },
+        ) as span:
             outcome = await self._attempt(request)
             span.set_attribute("macaron.outcome", outcome)
         observe.promotions.add(1, {"kind": request["kind"], "outcome": outcome})
@@ -123,8 +127,12 @@ class PromotionListener:
         """One short generation through each new adapter must succeed."""
         for name in adapters:
             prompt = self.chat.engine.chat_prompt([{"role": "user", "content": "Say hello."}])
-            request = GenerationRequest(request_id=f"canary-{name}", prompt=prompt, adapter=name,
-                                        params=SamplingParams(max_tokens=4))  # fmt: skip
+            request = GenerationRequest(
+                request_id=f"canary-{name}",
+                prompt=prompt,
+                adapter=name,
+                params=SamplingParams(max_tokens=4),
+            )
             try:
                 async with asyncio.timeout(CANARY_TIMEOUT_S):
                     tokens = [c async for c in self.chat.engine.generate(request)]
@@ -146,19 +154,33 @@ class PromotionListener:
             conn.execute(
                 "INSERT INTO promotions (promotion_id, kind, from_release_id, to_release_id, "
                 "run_id, reason) VALUES (%s, %s, %s, %s, %s, %s)",
-                (request["request_id"], "rolled_back" if rollback else "promoted",
-                 old.release_id, release.release_id, request["run_id"],
-                 f"requested by {request['requested_by']}"),
-            )  # fmt: skip
-            conn.execute("UPDATE promotion_requests SET status = 'done', finished_at = now() "
-                         "WHERE request_id = %s", (request["request_id"],))  # fmt: skip
+                (
+                    request["request_id"],
+                    "rolled_back" if rollback else "promoted",
+                    old.release_id,
+                    release.release_id,
+                    request["run_id"],
+                    f"requested by {request['requested_by']}",
+                ),
+            )
+            conn.execute(
+                "UPDATE promotion_requests SET status = 'done', finished_at = now() "
+                "WHERE request_id = %s",
+                (request["request_id"],),
+            )
         payload = (
-            ReleaseRolledBack(from_release_id=old.release_id, to_release_id=release.release_id,
-                              reason=f"requested by {request['requested_by']}")
-            if rollback else
-            ReleasePromoted(release_id=release.release_id, parent_release_id=old.release_id,
-                            run_id=request["run_id"])
-        )  # fmt: skip
+            ReleaseRolledBack(
+                from_release_id=old.release_id,
+                to_release_id=release.release_id,
+                reason=f"requested by {request['requested_by']}",
+            )
+            if rollback
+            else ReleasePromoted(
+                release_id=release.release_id,
+                parent_release_id=old.release_id,
+                run_id=request["run_id"],
+            )
+        )
         self.log.append(
             [
                 NewEvent(
@@ -180,12 +202,22 @@ class PromotionListener:
             conn.execute(
                 "INSERT INTO promotions (promotion_id, kind, from_release_id, to_release_id, "
                 "run_id, reason) VALUES (%s, 'rejected', %s, %s, %s, %s)",
-                (request["request_id"], old.release_id, request["release_id"],
-                 request["run_id"], reason),
-            )  # fmt: skip
+                (
+                    request["request_id"],
+                    old.release_id,
+                    request["release_id"],
+                    request["run_id"],
+                    reason,
+                ),
+            )
         if request["run_id"] is not None:
-            self.log.append([NewEvent(
-                payload=PromotionRejected(run_id=request["run_id"], reason=reason),
-                tenant_id=SYSTEM_TENANT, key=RELEASES_KEY,
-                event_id=derived_id("promotion", request["request_id"]),
-            )])  # fmt: skip
+            self.log.append(
+                [
+                    NewEvent(
+                        payload=PromotionRejected(run_id=request["run_id"], reason=reason),
+                        tenant_id=SYSTEM_TENANT,
+                        key=RELEASES_KEY,
+                        event_id=derived_id("promotion", request["request_id"]),
+                    )
+                ]
+            )

@@ -14,6 +14,7 @@ from pathlib import Path
 from core.engine import Engine
 from core.errors import NoActiveRelease
 from core.events import NewEvent, ReleasePromoted
+from core.harness.hcp import HARNESS_VERSION, HCP_VERSION
 from core.log import EventLog
 from core.release import Release, release_id_for
 from infra import observe
@@ -25,7 +26,6 @@ from infra.postgres.registry import (
     ensure_specialists,
     register_adapter,
 )
-from server.harness.hcp import HARNESS_VERSION, HCP_VERSION
 
 ROOT_RANK = 16
 SYSTEM_TENANT = "system"
@@ -52,14 +52,21 @@ def ensure_root_release(
     for name in specialists:
         with tempfile.TemporaryDirectory() as scratch:
             write_identity_adapter(
-                model_dir, Path(scratch), base_model=base_model, rank=ROOT_RANK,
+                model_dir,
+                Path(scratch),
+                base_model=base_model,
+                rank=ROOT_RANK,
                 seed=zlib.crc32(name.encode()),
-            )  # fmt: skip
+            )
             stored[name] = store.put(Path(scratch))
     release_id = release_id_for(
-        None, base_model, router_version, HARNESS_VERSION, HCP_VERSION,
+        None,
+        base_model,
+        router_version,
+        HARNESS_VERSION,
+        HCP_VERSION,
         {name: sha for name, (sha, _) in stored.items()},
-    )  # fmt: skip
+    )
     with pool.connection() as conn, conn.transaction():
         conn.execute("LOCK TABLE releases IN EXCLUSIVE MODE")  # two servers starting at once
         try:
@@ -69,25 +76,36 @@ def ensure_root_release(
         ensure_specialists(conn, list(specialists))
         adapters = {
             name: register_adapter(
-                conn, specialist=name, version=0, parent_id=None, sha256=sha, path=str(path),
-                rank=ROOT_RANK, base_model=base_model,
+                conn,
+                specialist=name,
+                version=0,
+                parent_id=None,
+                sha256=sha,
+                path=str(path),
+                rank=ROOT_RANK,
+                base_model=base_model,
             )
             for name, (sha, path) in stored.items()
-        }  # fmt: skip
+        }
         release = Release(
-            release_id=release_id, parent_release_id=None, base_model=base_model,
-            router_version=router_version, harness_version=HARNESS_VERSION,
-            hcp_version=HCP_VERSION, adapters=adapters,
-        )  # fmt: skip
+            release_id=release_id,
+            parent_release_id=None,
+            base_model=base_model,
+            router_version=router_version,
+            harness_version=HARNESS_VERSION,
+            hcp_version=HCP_VERSION,
+            adapters=adapters,
+        )
         create_release(conn, release, active=True)
         log.append(
             [
                 NewEvent(
                     payload=ReleasePromoted(release_id=release_id, parent_release_id=None),
-                    tenant_id=SYSTEM_TENANT, key=RELEASES_KEY,
+                    tenant_id=SYSTEM_TENANT,
+                    key=RELEASES_KEY,
                 )
             ]
-        )  # fmt: skip
+        )
     return release
 
 

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from server.harness.genui import catalogue_schema
-from server.harness.hcp import hcp_schema
+from core.harness.genui import catalogue_schema
+from core.harness.hcp import hcp_schema
 from server.protocol import json_schema as protocol_schema
 
 SCHEMAS: dict[str, Callable[[], dict[str, Any]]] = {

@@ -136,9 +136,12 @@ class ChatConnection:
     async def _ready(self) -> None:
         assert self.principal is not None
         await self.send(
-            wire.Ready(conversation_id=self.conversation_id, tenant_id=self.principal.tenant_id,
-                       release_id=self.service.release.release_id)
-        )  # fmt: skip
+            wire.Ready(
+                conversation_id=self.conversation_id,
+                tenant_id=self.principal.tenant_id,
+                release_id=self.service.release.release_id,
+            )
+        )
 
     async def _receive_loop(self) -> None:
         while self.state is State.READY:
@@ -172,21 +175,23 @@ class ChatConnection:
             case wire.UserTurn():
                 self._start_turn(
                     TurnRequest(
-                        client_msg_id=frame.client_msg_id, content=frame.content,
+                        client_msg_id=frame.client_msg_id,
+                        content=frame.content,
                         conversation_id=frame.conversation_id or self.conversation_id,
                         specialist_hint=frame.specialist_hint,
                     )
-                )  # fmt: skip
+                )
             case wire.Feedback():
                 turn = await self.service.feedback(self.principal, self.conversation_id, frame)
                 if frame.kind == "regenerate":  # a new answer to the same words
                     self._start_turn(
                         TurnRequest(
-                            client_msg_id=f"regenerate-{uuid7()}", content=turn.content,
+                            client_msg_id=f"regenerate-{uuid7()}",
+                            content=turn.content,
                             conversation_id=self.conversation_id,
                             specialist_hint=turn.specialist,
                         )
-                    )  # fmt: skip
+                    )
             case wire.UIEvent():
                 request = await self.service.ui_event_turn(
                     self.principal, self.conversation_id, frame
@@ -216,10 +221,13 @@ class ChatConnection:
                 self._turn_ids[frame.turn_id] = request.client_msg_id
             await self.send(frame)
 
-        with observe.tracer.start_as_current_span("ws.turn", attributes={
-            "macaron.tenant_id": self.principal.tenant_id,
-            "macaron.client_msg_id": request.client_msg_id,
-        }) as span:  # fmt: skip
+        with observe.tracer.start_as_current_span(
+            "ws.turn",
+            attributes={
+                "macaron.tenant_id": self.principal.tenant_id,
+                "macaron.client_msg_id": request.client_msg_id,
+            },
+        ) as span:
             try:
                 await self.service.run_turn(self.principal, request, sink, cancel)
             except MacaronError as exc:

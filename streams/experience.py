@@ -34,16 +34,11 @@ from core.events import (
     TurnCompleted,
     TurnReceived,
 )
+from core.experience import FILTER_VERSION, experience_key
+from core.harness.hcp import HISTORY_TURNS, build_context
+from core.ids import derived_id
 from core.log import RecordedEvent
 from infra.postgres.db import DictConnection
-from server.harness.hcp import HISTORY_TURNS, build_context
-from streams.processor import derived_id
-
-FILTER_VERSION = "experience-1"
-
-
-def experience_key(specialist: str) -> str:
-    return f"experience.{specialist}"
 
 
 class ExperienceBuilder:
@@ -64,7 +59,7 @@ class ExperienceBuilder:
                     "INSERT INTO experience_turns (turn_id, conversation_id, tenant_id, "
                     "position, content) VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
                     (p.turn_id, p.conversation_id, env.tenant_id, env.sequence, p.content),
-                )  # fmt: skip
+                )
             case RouterDecided():
                 conn.execute(
                     "UPDATE experience_turns SET specialist = %s, adapter_version = %s "
@@ -93,8 +88,9 @@ class ExperienceBuilder:
         return []
 
     def _turn(self, conn: DictConnection, turn_id: object) -> dict[str, Any] | None:
-        row = conn.execute("SELECT * FROM experience_turns WHERE turn_id = %s AND completed",
-                           (turn_id,)).fetchone()  # fmt: skip
+        row = conn.execute(
+            "SELECT * FROM experience_turns WHERE turn_id = %s AND completed", (turn_id,)
+        ).fetchone()
         return None if row is None or row["specialist"] is None else dict(row)
 
     def _messages(self, conn: DictConnection, turn: dict[str, Any]) -> list[dict[str, str]]:
@@ -121,16 +117,24 @@ class ExperienceBuilder:
         payload = ExperienceRecorded(
             experience_id=experience_id,
             kind=kind,  # type: ignore[arg-type]  # one of the three kinds, chosen by the caller
-            specialist=turn["specialist"], turn_id=turn["turn_id"],
+            specialist=turn["specialist"],
+            turn_id=turn["turn_id"],
             filter_version=FILTER_VERSION,
-            record={**record, "adapter_version": turn["adapter_version"],
-                    "release_id": turn["release_id"]},
-        )  # fmt: skip
+            record={
+                **record,
+                "adapter_version": turn["adapter_version"],
+                "release_id": turn["release_id"],
+            },
+        )
         return NewEvent(
-            payload=payload, tenant_id=turn["tenant_id"], key=experience_key(turn["specialist"]),
-            event_id=payload.experience_id, causation_id=event.envelope.event_id,
-            correlation_id=turn["turn_id"], occurred_at=event.envelope.occurred_at,
-        )  # fmt: skip
+            payload=payload,
+            tenant_id=turn["tenant_id"],
+            key=experience_key(turn["specialist"]),
+            event_id=payload.experience_id,
+            causation_id=event.envelope.event_id,
+            correlation_id=turn["turn_id"],
+            occurred_at=event.envelope.occurred_at,
+        )
 
     def _from_feedback(
         self, conn: DictConnection, event: RecordedEvent, feedback: FeedbackGiven
@@ -146,9 +150,13 @@ class ExperienceBuilder:
             edited = feedback.edited_text
             return [
                 self._record(event, turn, "sft", {"messages": messages, "target": edited}),
-                self._record(event, turn, "preference", {"messages": messages, "chosen": edited,
-                                                         "rejected": turn["response"]}),
-            ]  # fmt: skip
+                self._record(
+                    event,
+                    turn,
+                    "preference",
+                    {"messages": messages, "chosen": edited, "rejected": turn["response"]},
+                ),
+            ]
         return []
 
     @staticmethod
@@ -169,9 +177,11 @@ class ExperienceBuilder:
         reward = sum(1 for a in actions if a["ok"]) / len(actions)
         messages: Any = self._messages(conn, turn)
         record: dict[str, JsonValue] = {
-            "messages": messages, "actions": json.loads(json.dumps(actions)),
-            "answer": turn["response"], "reward": reward,
-        }  # fmt: skip
+            "messages": messages,
+            "actions": json.loads(json.dumps(actions)),
+            "answer": turn["response"],
+            "reward": reward,
+        }
         return [self._record(event, turn, "trajectory", record)]
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:

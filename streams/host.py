@@ -64,10 +64,13 @@ class ProcessorHost:
         span's context on."""
         envelope = event.envelope
         with observe.tracer.start_as_current_span(
-            f"processor.{self.processor.name}", context=observe.context_of(envelope.trace),
-            attributes={"macaron.event_type": envelope.type,
-                        "macaron.event_id": str(envelope.event_id)},
-        ):  # fmt: skip
+            f"processor.{self.processor.name}",
+            context=observe.context_of(envelope.trace),
+            attributes={
+                "macaron.event_type": envelope.type,
+                "macaron.event_id": str(envelope.event_id),
+            },
+        ):
             derived = self.processor.handle(conn, event)
             headers = observe.carrier()
         return [e.model_copy(update={"trace": headers}) for e in derived]

@@ -10,7 +10,6 @@ delivery, without broker transactions.
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -18,14 +17,6 @@ from core.canonical import canonical_json, sha256_hex
 from core.events import NewEvent
 from core.log import RecordedEvent
 from infra.postgres.db import DictConnection
-
-DERIVED = uuid.UUID("6f1d7c52-3b0e-4c2e-9a51-0d6f3c2b8e11")
-"""Namespace of derived event ids (uuid5)."""
-
-
-def derived_id(*parts: object) -> uuid.UUID:
-    """The same inputs give the same id, so a re-append after a redelivery is a no-op."""
-    return uuid.uuid5(DERIVED, "\x1f".join(str(p) for p in parts))
 
 
 class Processor(Protocol):

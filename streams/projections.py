@@ -37,25 +37,39 @@ class Projections:
                     "INSERT INTO turns (turn_id, conversation_id, tenant_id, received_at, "
                     "content, input_kind, release_id) VALUES (%s, %s, %s, %s, %s, %s, %s) "
                     "ON CONFLICT DO NOTHING",
-                    (p.turn_id, p.conversation_id, env.tenant_id, env.occurred_at, p.content,
-                     p.input_kind, p.release_id),
-                )  # fmt: skip
+                    (
+                        p.turn_id,
+                        p.conversation_id,
+                        env.tenant_id,
+                        env.occurred_at,
+                        p.content,
+                        p.input_kind,
+                        p.release_id,
+                    ),
+                )
                 if inserted.rowcount:
                     conn.execute(
                         "UPDATE conversations SET turns = turns + 1 WHERE conversation_id = %s",
                         (p.conversation_id,),
                     )
             case RouterDecided():
-                self._set(conn, p.turn_id, specialist=p.specialist,
-                          adapter_version=p.adapter_version)  # fmt: skip
+                self._set(
+                    conn, p.turn_id, specialist=p.specialist, adapter_version=p.adapter_version
+                )
             case HarnessActionExecuted():
-                conn.execute("UPDATE turns SET actions = actions + 1 WHERE turn_id = %s",
-                             (p.turn_id,))  # fmt: skip
+                conn.execute(
+                    "UPDATE turns SET actions = actions + 1 WHERE turn_id = %s", (p.turn_id,)
+                )
             case GenUIRendered():
                 self._set(conn, p.turn_id, genui_valid=p.valid)
             case ModelResponded():
-                self._set(conn, p.turn_id, answer=p.text, finish_reason=p.finish_reason,
-                          release_id=p.release_id)  # fmt: skip
+                self._set(
+                    conn,
+                    p.turn_id,
+                    answer=p.text,
+                    finish_reason=p.finish_reason,
+                    release_id=p.release_id,
+                )
             case TurnCompleted():
                 self._set(conn, p.turn_id, completed=True, latency_ms=p.latency_ms)
             case FeedbackGiven():
@@ -69,8 +83,10 @@ class Projections:
     @staticmethod
     def _set(conn: DictConnection, turn_id: object, **values: object) -> None:
         columns = ", ".join(f"{name} = %({name})s" for name in values)
-        conn.execute(f"UPDATE turns SET {columns} WHERE turn_id = %(turn_id)s",
-                     {**values, "turn_id": turn_id})  # fmt: skip
+        conn.execute(
+            f"UPDATE turns SET {columns} WHERE turn_id = %(turn_id)s",
+            {**values, "turn_id": turn_id},
+        )
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:
         return None

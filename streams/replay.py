@@ -32,8 +32,9 @@ def replay(
             with conn.transaction():
                 conn.execute(f'CREATE SCHEMA "{schema}"')
                 for table in processor.tables:
-                    conn.execute(f'CREATE TABLE "{schema}"."{table}" '
-                                 f'(LIKE public."{table}" INCLUDING ALL)')  # fmt: skip
+                    conn.execute(
+                        f'CREATE TABLE "{schema}"."{table}" (LIKE public."{table}" INCLUDING ALL)'
+                    )
             with conn.transaction():
                 conn.execute(f'SET LOCAL search_path TO "{schema}", public')
                 for event in log.read(start=start, end=end):

@@ -34,8 +34,10 @@ class LiveScores:
                     (p.turn_id, p.release_id),
                 )
             case RouterDecided():
-                conn.execute("UPDATE score_turns SET specialist = %s WHERE turn_id = %s",
-                             (p.specialist, p.turn_id))  # fmt: skip
+                conn.execute(
+                    "UPDATE score_turns SET specialist = %s WHERE turn_id = %s",
+                    (p.specialist, p.turn_id),
+                )
             case TurnCompleted():
                 self._add(conn, p.turn_id, turns=1, latency_ms=p.latency_ms)
             case HarnessActionExecuted():

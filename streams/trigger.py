@@ -15,21 +15,13 @@ from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from core.canonical import canonical_json, sha256_hex
 from core.events import ExperienceRecorded, NewEvent, TrainingRequested
+from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record
+from core.ids import derived_id
 from core.log import RecordedEvent
 from infra.postgres.db import DictConnection
-from streams.experience import FILTER_VERSION
-from streams.processor import derived_id
 
 RECIPE = "lora-sft-dpo-1"
-EMPTY_CHAIN = "0" * 64
-
-
-def chain_record(running_hash: str, record: ExperienceRecorded) -> str:
-    """The snapshot hash after one more record."""
-    return sha256_hex(f"{running_hash}{sha256_hex(canonical_json(record.model_dump(mode='json')))}"
-                      .encode())  # fmt: skip
 
 
 class TrainingTrigger:
@@ -64,8 +56,10 @@ class TrainingTrigger:
 
     @staticmethod
     def _in_flight(conn: DictConnection, specialist: str) -> bool:
-        row = conn.execute("SELECT 1 FROM training_runs WHERE specialist = %s AND status IN "
-                           "('queued', 'running')", (specialist,)).fetchone()  # fmt: skip
+        row = conn.execute(
+            "SELECT 1 FROM training_runs WHERE specialist = %s AND status IN ('queued', 'running')",
+            (specialist,),
+        ).fetchone()
         return row is not None
 
     def _request(
@@ -97,21 +91,37 @@ class TrainingTrigger:
             "INSERT INTO dataset_snapshots (snapshot_id, specialist, start_positions, "
             "end_positions, filter_version, content_hash, record_count) "
             "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (snapshot_id, specialist, Jsonb({str(partition): start}),
-             Jsonb({str(partition): end}), FILTER_VERSION, content_hash, count),
-        )  # fmt: skip
+            (
+                snapshot_id,
+                specialist,
+                Jsonb({str(partition): start}),
+                Jsonb({str(partition): end}),
+                FILTER_VERSION,
+                content_hash,
+                count,
+            ),
+        )
         conn.execute(
             "INSERT INTO training_runs (run_id, specialist, parent_adapter_id, snapshot_id, "
             "recipe, status) VALUES (%s, %s, %s, %s, %s, 'queued') ON CONFLICT DO NOTHING",
             (run_id, specialist, parent["adapter_version_id"], snapshot_id, RECIPE),
         )
         payload = TrainingRequested(
-            run_id=run_id, specialist=specialist,
+            run_id=run_id,
+            specialist=specialist,
             parent_adapter_version=f"{parent['specialist']}@{parent['version']}",
-            snapshot_id=snapshot_id, recipe=RECIPE,
-        )  # fmt: skip
-        return [NewEvent(payload=payload, tenant_id="system", key=f"training.{specialist}",
-                         event_id=run_id, causation_id=event.envelope.event_id)]  # fmt: skip
+            snapshot_id=snapshot_id,
+            recipe=RECIPE,
+        )
+        return [
+            NewEvent(
+                payload=payload,
+                tenant_id="system",
+                key=f"training.{specialist}",
+                event_id=run_id,
+                causation_id=event.envelope.event_id,
+            )
+        ]
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:
         for event in derived:

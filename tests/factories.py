@@ -80,8 +80,13 @@ def run_macaron(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     """The ``macaron`` command as an operator runs it, with only the given MACARON_ settings."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("MACARON_")}
     environ.update({"COLUMNS": "200", **env})
-    return subprocess.run([sys.executable, "-m", "macaron", *args], env=environ,
-                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "macaron", *args],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
 
 
 def inject_postgres(database_url: str, envelope: dict[str, Any]) -> None:
@@ -92,8 +97,17 @@ def inject_postgres(database_url: str, envelope: dict[str, Any]) -> None:
             "INSERT INTO events (event_id, type, schema_version, occurred_at, tenant_id, key, "
             "sequence, causation_id, correlation_id, trace, prev_hash, hash, payload) VALUES "
             "(%s, %s, %s, %s, %s, %s, %s, NULL, NULL, %s, %s, %s, %s)",
-            (envelope["event_id"], envelope["type"], envelope["schema_version"],
-             envelope["occurred_at"], envelope["tenant_id"], envelope["key"],
-             envelope["sequence"], Json(envelope["trace"]), envelope["prev_hash"],
-             envelope["hash"], Json(envelope["payload"])),
-        )  # fmt: skip
+            (
+                envelope["event_id"],
+                envelope["type"],
+                envelope["schema_version"],
+                envelope["occurred_at"],
+                envelope["tenant_id"],
+                envelope["key"],
+                envelope["sequence"],
+                Json(envelope["trace"]),
+                envelope["prev_hash"],
+                envelope["hash"],
+                Json(envelope["payload"]),
+            ),
+        )

@@ -151,10 +151,15 @@ def successor(served: Running, folder: Path, rank: int, specialist: str = "codin
     parent = release.adapters[specialist]
     with served.server.pool.connection() as conn, conn.transaction():
         ref: AdapterRef = register_adapter(
-            conn, specialist=specialist, version=parent.version + 1,
-            parent_id=parent.adapter_version_id, sha256=sha, path=str(path), rank=rank,
+            conn,
+            specialist=specialist,
+            version=parent.version + 1,
+            parent_id=parent.adapter_version_id,
+            sha256=sha,
+            path=str(path),
+            rank=rank,
             base_model=release.base_model,
-        )  # fmt: skip
+        )
         child = release.successor(specialist, ref)
         create_release(conn, child, active=False)
     return child

@@ -171,10 +171,20 @@ class PostgresEventLog:
         for sealed in fresh:
             e = sealed.envelope
             values = (
-                e.event_id, e.type, e.schema_version, e.occurred_at, e.tenant_id, e.key,
-                e.sequence, e.causation_id, e.correlation_id, canonical_json(e.trace).decode(),
-                e.prev_hash, e.hash, sealed.payload_json,
-            )  # fmt: skip
+                e.event_id,
+                e.type,
+                e.schema_version,
+                e.occurred_at,
+                e.tenant_id,
+                e.key,
+                e.sequence,
+                e.causation_id,
+                e.correlation_id,
+                canonical_json(e.trace).decode(),
+                e.prev_hash,
+                e.hash,
+                sealed.payload_json,
+            )
             for column, value in zip(columns, values, strict=True):
                 column.append(value)
         inserted = conn.execute(

@@ -74,5 +74,7 @@ def list_keys(conn: DictConnection, tenant_id: str | None = None) -> list[KeyRec
         "WHERE %(tenant)s::text IS NULL OR tenant_id = %(tenant)s ORDER BY created_at",
         {"tenant": tenant_id},
     ).fetchall()
-    return [KeyRecord(r["key_id"], r["tenant_id"], tuple(r["scopes"]), r["created_at"],
-                      r["revoked_at"]) for r in rows]  # fmt: skip
+    return [
+        KeyRecord(r["key_id"], r["tenant_id"], tuple(r["scopes"]), r["created_at"], r["revoked_at"])
+        for r in rows
+    ]

@@ -52,43 +52,68 @@ def _release_chain(conn: DictConnection, release_id: str) -> list[LineageStep]:
         adapters = conn.execute(
             "SELECT ra.specialist, a.version, a.sha256 FROM release_adapters ra "
             "JOIN adapter_versions a USING (adapter_version_id) WHERE ra.release_id = %s "
-            "ORDER BY ra.specialist", (current,),
-        ).fetchall()  # fmt: skip
+            "ORDER BY ra.specialist",
+            (current,),
+        ).fetchall()
         promotions = conn.execute(
             "SELECT kind, from_release_id, reason, created_at FROM promotions "
-            "WHERE to_release_id = %s ORDER BY created_at", (current,),
-        ).fetchall()  # fmt: skip
+            "WHERE to_release_id = %s ORDER BY created_at",
+            (current,),
+        ).fetchall()
         detail: dict[str, Any] = {
-            "active": row["active"], "base_model": row["base_model"],
-            "router_version": row["router_version"], "harness_version": row["harness_version"],
-            "hcp_version": row["hcp_version"], "promoted_by": row["promoted_by"],
-            "adapters": {a["specialist"]: f"{a['specialist']}@{a['version']} "
-                         f"sha256:{a['sha256'][:12]}" for a in adapters},
-            "promotions": [{"kind": p["kind"], "from": p["from_release_id"], "reason": p["reason"],
-                            "at": p["created_at"].isoformat()} for p in promotions],
-        }  # fmt: skip
+            "active": row["active"],
+            "base_model": row["base_model"],
+            "router_version": row["router_version"],
+            "harness_version": row["harness_version"],
+            "hcp_version": row["hcp_version"],
+            "promoted_by": row["promoted_by"],
+            "adapters": {
+                a["specialist"]: f"{a['specialist']}@{a['version']} sha256:{a['sha256'][:12]}"
+                for a in adapters
+            },
+            "promotions": [
+                {
+                    "kind": p["kind"],
+                    "from": p["from_release_id"],
+                    "reason": p["reason"],
+                    "at": p["created_at"].isoformat(),
+                }
+                for p in promotions
+            ],
+        }
         if row["run_id"] is not None:
             detail["run"] = _run(conn, row["run_id"])
-        steps.append(LineageStep(kind="release", id=current, parent=row["parent_release_id"],
-                                 created_at=row["created_at"].isoformat(),
-                                 detail=_json(detail)))  # fmt: skip
+        steps.append(
+            LineageStep(
+                kind="release",
+                id=current,
+                parent=row["parent_release_id"],
+                created_at=row["created_at"].isoformat(),
+                detail=_json(detail),
+            )
+        )
         current = row["parent_release_id"]
     return steps
 
 
 def _adapter_chain(conn: DictConnection, specialist: str, version: int) -> list[LineageStep]:
-    row = conn.execute("SELECT * FROM adapter_versions WHERE specialist = %s AND version = %s",
-                       (specialist, version)).fetchone()  # fmt: skip
+    row = conn.execute(
+        "SELECT * FROM adapter_versions WHERE specialist = %s AND version = %s",
+        (specialist, version),
+    ).fetchone()
     if row is None:
         raise AdapterNotFound(f"no adapter version {specialist}@{version}")
     steps = []
     while row is not None:
         parent = None
         if row["parent_id"] is not None:
-            parent = conn.execute("SELECT * FROM adapter_versions WHERE adapter_version_id = %s",
-                                  (row["parent_id"],)).fetchone()  # fmt: skip
-        run = conn.execute("SELECT run_id FROM training_runs WHERE result_adapter_id = %s",
-                           (row["adapter_version_id"],)).fetchone()  # fmt: skip
+            parent = conn.execute(
+                "SELECT * FROM adapter_versions WHERE adapter_version_id = %s", (row["parent_id"],)
+            ).fetchone()
+        run = conn.execute(
+            "SELECT run_id FROM training_runs WHERE result_adapter_id = %s",
+            (row["adapter_version_id"],),
+        ).fetchone()
         detail: dict[str, Any] = {
             "sha256": row["sha256"],
             "rank": row["rank"],
@@ -97,11 +122,15 @@ def _adapter_chain(conn: DictConnection, specialist: str, version: int) -> list[
         }
         if run is not None:
             detail["run"] = _run(conn, run["run_id"])
-        steps.append(LineageStep(
-            kind="adapter", id=f"{row['specialist']}@{row['version']}",
-            parent=None if parent is None else f"{parent['specialist']}@{parent['version']}",
-            created_at=row["created_at"].isoformat(), detail=_json(detail),
-        ))  # fmt: skip
+        steps.append(
+            LineageStep(
+                kind="adapter",
+                id=f"{row['specialist']}@{row['version']}",
+                parent=None if parent is None else f"{parent['specialist']}@{parent['version']}",
+                created_at=row["created_at"].isoformat(),
+                detail=_json(detail),
+            )
+        )
         row = parent
     return steps
 
@@ -110,24 +139,41 @@ def _run(conn: DictConnection, run_id: Any) -> dict[str, Any]:
     run = conn.execute(
         "SELECT r.*, s.start_positions, s.end_positions, s.filter_version, s.content_hash, "
         "s.record_count FROM training_runs r JOIN dataset_snapshots s USING (snapshot_id) "
-        "WHERE r.run_id = %s", (run_id,),
-    ).fetchone()  # fmt: skip
+        "WHERE r.run_id = %s",
+        (run_id,),
+    ).fetchone()
     assert run is not None  # the foreign key holds
     evaluations = conn.execute(
         "SELECT contract_version, passed, scores->'candidate' AS candidate, "
         "scores->'parent' AS parent, scores->'reasons' AS reasons, created_at "
-        "FROM evaluations WHERE run_id = %s ORDER BY created_at", (run_id,),
-    ).fetchall()  # fmt: skip
+        "FROM evaluations WHERE run_id = %s ORDER BY created_at",
+        (run_id,),
+    ).fetchall()
     return {
-        "run_id": str(run["run_id"]), "status": run["status"], "recipe": run["recipe"],
-        "config": run["config"], "metrics": run["metrics"],
-        "snapshot": {"id": str(run["snapshot_id"]), "start": run["start_positions"],
-                     "end": run["end_positions"], "filter_version": run["filter_version"],
-                     "content_hash": run["content_hash"], "records": run["record_count"]},
-        "evaluations": [{"contract": e["contract_version"], "passed": e["passed"],
-                         "candidate": e["candidate"], "parent": e["parent"],
-                         "reasons": e["reasons"]} for e in evaluations],
-    }  # fmt: skip
+        "run_id": str(run["run_id"]),
+        "status": run["status"],
+        "recipe": run["recipe"],
+        "config": run["config"],
+        "metrics": run["metrics"],
+        "snapshot": {
+            "id": str(run["snapshot_id"]),
+            "start": run["start_positions"],
+            "end": run["end_positions"],
+            "filter_version": run["filter_version"],
+            "content_hash": run["content_hash"],
+            "records": run["record_count"],
+        },
+        "evaluations": [
+            {
+                "contract": e["contract_version"],
+                "passed": e["passed"],
+                "candidate": e["candidate"],
+                "parent": e["parent"],
+                "reasons": e["reasons"],
+            }
+            for e in evaluations
+        ],
+    }
 
 
 def _json(value: dict[str, Any]) -> dict[str, JsonValue]:
@@ -178,15 +224,19 @@ def audit(conn: DictConnection, log: EventLog, store: ArtifactStore) -> AuditRep
 
     violations = verify_chain(counted())
     failures = []
-    rows = conn.execute("SELECT specialist, version, sha256, path FROM adapter_versions "
-                        "ORDER BY specialist, version").fetchall()  # fmt: skip
+    rows = conn.execute(
+        "SELECT specialist, version, sha256, path FROM adapter_versions "
+        "ORDER BY specialist, version"
+    ).fetchall()
     for row in rows:
         try:
             store.verified_path(row["sha256"], row["path"])
         except (AdapterInvalid, AdapterNotFound) as exc:
             failures.append(f"{row['specialist']}@{row['version']}: {exc.message}")
     return AuditReport(
-        keys=len(keys), events=events,
+        keys=len(keys),
+        events=events,
         chain_violations=[f"{v.key} #{v.sequence}: {v.kind}" for v in violations],
-        adapters=len(rows), adapter_failures=failures,
-    )  # fmt: skip
+        adapters=len(rows),
+        adapter_failures=failures,
+    )

@@ -16,9 +16,13 @@ from infra.postgres.db import Pool
 
 
 def request_promotion(
-    pool: Pool, release_id: str, *, kind: str = "promote", run_id: UUID | None = None,
+    pool: Pool,
+    release_id: str,
+    *,
+    kind: str = "promote",
+    run_id: UUID | None = None,
     requested_by: str,
-) -> UUID:  # fmt: skip
+) -> UUID:
     """Ask the serving process to make ``release_id`` active (it loads the adapters, sends a
     canary request and flips, or refuses with the reason). Returns the request id."""
     request_id = uuid7()
@@ -41,8 +45,9 @@ def wait_for_request(pool: Pool, request_id: UUID, timeout: float) -> dict[str, 
     deadline = time.monotonic() + timeout
     while True:
         with pool.connection() as conn:
-            row = conn.execute("SELECT * FROM promotion_requests WHERE request_id = %s",
-                               (request_id,)).fetchone()  # fmt: skip
+            row = conn.execute(
+                "SELECT * FROM promotion_requests WHERE request_id = %s", (request_id,)
+            ).fetchone()
         assert row is not None
         if row["status"] != "pending" or time.monotonic() > deadline:
             return dict(row)

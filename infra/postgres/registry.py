@@ -33,9 +33,13 @@ def register_adapter(
     ).fetchone()
     assert row is not None  # RETURNING always yields the row
     return AdapterRef(
-        adapter_version_id=row["adapter_version_id"], specialist=specialist, version=version,
-        sha256=sha256, path=path, rank=rank,
-    )  # fmt: skip
+        adapter_version_id=row["adapter_version_id"],
+        specialist=specialist,
+        version=version,
+        sha256=sha256,
+        path=path,
+        rank=rank,
+    )
 
 
 def create_release(conn: DictConnection, release: Release, *, active: bool) -> None:
@@ -46,9 +50,16 @@ def create_release(conn: DictConnection, release: Release, *, active: bool) -> N
     conn.execute(
         "INSERT INTO releases (release_id, parent_release_id, base_model, router_version, "
         "harness_version, hcp_version, active) VALUES (%s, %s, %s, %s, %s, %s, %s)",
-        (release.release_id, release.parent_release_id, release.base_model,
-         release.router_version, release.harness_version, release.hcp_version, active),
-    )  # fmt: skip
+        (
+            release.release_id,
+            release.parent_release_id,
+            release.base_model,
+            release.router_version,
+            release.harness_version,
+            release.hcp_version,
+            active,
+        ),
+    )
     conn.cursor().executemany(
         "INSERT INTO release_adapters (release_id, specialist, adapter_version_id) "
         "VALUES (%s, %s, %s)",
@@ -78,7 +89,8 @@ def _release(conn: DictConnection, row: Mapping[str, object]) -> Release:
     ).fetchall()
     return Release(
         release_id=str(row["release_id"]),
-        parent_release_id=None if row["parent_release_id"] is None
+        parent_release_id=None
+        if row["parent_release_id"] is None
         else str(row["parent_release_id"]),
         base_model=str(row["base_model"]),
         router_version=str(row["router_version"]),
@@ -86,9 +98,13 @@ def _release(conn: DictConnection, row: Mapping[str, object]) -> Release:
         hcp_version=str(row["hcp_version"]),
         adapters={
             a["specialist"]: AdapterRef(
-                adapter_version_id=a["adapter_version_id"], specialist=a["specialist"],
-                version=a["version"], sha256=a["sha256"], path=a["path"], rank=a["rank"],
+                adapter_version_id=a["adapter_version_id"],
+                specialist=a["specialist"],
+                version=a["version"],
+                sha256=a["sha256"],
+                path=a["path"],
+                rank=a["rank"],
             )
             for a in adapters
         },
-    )  # fmt: skip
+    )

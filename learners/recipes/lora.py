@@ -135,9 +135,12 @@ def end_of_turn_ids(tokenizer: Any) -> list[int]:
 
 
 def tokenize_turn(
-    tokenizer: Any, messages: list[ChatMessage], answer: str, end_of_turn: list[int],
+    tokenizer: Any,
+    messages: list[ChatMessage],
+    answer: str,
+    end_of_turn: list[int],
     max_length: int,
-) -> Tokenized:  # fmt: skip
+) -> Tokenized:
     """The prompt exactly as the engine builds it (chat template with the generation prompt),
     then the answer and the end of turn; loss falls on the answer and end of turn only.
     Too long a sequence loses its oldest context, keeping the answer that is being taught."""
@@ -193,9 +196,11 @@ def token_nll(model: Any, batch: Batch) -> torch.Tensor:
     label is ``IGNORE``), shape (batch, length - 1)."""
     logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
     nll: torch.Tensor = F.cross_entropy(
-        logits[:, :-1].transpose(1, 2).float(), batch.labels[:, 1:],
-        ignore_index=IGNORE, reduction="none",
-    )  # fmt: skip
+        logits[:, :-1].transpose(1, 2).float(),
+        batch.labels[:, 1:],
+        ignore_index=IGNORE,
+        reduction="none",
+    )
     return nll
 
 
@@ -211,9 +216,12 @@ def answer_logprobs(model: Any, batch: Batch) -> torch.Tensor:
 
 
 def dpo_loss(
-    policy_chosen: torch.Tensor, policy_rejected: torch.Tensor,
-    ref_chosen: torch.Tensor, ref_rejected: torch.Tensor, beta: float,
-) -> torch.Tensor:  # fmt: skip
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+) -> torch.Tensor:
     """Direct Preference Optimisation (Rafailov et al., 2023), mean over pairs:
     ``-logsigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))`` on summed answer log-probs.
     It rewards raising the chosen answer relative to the reference more than the rejected one,
@@ -265,9 +273,13 @@ def reference_logprobs(
 
 
 def setup(
-    base_model_dir: Path, parent_adapter_dir: Path, config: TrainingConfig,
-    sft: list[SFTExample], preferences: list[PreferencePair], older: list[SFTExample],
-) -> Run:  # fmt: skip
+    base_model_dir: Path,
+    parent_adapter_dir: Path,
+    config: TrainingConfig,
+    sft: list[SFTExample],
+    preferences: list[PreferencePair],
+    older: list[SFTExample],
+) -> Run:
     model, tokenizer = load_model(base_model_dir, parent_adapter_dir)
     end = end_of_turn_ids(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end[-1]

@@ -96,8 +96,12 @@ def _parse_event(data: str, url: str) -> tuple[str, tuple[int, ...], FinishReaso
         event = json.loads(data)
         if "error" in event:
             error = event["error"]
-            raise refusal(int(error.get("code") or 500), str(error.get("type")),
-                          str(error.get("message")), url)  # fmt: skip
+            raise refusal(
+                int(error.get("code") or 500),
+                str(error.get("type")),
+                str(error.get("message")),
+                url,
+            )
         choice = event["choices"][0]
         tokens = tuple(int(t) for t in choice.get("token_ids") or ())
         finish = choice.get("finish_reason")
@@ -128,9 +132,15 @@ class FleetEngine:
     """``Engine`` over vLLM replicas (base URLs such as ``http://10.0.0.5:8000``)."""
 
     def __init__(
-        self, urls: Sequence[str], model_dir: Path, *, max_lora_rank: int = 16,
-        max_in_flight: int = 64, timeout_s: float = 60.0, health_interval_s: float = 2.0,
-    ) -> None:  # fmt: skip
+        self,
+        urls: Sequence[str],
+        model_dir: Path,
+        *,
+        max_lora_rank: int = 16,
+        max_in_flight: int = 64,
+        timeout_s: float = 60.0,
+        health_interval_s: float = 2.0,
+    ) -> None:
         if not urls:
             raise ConfigError("the vLLM fleet needs at least one replica URL")
         try:
@@ -283,8 +293,9 @@ class FleetEngine:
 
     def _load_on(self, replica: Replica, name: str, path: str) -> None:
         try:
-            response = self._http.post(f"{replica.url}/v1/load_lora_adapter",
-                                       json={"lora_name": name, "lora_path": path})  # fmt: skip
+            response = self._http.post(
+                f"{replica.url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path}
+            )
         except httpx.TransportError as exc:
             raise ReplicaLost(f"unreachable while loading {name}") from exc
         if response.status_code == 200:
@@ -297,20 +308,29 @@ class FleetEngine:
                 f"vLLM replica {replica.url} finds no adapter files at {path} "
                 "(the replicas must see the adapter store at the same path)"
             )
-        raise AdapterInvalid(f"vLLM replica {replica.url} refused adapter {name} "
-                             f"({response.status_code} {kind}): {message}")  # fmt: skip
+        raise AdapterInvalid(
+            f"vLLM replica {replica.url} refused adapter {name} "
+            f"({response.status_code} {kind}): {message}"
+        )
 
     def _unload_on(self, replica: Replica, name: str) -> None:
         """Best effort: a replica that is away has lost its adapters anyway."""
         try:
-            response = self._http.post(f"{replica.url}/v1/unload_lora_adapter",
-                                       json={"lora_name": name})  # fmt: skip
+            response = self._http.post(
+                f"{replica.url}/v1/unload_lora_adapter", json={"lora_name": name}
+            )
         except httpx.TransportError:
             return
         if response.status_code not in (200, 404):
             kind, message = _error_info(response.content)
-            log.warning("vLLM replica %s did not unload %s (%s %s): %s", replica.url, name,
-                        response.status_code, kind, message)  # fmt: skip
+            log.warning(
+                "vLLM replica %s did not unload %s (%s %s): %s",
+                replica.url,
+                name,
+                response.status_code,
+                kind,
+                message,
+            )
 
     def _canary(self, replica: Replica, name: str) -> None:
         prompt = self.chat_prompt([{"role": "user", "content": "Say hello."}])
@@ -321,8 +341,10 @@ class FleetEngine:
             raise ReplicaLost(f"unreachable during the canary request on {name}") from exc
         if response.status_code != 200 or not _has_choices(response.content):
             kind, message = _error_info(response.content)
-            raise EngineError(f"canary request on {name} failed on vLLM replica {replica.url} "
-                              f"({response.status_code} {kind}): {message}")  # fmt: skip
+            raise EngineError(
+                f"canary request on {name} failed on vLLM replica {replica.url} "
+                f"({response.status_code} {kind}): {message}"
+            )
 
     def _acquire(self, name: str) -> None:
         with self._lock:
@@ -378,9 +400,10 @@ class FleetEngine:
                 "vLLM replica can get a stray adapter); name one, such as chat@0"
             )
         prompt = (
-            list(request.prompt) if isinstance(request.prompt, tuple)
+            list(request.prompt)
+            if isinstance(request.prompt, tuple)
             else prompt_ids(self.tokenizer, request.prompt)
-        )  # fmt: skip
+        )
         if not prompt:
             raise ValueError("the prompt must hold at least one token")
         if self._stopping.is_set():
@@ -429,10 +452,16 @@ class FleetEngine:
     ) -> AsyncGenerator[GenerationChunk, None]:
         params = request.params
         body: dict[str, Any] = {
-            "model": request.adapter, "prompt": prompt, "stream": True, "return_token_ids": True,
-            "max_tokens": params.max_tokens, "temperature": params.temperature,
-            "top_p": params.top_p, "ignore_eos": params.ignore_eos, "stop": list(params.stop),
-        }  # fmt: skip
+            "model": request.adapter,
+            "prompt": prompt,
+            "stream": True,
+            "return_token_ids": True,
+            "max_tokens": params.max_tokens,
+            "temperature": params.temperature,
+            "top_p": params.top_p,
+            "ignore_eos": params.ignore_eos,
+            "stop": list(params.stop),
+        }
         if params.seed is not None:
             body["seed"] = params.seed
         completion = 0
@@ -452,10 +481,13 @@ class FleetEngine:
                     text, tokens, finish = _parse_event(line[len("data: ") :], replica.url)
                     completion += len(tokens)
                     yield GenerationChunk(
-                        request_id=request.request_id, text=text, token_ids=tokens,
-                        finish_reason=finish, prompt_tokens=len(prompt),
+                        request_id=request.request_id,
+                        text=text,
+                        token_ids=tokens,
+                        finish_reason=finish,
+                        prompt_tokens=len(prompt),
                         completion_tokens=completion,
-                    )  # fmt: skip
+                    )
                     if finish is not None:
                         return
         except httpx.HTTPError as exc:  # refused, reset, timed out, cut short, undecodable

@@ -40,10 +40,13 @@ class InstantEngine:
         for i, word in enumerate(words):
             last = i == len(words) - 1
             yield GenerationChunk(
-                request_id=request.request_id, text=word if i == 0 else " " + word,
-                token_ids=(i,), finish_reason="stop" if last else None,
-                prompt_tokens=len(request.prompt), completion_tokens=i + 1,
-            )  # fmt: skip
+                request_id=request.request_id,
+                text=word if i == 0 else " " + word,
+                token_ids=(i,),
+                finish_reason="stop" if last else None,
+                prompt_tokens=len(request.prompt),
+                completion_tokens=i + 1,
+            )
             await asyncio.sleep(0)
 
     def load_adapter(self, name: str, path: str) -> None:

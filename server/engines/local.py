@@ -106,9 +106,12 @@ class LocalEngine:
     """``Engine`` over a Hugging Face Llama-family model folder."""
 
     def __init__(
-        self, model_dir: Path, *, limits: EngineLimits | None = None,
+        self,
+        model_dir: Path,
+        *,
+        limits: EngineLimits | None = None,
         dtype: torch.dtype = torch.float32,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.limits = limits or EngineLimits()
         self.dtype = dtype
         try:
@@ -226,9 +229,10 @@ class LocalEngine:
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         prompt = (
-            list(request.prompt) if isinstance(request.prompt, tuple)
+            list(request.prompt)
+            if isinstance(request.prompt, tuple)
             else self.encode(request.prompt)
-        )  # fmt: skip
+        )
         if not prompt or len(prompt) > self.limits.max_prompt_tokens:
             raise ValueError(f"prompt must be 1 to {self.limits.max_prompt_tokens} tokens")
         vocab = self.model.config.vocab_size
@@ -363,10 +367,16 @@ class LocalEngine:
                     item.cache[index] = (k_row, v_row)
                 else:
                     item.cache.append((k_row, v_row))
-                outputs.append(F.scaled_dot_product_attention(
-                    q[row : row + 1], k_row, v_row, is_causal=steps > 1, scale=attn.scaling,
-                    enable_gqa=True,
-                ))  # fmt: skip
+                outputs.append(
+                    F.scaled_dot_product_attention(
+                        q[row : row + 1],
+                        k_row,
+                        v_row,
+                        is_causal=steps > 1,
+                        scale=attn.scaling,
+                        enable_gqa=True,
+                    )
+                )
             attended = torch.cat(outputs).transpose(1, 2).reshape(batch, steps, -1)
             hidden = residual + attn.o_proj(attended)
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
@@ -415,15 +425,23 @@ class LocalEngine:
         self, item: _Request, text: str, tokens: tuple[int, ...], finish: FinishReason | None
     ) -> GenerationChunk:
         return GenerationChunk(
-            request_id=item.request.request_id, text=text, token_ids=tokens,
-            finish_reason=finish, prompt_tokens=len(item.prompt_ids),
+            request_id=item.request.request_id,
+            text=text,
+            token_ids=tokens,
+            finish_reason=finish,
+            prompt_tokens=len(item.prompt_ids),
             completion_tokens=len(item.out_ids),
-        )  # fmt: skip
+        )
 
     def _finish(
-        self, item: _Request, reason: FinishReason, *, delta: str = "",
-        tokens: tuple[int, ...] = (), error: BaseException | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        item: _Request,
+        reason: FinishReason,
+        *,
+        delta: str = "",
+        tokens: tuple[int, ...] = (),
+        error: BaseException | None = None,
+    ) -> None:
         item.cache.clear()
         if reason == "cancelled":
             self.stats["cancelled"] += 1

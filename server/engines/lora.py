@@ -51,8 +51,10 @@ class LoRAWeights:
 
     @property
     def nbytes(self) -> int:
-        return sum(a.numel() * a.element_size() + b.numel() * b.element_size()
-                   for a, b in self.pairs.values())  # fmt: skip
+        return sum(
+            a.numel() * a.element_size() + b.numel() * b.element_size()
+            for a, b in self.pairs.values()
+        )
 
 
 def read_adapter_config(folder: Path) -> AdapterConfig:
@@ -88,9 +90,12 @@ def check_rank(name: str, config: AdapterConfig, max_rank: int) -> None:
 
 
 def read_adapter(
-    name: str, folder: Path, config: AdapterConfig, shapes: dict[Slot, tuple[int, int]],
+    name: str,
+    folder: Path,
+    config: AdapterConfig,
+    shapes: dict[Slot, tuple[int, int]],
     dtype: torch.dtype,
-) -> LoRAWeights:  # fmt: skip
+) -> LoRAWeights:
     """Load the weights and check every pair against the base model's (in, out) shapes."""
     path = folder / "adapter_model.safetensors"
     found: dict[Slot, dict[str, torch.Tensor]] = {}

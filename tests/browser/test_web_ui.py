@@ -19,16 +19,30 @@ from server.router import RouterService
 from tests.serving import Running, serving
 
 SCREENSHOT = Path("build/screenshots/web_ui.png")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                 "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync"]  # fmt: skip
-CARD = {"type": "Card", "title": "Your trip", "children": [
-    {"type": "Heading", "text": "Lisbon", "level": 3},
-    {"type": "Table", "columns": ["day", "plan"], "rows": [["1", "Alfama"], ["2", "Belém"]]},
-    {"type": "Chart", "kind": "bar", "labels": ["Mon", "Tue"],
-     "series": [{"name": "°C", "values": [21, 24]}]},
-    {"type": "Button", "id": "book", "label": "Book it", "action": "book"},
-]}  # fmt: skip
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+CARD = {
+    "type": "Card",
+    "title": "Your trip",
+    "children": [
+        {"type": "Heading", "text": "Lisbon", "level": 3},
+        {"type": "Table", "columns": ["day", "plan"], "rows": [["1", "Alfama"], ["2", "Belém"]]},
+        {
+            "type": "Chart",
+            "kind": "bar",
+            "labels": ["Mon", "Tue"],
+            "series": [{"name": "°C", "values": [21, 24]}],
+        },
+        {"type": "Button", "id": "book", "label": "Book it", "action": "book"},
+    ],
+}
 
 
 def script(messages: list[dict[str, str]]) -> str:
@@ -47,8 +61,9 @@ def served(
     router: RouterService,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
-    with serving(stack, tmp_path_factory, router=router, model_dir=tiny_model,
-                 engine=InstantEngine(script)) as running:  # fmt: skip
+    with serving(
+        stack, tmp_path_factory, router=router, model_dir=tiny_model, engine=InstantEngine(script)
+    ) as running:
         yield running
 
 

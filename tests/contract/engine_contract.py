@@ -59,8 +59,9 @@ class EngineContract:
         prompt = self.prompt(engine)
 
         async def both() -> list[list[GenerationChunk]]:
-            return await asyncio.gather(*(collect(engine, ask(n, prompt, 12))
-                                          for n in ("contract@1", "contract@2")))  # fmt: skip
+            return await asyncio.gather(
+                *(collect(engine, ask(n, prompt, 12)) for n in ("contract@1", "contract@2"))
+            )
 
         one, two = ([t for c in chunks for t in c.token_ids] for chunks in asyncio.run(both()))
         assert one != two

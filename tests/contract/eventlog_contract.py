@@ -204,11 +204,14 @@ class EventLogContract:
     def test_payload_is_kept_exactly_as_hashed(self, log: EventLog) -> None:
         key = f"conv-{uuid.uuid4()}"
         action = HarnessActionExecuted(
-            turn_id=uuid.uuid4(), action_id=uuid.uuid4(), name="calculator",
+            turn_id=uuid.uuid4(),
+            action_id=uuid.uuid4(),
+            name="calculator",
             args={"expression": "2**60"},
             result={"big": 2.0**60, "negative_zero": -0.0, "tiny": 1e-7, "text": "a\x00b é"},
-            ok=True, harness=HarnessStamp(harness_version="h-test", hcp_version="hcp-1"),
-        )  # fmt: skip
+            ok=True,
+            harness=HarnessStamp(harness_version="h-test", hcp_version="hcp-1"),
+        )
         event = NewEvent(payload=action, tenant_id="tenant-a", key=key)
         [stored] = log.append([event])
         [read] = list(log.read(key=key))

@@ -38,8 +38,12 @@ def test_a_changed_or_misplaced_adapter_is_refused(tiny_model: Path, tmp_path: P
     write_identity_adapter(tiny_model, other, base_model=tiny_model.name, rank=4, seed=2)
     other_sha = folder_digest(other)
     (store.root / other_sha).symlink_to(other, target_is_directory=True)
-    refused = [(sha, str(outside)), (sha, str(stored / ".." / ".." / "elsewhere" / sha)),
-               (sha, "/etc"), (other_sha, str(store.root / other_sha))]  # fmt: skip
+    refused = [
+        (sha, str(outside)),
+        (sha, str(stored / ".." / ".." / "elsewhere" / sha)),
+        (sha, "/etc"),
+        (other_sha, str(store.root / other_sha)),
+    ]
     for digest, path in refused:
         with pytest.raises(AdapterInvalid, match=r"is not \S+ in the artifact store"):
             store.verified_path(digest, path)
@@ -57,8 +61,12 @@ def test_a_changed_or_misplaced_adapter_is_refused(tiny_model: Path, tmp_path: P
 def served_on(
     database_url: str, tiny_model: Path, router: RouterService, tmp_path: Path
 ) -> Iterator[Running]:
-    settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model,
-                        turns_per_minute=1000)  # fmt: skip
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url=database_url,
+        model_dir=tiny_model,
+        turns_per_minute=1000,
+    )
     with running_server(settings, engine=InstantEngine(fixed_reply("ok")), router=router) as run:
         yield run
 
@@ -76,10 +84,15 @@ def test_a_poison_event_goes_to_the_dead_letters_and_the_processor_goes_on(
             send(ws, type="user_turn", client_msg_id=f"p{n}", content="hello")
             turns.append(frames_until(ws, "turn_completed")[-1]["turn_id"])
         if n == 0:  # between the two turns: a TurnReceived this code cannot read
-            inject_postgres(database_url, raw_envelope(
-                key=f"poison-{uuid.uuid4()}", type="TurnReceived", schema_version=3,
-                payload={"turn_id": "not a uuid"},
-            ))  # fmt: skip
+            inject_postgres(
+                database_url,
+                raw_envelope(
+                    key=f"poison-{uuid.uuid4()}",
+                    type="TurnReceived",
+                    schema_version=3,
+                    payload={"turn_id": "not a uuid"},
+                ),
+            )
     handled = catch_up(host)
     [letter] = log.dead_letters()
     assert letter.code == "invalid_event" and "TurnReceived" in letter.reason

@@ -42,8 +42,14 @@ def served(
     router: RouterService,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
-    with serving(stack, tmp_path_factory, router=router, model_dir=tiny_model,
-                 max_new_tokens=8, turns_per_minute=100_000) as running:  # fmt: skip
+    with serving(
+        stack,
+        tmp_path_factory,
+        router=router,
+        model_dir=tiny_model,
+        max_new_tokens=8,
+        turns_per_minute=100_000,
+    ) as running:
         yield running
 
 
@@ -99,10 +105,15 @@ def test_a_bad_request_gets_its_status_and_a_typed_error(
     else:
         body = None if case.get("body") is None else expand(case["body"]).encode()
     response = httpx.request(
-        case["method"], served.http + case["path"], content=body, timeout=30,
-        headers={"Authorization": f"Bearer {keys[case['key']]}",
-                 "Content-Type": "application/json"},
-    )  # fmt: skip
+        case["method"],
+        served.http + case["path"],
+        content=body,
+        timeout=30,
+        headers={
+            "Authorization": f"Bearer {keys[case['key']]}",
+            "Content-Type": "application/json",
+        },
+    )
     expect = case["expect"]
     assert response.status_code == expect["status"], response.text[:500]
     error = response.json()["error"]

@@ -26,9 +26,15 @@ def served(
     router: RouterService,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
-    with serving(stack, tmp_path_factory, router=router, model_dir=tiny_model,
-                 max_new_tokens=12, turns_per_minute=1000,
-                 max_connections_per_tenant=3) as running:  # fmt: skip
+    with serving(
+        stack,
+        tmp_path_factory,
+        router=router,
+        model_dir=tiny_model,
+        max_new_tokens=12,
+        turns_per_minute=1000,
+        max_connections_per_tenant=3,
+    ) as running:
         yield running
 
 
@@ -69,12 +75,15 @@ def test_the_key_may_come_in_a_hello_frame(served: Running) -> None:
         assert frames_until(ws, "pong")[-1] == {"type": "pong"}
 
 
-@pytest.mark.parametrize("first", [
-    {"type": "hello", "api_key": "mk_" + "x" * 43},
-    {"type": "hello"},
-    {"type": "ping"},
-    "not json",
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "first",
+    [
+        {"type": "hello", "api_key": "mk_" + "x" * 43},
+        {"type": "hello"},
+        {"type": "ping"},
+        "not json",
+    ],
+)
 def test_without_a_valid_key_the_socket_closes_with_4401(served: Running, first: object) -> None:
     with served.connect() as ws:
         ws.send(first if isinstance(first, str) else json.dumps(first))
@@ -142,11 +151,15 @@ def test_bad_frames_get_typed_errors_and_the_connection_goes_on(served: Running)
     with served.connect(key) as ws:
         [ready] = frames_until(ws, "ready")
         bad: list[str | bytes] = [
-               b"\x00\x01binary", "{not json", "[1, 2]", json.dumps({"type": "nope"}),
-               json.dumps({"type": "user_turn", "content": "no id"}),
-               json.dumps({"type": "user_turn", "client_msg_id": "x", "content": "x" * 16001}),
-               json.dumps({"type": "ping", "extra": 1}),
-               json.dumps({"type": "cancel", "turn_id": str(uuid.uuid4())})]  # fmt: skip
+            b"\x00\x01binary",
+            "{not json",
+            "[1, 2]",
+            json.dumps({"type": "nope"}),
+            json.dumps({"type": "user_turn", "content": "no id"}),
+            json.dumps({"type": "user_turn", "client_msg_id": "x", "content": "x" * 16001}),
+            json.dumps({"type": "ping", "extra": 1}),
+            json.dumps({"type": "cancel", "turn_id": str(uuid.uuid4())}),
+        ]
         for frame in bad:
             ws.send(frame)
             error = frames_until(ws, "error")[-1]
@@ -192,8 +205,9 @@ def test_tenants_never_see_each_others_conversations(served: Running) -> None:
         frames_until(ws, "ready")
         send(ws, type="hello", conversation_id=conversation_id)
         assert frames_until(ws, "error")[-1]["code"] == "conversation_not_found"
-        send(ws, type="user_turn", client_msg_id="m1", content="hi",
-             conversation_id=conversation_id)  # fmt: skip
+        send(
+            ws, type="user_turn", client_msg_id="m1", content="hi", conversation_id=conversation_id
+        )
         assert frames_until(ws, "error")[-1]["code"] == "conversation_not_found"
         send(ws, type="feedback", turn_id=turn_id, kind="down")
         assert frames_until(ws, "error")[-1]["code"] == "turn_not_found"

@@ -28,10 +28,10 @@ from infra.local_stack import LocalStack, free_port
 from infra.postgres.db import open_pool
 from infra.postgres.keys import create_key
 from infra.postgres.registry import active_release
-from learners.demo import worker_environment
 from learners.worker import app as celery_app
 from learners.worker import configure as configure_celery
 from macaron import wiring
+from macaron.demo import worker_environment
 from server.engines.instant import InstantEngine, fixed_reply
 from server.router import RouterService
 from streams.processor import content_hash
@@ -61,15 +61,25 @@ def completed_in_log(events: list[Any]) -> set[str]:
 
 @pytest.fixture
 def fault_settings(database_url: str, tiny_model: Path, tmp_path: Path) -> Settings:
-    return Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model,
-                    max_new_tokens=400, turns_per_minute=10_000, log_format="text")  # fmt: skip
+    return Settings(
+        home=tmp_path / "home",
+        database_url=database_url,
+        model_dir=tiny_model,
+        max_new_tokens=400,
+        turns_per_minute=10_000,
+        log_format="text",
+    )
 
 
 def start_server(settings: Settings, port: int, log: Path) -> subprocess.Popen[bytes]:
     env = worker_environment(settings)
     with log.open("ab") as out:
-        process = subprocess.Popen([sys.executable, "-m", "macaron", "serve", "--port", str(port)],
-                                   env=env, stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        process = subprocess.Popen(
+            [sys.executable, "-m", "macaron", "serve", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -175,8 +185,14 @@ def instant_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Any]:
     engine = InstantEngine(fixed_reply("fine, thanks"))
-    with serving(stack, tmp_path_factory, engine=engine, router=router, model_dir=tiny_model,
-                 turns_per_minute=100_000) as running:  # fmt: skip
+    with serving(
+        stack,
+        tmp_path_factory,
+        engine=engine,
+        router=router,
+        model_dir=tiny_model,
+        turns_per_minute=100_000,
+    ) as running:
         yield running
 
 
@@ -214,10 +230,18 @@ def test_the_broker_stopped_under_traffic_gives_retryable_errors_and_loses_nothi
     """Tansu here keeps its data in memory, so the broker is frozen (SIGSTOP) and thawed
     (SIGCONT), not killed: a restart would lose every record by design of that storage."""
     topic = f"faults.{uuid.uuid4().hex[:8]}"
-    with serving(stack, tmp_path_factory, engine=InstantEngine(fixed_reply("fine")),
-                 router=router, model_dir=tiny_model, turns_per_minute=100_000, event_log="kafka",
-                 kafka_bootstrap=stack.kafka.bootstrap(), kafka_topic=topic,
-                 kafka_partitions=2) as served:  # fmt: skip
+    with serving(
+        stack,
+        tmp_path_factory,
+        engine=InstantEngine(fixed_reply("fine")),
+        router=router,
+        model_dir=tiny_model,
+        turns_per_minute=100_000,
+        event_log="kafka",
+        kafka_bootstrap=stack.kafka.bootstrap(),
+        kafka_topic=topic,
+        kafka_partitions=2,
+    ) as served:
         broker = stack.kafka.pid()
         assert broker is not None
         with served.connect(served.key("acme")) as ws:
@@ -257,28 +281,44 @@ def test_a_processor_killed_mid_batch_ends_identical_to_a_clean_replay(
             send(ws, type="ping")
             frames_until(ws, "pong")
     settings: Settings = instant_server.settings
-    env = worker_environment(settings.model_copy(update={
-        "log_format": "text", "redis_url": celery_redis_url, "train_threshold": 1_000_000,
-    }))  # fmt: skip
+    env = worker_environment(
+        settings.model_copy(
+            update={
+                "log_format": "text",
+                "redis_url": celery_redis_url,
+                "train_threshold": 1_000_000,
+            }
+        )
+    )
     log = tmp_path / "streams.log"
     with log.open("wb") as out:
-        streams = subprocess.Popen([sys.executable, "-m", "macaron", "streams", "run"], env=env,
-                                   stdout=out, stderr=subprocess.STDOUT)  # fmt: skip
+        streams = subprocess.Popen(
+            [sys.executable, "-m", "macaron", "streams", "run"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
     pool = instant_server.server.pool
     deadline = time.monotonic() + 120
     while not _positions_saved(pool):  # killed once the first batch is committed
         assert time.monotonic() < deadline and streams.poll() is None, log.read_text()[-3000:]
         time.sleep(0.05)
     kill(streams)
-    again = subprocess.run([sys.executable, "-m", "macaron", "streams", "run", "--once"],
-                           env=env, capture_output=True, text=True, timeout=300)  # fmt: skip
+    again = subprocess.run(
+        [sys.executable, "-m", "macaron", "streams", "run", "--once"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert again.returncode == 0, again.stderr[-3000:]
     hosts = wiring.processor_hosts(settings, instant_server.server.log, pool)
     for host in hosts[:3]:  # the trigger's registry rows are not replayed (see replay)
         with pool.connection() as conn:
             live = content_hash(conn, host.processor)
-        digest, handled = replay(host.processor, instant_server.server.log, pool,
-                                 end=host.positions())  # fmt: skip
+        digest, handled = replay(
+            host.processor, instant_server.server.log, pool, end=host.positions()
+        )
         assert handled > 0 and digest == live, host.processor.name
 
 
@@ -300,11 +340,19 @@ def test_a_worker_killed_mid_training_is_redelivered_and_trains_once(
     recipe = tmp_path / "training.yaml"  # long enough to be killed in the middle
     recipe.write_text((DATA / "training-e2e.yaml").read_text().replace("steps: 40", "steps: 30"))
     settings = Settings(
-        home=tmp_path / "home", database_url=database_url, model_dir=tiny_model,
-        redis_url=celery_redis_url, train_threshold=2, training_config=recipe,
-        contract_path=DATA / "contract-e2e.yaml", task_visibility_timeout=5,
-        training_lease_seconds=6, max_new_tokens=8, turns_per_minute=1000, log_format="text",
-    )  # fmt: skip
+        home=tmp_path / "home",
+        database_url=database_url,
+        model_dir=tiny_model,
+        redis_url=celery_redis_url,
+        train_threshold=2,
+        training_config=recipe,
+        contract_path=DATA / "contract-e2e.yaml",
+        task_visibility_timeout=5,
+        training_lease_seconds=6,
+        max_new_tokens=8,
+        turns_per_minute=1000,
+        log_format="text",
+    )
     configure_celery(settings)
     with running_server(settings, router=router) as served:
         first = start_worker(settings, tmp_path / "worker-1.log")
@@ -313,16 +361,26 @@ def test_a_worker_killed_mid_training_is_redelivered_and_trains_once(
             with following(served), served.connect(served.key("acme")) as ws:
                 frames_until(ws, "ready")
                 for n in range(2):
-                    send(ws, type="user_turn", client_msg_id=f"g{n}", content="Show the status.",
-                         specialist_hint="genui")  # fmt: skip
+                    send(
+                        ws,
+                        type="user_turn",
+                        client_msg_id=f"g{n}",
+                        content="Show the status.",
+                        specialist_hint="genui",
+                    )
                     turn_id = frames_until(ws, "turn_completed")[-1]["turn_id"]
                     send(ws, type="feedback", turn_id=turn_id, kind="edit", edited_text=ANSWER)
-                run_id = wait_for(lambda: run_in(served, "running", progressed=True), 180,
-                                  tmp_path / "worker-1.log", served)  # fmt: skip
+                run_id = wait_for(
+                    lambda: run_in(served, "running", progressed=True),
+                    180,
+                    tmp_path / "worker-1.log",
+                    served,
+                )
                 kill(first)  # SIGKILL in the middle of training
                 second = start_worker(settings, tmp_path / "worker-2.log")
-                wait_for(lambda: run_in(served, "succeeded"), 300, tmp_path / "worker-2.log",
-                         served)  # fmt: skip
+                wait_for(
+                    lambda: run_in(served, "succeeded"), 300, tmp_path / "worker-2.log", served
+                )
         finally:
             for worker in (first, second):
                 if worker is not None and worker.poll() is None:
@@ -332,8 +390,9 @@ def test_a_worker_killed_mid_training_is_redelivered_and_trains_once(
                 conn.default_channel.queue_purge("eval")
         with served.server.pool.connection() as conn:
             runs = conn.execute("SELECT run_id, status FROM training_runs").fetchall()
-            versions = conn.execute("SELECT version FROM adapter_versions "
-                                    "WHERE specialist = 'genui' ORDER BY 1").fetchall()  # fmt: skip
+            versions = conn.execute(
+                "SELECT version FROM adapter_versions WHERE specialist = 'genui' ORDER BY 1"
+            ).fetchall()
             active = active_release(conn)
     assert [(str(r["run_id"]), r["status"]) for r in runs] == [(run_id, "succeeded")]
     redelivered = (tmp_path / "worker-2.log").read_text(errors="replace")
@@ -344,9 +403,12 @@ def test_a_worker_killed_mid_training_is_redelivered_and_trains_once(
 
 def start_worker(settings: Settings, log: Path) -> subprocess.Popen[bytes]:
     with log.open("wb") as out:
-        return subprocess.Popen([sys.executable, "-m", "macaron", "worker", "--queues", "train"],
-                                env=worker_environment(settings), stdout=out,
-                                stderr=subprocess.STDOUT)  # fmt: skip
+        return subprocess.Popen(
+            [sys.executable, "-m", "macaron", "worker", "--queues", "train"],
+            env=worker_environment(settings),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def run_in(served: Any, status: str, *, progressed: bool = False) -> str | None:
@@ -372,7 +434,13 @@ def wait_for(probe: Any, timeout: float, log: Path, served: Any) -> str:
         time.sleep(0.2)
     with served.server.pool.connection() as conn:
         runs = conn.execute("SELECT run_id, status, error FROM training_runs").fetchall()
-    states = [(celery_app.AsyncResult(str(r["run_id"])).state,
-               celery_app.AsyncResult(str(r["run_id"])).info) for r in runs]  # fmt: skip
-    raise AssertionError(f"timed out; runs {runs} {states}; worker log:\n"
-                         f"{log.read_text(errors='replace')[-3000:]}")  # fmt: skip
+    states = [
+        (
+            celery_app.AsyncResult(str(r["run_id"])).state,
+            celery_app.AsyncResult(str(r["run_id"])).info,
+        )
+        for r in runs
+    ]
+    raise AssertionError(
+        f"timed out; runs {runs} {states}; worker log:\n{log.read_text(errors='replace')[-3000:]}"
+    )

@@ -14,16 +14,20 @@ import pytest
 
 from core.conversation import Conversation
 from core.events import FeedbackGiven, GenUIRendered, HarnessActionExecuted, TurnReceived
+from core.harness.actions import MAX_ACTIONS_PER_TURN, ActionOutcome, replay, verify_replay
 from infra.local_stack import LocalStack
 from server.engines.instant import InstantEngine
-from server.harness.actions import MAX_ACTIONS_PER_TURN, ActionOutcome, replay, verify_replay
 from server.router import RouterService
 from tests.serving import Running, frames_until, send, serving
 
-CARD = {"type": "Card", "title": "Plan", "children": [
-    {"type": "Text", "text": "Pick one"},
-    {"type": "Button", "id": "go", "label": "Go", "action": "start"},
-]}  # fmt: skip
+CARD = {
+    "type": "Card",
+    "title": "Plan",
+    "children": [
+        {"type": "Text", "text": "Pick one"},
+        {"type": "Button", "id": "go", "label": "Go", "action": "start"},
+    ],
+}
 AGENT_SCRIPTS: dict[str, list[dict[str, Any] | str]] = {
     "remember milk and compute": [
         {"tool": "notes", "args": {"op": "set", "key": "shopping", "value": "milk"}},
@@ -44,8 +48,11 @@ AGENT_SCRIPTS: dict[str, list[dict[str, Any] | str]] = {
 
 def script(messages: list[dict[str, str]]) -> str:
     """Answers by the last user words, and for the agent by how many tool results came back."""
-    user = max(i for i, m in enumerate(messages)
-               if m["role"] == "user" and not m["content"].startswith("Tool result:"))  # fmt: skip
+    user = max(
+        i
+        for i, m in enumerate(messages)
+        if m["role"] == "user" and not m["content"].startswith("Tool result:")
+    )
     content, step = messages[user]["content"], len(messages) - user - 1
     steps = len([m for m in messages[user:] if m["content"].startswith("Tool result:")])
     if content in AGENT_SCRIPTS:
@@ -69,8 +76,14 @@ def served(
     router: RouterService,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
-    with serving(stack, tmp_path_factory, router=router, model_dir=tiny_model,
-                 engine=InstantEngine(script), turns_per_minute=1000) as running:  # fmt: skip
+    with serving(
+        stack,
+        tmp_path_factory,
+        router=router,
+        model_dir=tiny_model,
+        engine=InstantEngine(script),
+        turns_per_minute=1000,
+    ) as running:
         yield running
 
 
@@ -89,8 +102,15 @@ def test_agent_actions_are_events_and_replay_rebuilds_the_same_state(served: Run
         first = turn(served, ws, "remember milk and compute", "agent")
         second = turn(served, ws, "plan my day", "agent")
     actions = [f for f in first + second if f["type"] == "action"]
-    assert [a["name"] for a in actions] == ["notes", "calculator", "clock", "todo", "todo",
-                                            "todo", "calculator"]  # fmt: skip
+    assert [a["name"] for a in actions] == [
+        "notes",
+        "calculator",
+        "clock",
+        "todo",
+        "todo",
+        "todo",
+        "calculator",
+    ]
     assert actions[1]["result"] == {"value": 42} and actions[1]["ok"] is True
     assert (
         actions[-1]["ok"] is False and actions[-1]["result"]["error"]["code"] == "division_by_zero"
@@ -105,15 +125,20 @@ def test_agent_actions_are_events_and_replay_rebuilds_the_same_state(served: Run
     live = served.server.chat._conversations[uuid.UUID(conversation_id)].tool_state
     rebuilt = Conversation.replay(events)
     assert rebuilt is not None and rebuilt.tool_state == live
-    outcomes = [ActionOutcome(e.payload.name, e.payload.args, e.payload.result, e.payload.ok,
-                              e.payload.state_delta)
-                for e in recorded]  # fmt: skip
+    outcomes = [
+        ActionOutcome(
+            e.payload.name, e.payload.args, e.payload.result, e.payload.ok, e.payload.state_delta
+        )
+        for e in recorded
+    ]
     assert replay(outcomes) == live
     times = [e.envelope.occurred_at for e in recorded]
     assert verify_replay(outcomes, times) == live  # re-executed, the clock replays as recorded
     assert live["notes"] == {"shopping": "milk"}
-    assert live["todos"] == {"1": {"text": "buy milk", "done": True},
-                             "2": {"text": "call mum", "done": False}}  # fmt: skip
+    assert live["todos"] == {
+        "1": {"text": "buy milk", "done": True},
+        "2": {"text": "call mum", "done": False},
+    }
 
 
 def test_a_turn_stops_after_the_action_limit(served: Running) -> None:

@@ -39,11 +39,17 @@ def loop_settings(
     database_url: str, celery_redis_url: str, tiny_model: Path, tmp_path: Path
 ) -> Settings:
     return Settings(
-        home=tmp_path / "home", database_url=database_url, model_dir=tiny_model,
-        redis_url=celery_redis_url, train_threshold=4, contract_path=DATA / "contract-e2e.yaml",
-        training_config=DATA / "training-e2e.yaml", task_visibility_timeout=120,
-        turns_per_minute=1000, max_new_tokens=24,
-    )  # fmt: skip
+        home=tmp_path / "home",
+        database_url=database_url,
+        model_dir=tiny_model,
+        redis_url=celery_redis_url,
+        train_threshold=4,
+        contract_path=DATA / "contract-e2e.yaml",
+        training_config=DATA / "training-e2e.yaml",
+        task_visibility_timeout=120,
+        turns_per_minute=1000,
+        max_new_tokens=24,
+    )
 
 
 @pytest.fixture
@@ -52,8 +58,9 @@ def worker(loop_settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen
     for name, value in loop_settings.model_dump(exclude_none=True).items():
         env[f"MACARON_{name.upper()}"] = str(value)
     log = (tmp_path / "worker.log").open("wb")
-    process = subprocess.Popen([sys.executable, "-m", "macaron", "worker"], env=env,
-                               stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+    process = subprocess.Popen(
+        [sys.executable, "-m", "macaron", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT
+    )
     yield process
     process.terminate()
     process.wait(timeout=60)
@@ -73,8 +80,13 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
             promoted = wait_for_promotion(served, tmp_path, worker)
             with served.connect(served.key("learner")) as ws:
                 frames_until(ws, "ready")
-                send(ws, type="user_turn", client_msg_id="after", content="Show the status.",
-                     specialist_hint="genui")  # fmt: skip
+                send(
+                    ws,
+                    type="user_turn",
+                    client_msg_id="after",
+                    content="Show the status.",
+                    specialist_hint="genui",
+                )
                 after = frames_until(ws, "turn_completed")
         assert_replay_matches_live(served, hosts)
         assert after[0]["adapter_version"] == "genui@1"
@@ -123,22 +135,29 @@ def assert_admin_api(served: Running, release_id: str) -> None:
     adapter = httpx.get(f"{served.http}/admin/lineage/genui@1", headers=admin).json()
     assert [s["id"] for s in adapter["lineage"]] == ["genui@1", "genui@0"]
     scores = httpx.get(f"{served.http}/admin/scores", headers=admin).json()["scores"]
-    root_genui = [r for r in scores if r["release_id"] == chain[-1]["id"]
-                  and r["specialist"] == "genui"]  # fmt: skip
+    root_genui = [
+        r for r in scores if r["release_id"] == chain[-1]["id"] and r["specialist"] == "genui"
+    ]
     assert root_genui and root_genui[0]["edits"] == 4 and root_genui[0]["edit_rate"] == 1.0
     back = httpx.post(f"{served.http}/admin/rollback", headers=admin, timeout=180)
     assert back.status_code == 200, back.text
     assert served.server.chat.release.release_id == chain[-1]["id"]
     with served.connect(served.key("learner")) as ws:
         frames_until(ws, "ready")
-        send(ws, type="user_turn", client_msg_id="rolled-back", content="Status?",
-             specialist_hint="genui")  # fmt: skip
+        send(
+            ws,
+            type="user_turn",
+            client_msg_id="rolled-back",
+            content="Status?",
+            specialist_hint="genui",
+        )
         assert frames_until(ws, "turn_completed")[0]["adapter_version"] == "genui@0"
 
 
 def assert_audit(settings: Settings) -> None:
-    env = {f"MACARON_{k.upper()}": str(v)
-           for k, v in settings.model_dump(exclude_none=True).items()}  # fmt: skip
+    env = {
+        f"MACARON_{k.upper()}": str(v) for k, v in settings.model_dump(exclude_none=True).items()
+    }
     audited = run_macaron("audit", "verify", **env)
     assert audited.returncode == 0, audited.stdout + audited.stderr
     assert "0 chain violations, 0 adapter failures" in audited.stdout
@@ -151,10 +170,16 @@ def teach(served: Running) -> set[str]:
     turn_ids = set()
     with served.connect(served.key("learner")) as ws:
         frames_until(ws, "ready")
-        for n, prompt in enumerate(["Show my build.", "Status please.", "Render health.",
-                                    "Show the lamp."]):  # fmt: skip
-            send(ws, type="user_turn", client_msg_id=f"teach-{n}", content=prompt,
-                 specialist_hint="genui")  # fmt: skip
+        for n, prompt in enumerate(
+            ["Show my build.", "Status please.", "Render health.", "Show the lamp."]
+        ):
+            send(
+                ws,
+                type="user_turn",
+                client_msg_id=f"teach-{n}",
+                content=prompt,
+                specialist_hint="genui",
+            )
             turn_id = frames_until(ws, "turn_completed")[0]["turn_id"]
             send(ws, type="feedback", turn_id=turn_id, kind="edit", edited_text=ANSWER)
             turn_ids.add(turn_id)
@@ -166,8 +191,9 @@ def teach(served: Running) -> set[str]:
 def wait_for_promotion(served: Running, tmp_path: Path, worker: Any) -> ReleasePromoted:
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
-        found = [e.payload for e in served.events("releases")
-                 if isinstance(e.payload, ReleasePromoted)]  # fmt: skip
+        found = [
+            e.payload for e in served.events("releases") if isinstance(e.payload, ReleasePromoted)
+        ]
         if len(found) > 0 and found[-1].parent_release_id is not None:
             return found[-1]
         rejected = [e for e in served.events() if isinstance(e.payload, PromotionRejected)]
@@ -177,8 +203,10 @@ def wait_for_promotion(served: Running, tmp_path: Path, worker: Any) -> ReleaseP
     with served.server.pool.connection() as conn:
         runs = conn.execute("SELECT status, error FROM training_runs").fetchall()
         evaluations = conn.execute("SELECT passed, scores FROM evaluations").fetchall()
-    raise AssertionError(f"no promotion: runs {runs}, evaluations {evaluations}\n"
-                         + (tmp_path / "worker.log").read_text()[-4000:])  # fmt: skip
+    raise AssertionError(
+        f"no promotion: runs {runs}, evaluations {evaluations}\n"
+        + (tmp_path / "worker.log").read_text()[-4000:]
+    )
 
 
 def assert_lineage(served: Running, release_id: str, first_turns: set[str]) -> None:
@@ -195,12 +223,15 @@ def assert_lineage(served: Running, release_id: str, first_turns: set[str]) -> N
     [(partition, start)] = run["start_positions"].items()
     [(_, end)] = run["end_positions"].items()
     trained_on = [
-        e for e in served.events("experience.genui")
+        e
+        for e in served.events("experience.genui")
         if isinstance(e.payload, ExperienceRecorded)
-        and e.position.partition == int(partition) and start <= e.position.offset < end
-    ]  # fmt: skip
+        and e.position.partition == int(partition)
+        and start <= e.position.offset < end
+    ]
     assert trained_on and {str(e.payload.turn_id) for e in trained_on} <= first_turns
     causes = {e.envelope.causation_id for e in trained_on}
-    feedback = {e.envelope.event_id for e in served.events()
-                if isinstance(e.payload, FeedbackGiven)}  # fmt: skip
+    feedback = {
+        e.envelope.event_id for e in served.events() if isinstance(e.payload, FeedbackGiven)
+    }
     assert causes <= feedback  # each record was caused by a user's feedback event

@@ -299,8 +299,10 @@ def test_a_failing_request_gets_a_typed_error_and_the_engine_keeps_serving(
 ) -> None:
     broken = make_adapter(tiny_model, tmp_path / "nan", 4, ["down_proj"], 9)
     weights = load_file(str(broken / "adapter_model.safetensors"))
-    save_file({k: torch.full_like(v, float("nan")) for k, v in weights.items()},
-              str(broken / "adapter_model.safetensors"))  # fmt: skip
+    save_file(
+        {k: torch.full_like(v, float("nan")) for k, v in weights.items()},
+        str(broken / "adapter_model.safetensors"),
+    )
     engine.load_adapter("coding@7", str(broken))
     engine.load_adapter("coding@1", str(adapters["coding@1"]))
     sampled = SamplingParams(temperature=1.0, seed=1, max_tokens=8)

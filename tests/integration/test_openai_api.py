@@ -23,8 +23,9 @@ def served(
     router: RouterService,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
-    with serving(stack, tmp_path_factory, router=router, model_dir=tiny_model,
-                 max_new_tokens=10) as running:  # fmt: skip
+    with serving(
+        stack, tmp_path_factory, router=router, model_dir=tiny_model, max_new_tokens=10
+    ) as running:
         yield running
 
 
@@ -64,9 +65,11 @@ def test_a_completion_is_a_recorded_turn(served: Running) -> None:
 
 def test_streaming_with_a_named_specialist(served: Running) -> None:
     stream = client(served, served.key("oa-stream")).chat.completions.create(
-        model="genui", messages=[{"role": "user", "content": "hello"}], stream=True,
+        model="genui",
+        messages=[{"role": "user", "content": "hello"}],
+        stream=True,
         stream_options={"include_usage": True},
-    )  # fmt: skip
+    )
     chunks = list(stream)
     assert {c.model for c in chunks} == {"genui"}
     assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage is not None
@@ -88,8 +91,11 @@ def test_errors_are_typed(served: Running) -> None:
     with pytest.raises(openai.BadRequestError) as bad:
         api.chat.completions.create(model="auto", messages=[{"role": "assistant", "content": "x"}])
     assert bad.value.code == "invalid_frame"
-    raw = httpx.post(f"{served.http}/v1/chat/completions", content=b"\xff{",
-                     headers={"Authorization": f"Bearer {served.key('oa-errors')}"})  # fmt: skip
+    raw = httpx.post(
+        f"{served.http}/v1/chat/completions",
+        content=b"\xff{",
+        headers={"Authorization": f"Bearer {served.key('oa-errors')}"},
+    )
     assert raw.status_code == 400 and raw.json()["error"]["code"] == "invalid_frame"
     assert not [e for e in served.events() if e.envelope.tenant_id == "oa-errors"]
 

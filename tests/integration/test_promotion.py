@@ -43,8 +43,12 @@ class GatedRouter:
 def gated(
     database_url: str, tiny_model: Path, router: RouterService, tmp_path: Path
 ) -> Iterator[tuple[Running, GatedRouter]]:
-    settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model,
-                        turns_per_minute=1000)  # fmt: skip
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url=database_url,
+        model_dir=tiny_model,
+        turns_per_minute=1000,
+    )
     gate = GatedRouter(router)
     engine = InstantEngine(fixed_reply("done"))  # unloads at once: no drain of its own
     try:
@@ -73,8 +77,11 @@ def test_a_turn_keeps_its_release_through_a_flip_before_it_reaches_the_engine(
     engine = served.server.engine
     with served.connect(served.key("t-held")) as ws:
         json.loads(ws.recv(timeout=30))  # ready
-        ws.send(json.dumps({"type": "user_turn", "client_msg_id": "m1",
-                            "content": "write a python function"}))  # fmt: skip
+        ws.send(
+            json.dumps(
+                {"type": "user_turn", "client_msg_id": "m1", "content": "write a python function"}
+            )
+        )
         assert gate.entered.wait(30)  # the turn has its release and waits in the router
 
         if between:
@@ -91,7 +98,10 @@ def test_a_turn_keeps_its_release_through_a_flip_before_it_reaches_the_engine(
         while "coding@0" in engine.loaded_adapters():
             assert time.monotonic() < deadline, "coding@0 was not unloaded after its last turn"
             time.sleep(0.05)
-        ws.send(json.dumps({"type": "user_turn", "client_msg_id": "m2",
-                            "content": "write a python function"}))  # fmt: skip
+        ws.send(
+            json.dumps(
+                {"type": "user_turn", "client_msg_id": "m2", "content": "write a python function"}
+            )
+        )
         started = json.loads(ws.recv(timeout=30))
         assert started["adapter_version"] == "coding@1"

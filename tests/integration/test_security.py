@@ -31,8 +31,14 @@ def served(
     router: RouterService,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
-    with serving(stack, tmp_path_factory, router=router, model_dir=tiny_model,
-                 max_new_tokens=8, turns_per_minute=TURNS_PER_MINUTE) as running:  # fmt: skip
+    with serving(
+        stack,
+        tmp_path_factory,
+        router=router,
+        model_dir=tiny_model,
+        max_new_tokens=8,
+        turns_per_minute=TURNS_PER_MINUTE,
+    ) as running:
         yield running
 
 
@@ -59,20 +65,26 @@ def test_no_api_reaches_another_tenants_conversation(served: Running) -> None:
         frames_until(ws, "ready")
         attempts = [
             {"type": "hello", "conversation_id": conversation_id},  # resume
-            {"type": "user_turn", "client_msg_id": "m1", "content": "x",  # replay alice's id
-             "conversation_id": conversation_id},
+            {
+                "type": "user_turn",
+                "client_msg_id": "m1",
+                "content": "x",  # replay alice's id
+                "conversation_id": conversation_id,
+            },
             {"type": "feedback", "turn_id": turn_id, "kind": "up"},
             {"type": "feedback", "turn_id": turn_id, "kind": "regenerate"},
             {"type": "ui_event", "turn_id": turn_id, "component_id": "a", "action": "click"},
             {"type": "cancel", "turn_id": turn_id},
-        ]  # fmt: skip
+        ]
         for frame in attempts:
             send(ws, **frame)
             error = frames_until(ws, "error")[-1]
             assert error["code"] in {"conversation_not_found", "turn_not_found"}, (frame, error)
             assert "alice" not in json.dumps(error)
-    read = httpx.get(f"{served.http}/v1/conversations/{conversation_id}",
-                     headers={"Authorization": f"Bearer {mallory}"})  # fmt: skip
+    read = httpx.get(
+        f"{served.http}/v1/conversations/{conversation_id}",
+        headers={"Authorization": f"Bearer {mallory}"},
+    )
     assert read.status_code == 404 and read.json()["error"]["code"] == "conversation_not_found"
     assert served.events(conversation_id) == before  # nothing was written in alice's name
 
@@ -80,13 +92,17 @@ def test_no_api_reaches_another_tenants_conversation(served: Running) -> None:
 def test_admin_endpoints_refuse_chat_and_metrics_keys(served: Running) -> None:
     name = tenant()
     refused = {"chat": served.key(name), "metrics": served.key(name, "metrics")}
-    endpoints = [("GET", "/admin/scores", None), ("GET", "/admin/lineage/genui@0", None),
-                 ("POST", "/admin/promote", {"release_id": "rel-x"}),
-                 ("POST", "/admin/rollback", None)]  # fmt: skip
+    endpoints = [
+        ("GET", "/admin/scores", None),
+        ("GET", "/admin/lineage/genui@0", None),
+        ("POST", "/admin/promote", {"release_id": "rel-x"}),
+        ("POST", "/admin/rollback", None),
+    ]
     for scope, key in refused.items():
         for method, path, body in endpoints:
-            response = httpx.request(method, served.http + path, json=body,
-                                     headers={"Authorization": f"Bearer {key}"})  # fmt: skip
+            response = httpx.request(
+                method, served.http + path, json=body, headers={"Authorization": f"Bearer {key}"}
+            )
             assert response.status_code == 403, (scope, path)
             assert response.json()["error"]["code"] == "forbidden"
     for method, path, body in endpoints:  # and no key at all
@@ -131,19 +147,25 @@ def test_keys_are_stored_hashed_and_no_secret_reaches_events_logs_or_spans(
             ).fetchall()
         ]
         dump = "".join(
-            str(row) for table in tables
+            str(row)
+            for table in tables
             for row in conn.execute(f'SELECT to_jsonb(t)::text FROM "{table}" AS t').fetchall()
-        )  # fmt: skip
+        )
     assert stored and all(len(h) == 64 for (h,) in stored)
     events = json.dumps([e.envelope.to_json() for e in served.events()])
     client_side = ("websockets.client", "httpx", "httpcore")  # the test's own clients
-    logs = "\n".join(record.getMessage() for record in caplog.records
-                     if not record.name.startswith(client_side))  # fmt: skip
+    logs = "\n".join(
+        record.getMessage() for record in caplog.records if not record.name.startswith(client_side)
+    )
     traces = "\n".join(span.to_json() for span in spans.get_finished_spans())
     assert traces and events and "completed" in logs  # each turn is logged
     for secret in secrets:
-        for place, text in {"database": dump, "events": events, "logs": logs,
-                            "spans": traces}.items():  # fmt: skip
+        for place, text in {
+            "database": dump,
+            "events": events,
+            "logs": logs,
+            "spans": traces,
+        }.items():
             assert secret not in text, place
 
 

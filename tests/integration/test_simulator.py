@@ -23,17 +23,17 @@ from core.events import FeedbackGiven, TurnReceived
 from core.settings import Settings
 from infra.local_stack import LocalStack
 from infra.postgres.keys import list_keys
-from learners.demo import DEMO_MAX_NEW_TOKENS, demo_settings, run_demo
 from learners.recipes.lora import CPU_CONFIG
-from learners.simulator import (
+from learners.tasks import load_bank
+from macaron.cli import app
+from macaron.demo import DEMO_MAX_NEW_TOKENS, demo_settings, run_demo
+from macaron.simulator import (
     SIMULATOR_TENANT,
     SimulationReport,
     bank_tasks,
     pick_tasks,
     run_simulation,
 )
-from learners.tasks import load_bank
-from macaron.cli import app
 from server.engines.instant import InstantEngine, Script
 from server.router import RouterService
 from tests.conftest import fresh_database
@@ -50,10 +50,13 @@ def scripted(right: set[str]) -> Script:
     genui prompt with a valid tree that lacks the asked words, any other agent prompt in prose;
     after a tool result, it says it is done. ``FAILING_PROMPT`` fails the generation."""
     answers = {
-        task.prompt: task.reference if task.id in right
-        else WRONG_TREE if task.specialist == "genui" else "I would rather not."
+        task.prompt: task.reference
+        if task.id in right
+        else WRONG_TREE
+        if task.specialist == "genui"
+        else "I would rather not."
         for task in BANK
-    }  # fmt: skip
+    }
 
     def script(messages: list[dict[str, str]]) -> str:
         last = messages[-1]["content"]
@@ -69,8 +72,12 @@ def scripted(right: set[str]) -> Script:
 def serve_settings(
     home: Path, database_url: str, tiny_model: Path, turns_per_minute: int
 ) -> Settings:
-    return Settings(home=home, database_url=database_url, model_dir=tiny_model,
-                    turns_per_minute=turns_per_minute)  # fmt: skip
+    return Settings(
+        home=home,
+        database_url=database_url,
+        model_dir=tiny_model,
+        turns_per_minute=turns_per_minute,
+    )
 
 
 PLAN = pick_tasks(BANK, 12, seed=3)
@@ -85,10 +92,12 @@ def served(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Running]:
     with fresh_database(stack) as url:
-        settings = serve_settings(tmp_path_factory.mktemp("sim-home"), url, tiny_model,
-                                  turns_per_minute=1000)  # fmt: skip
-        with running_server(settings, engine=InstantEngine(scripted(RIGHT)),
-                            router=router) as running:  # fmt: skip
+        settings = serve_settings(
+            tmp_path_factory.mktemp("sim-home"), url, tiny_model, turns_per_minute=1000
+        )
+        with running_server(
+            settings, engine=InstantEngine(scripted(RIGHT)), router=router
+        ) as running:
             yield running
 
 
@@ -121,8 +130,11 @@ def test_the_oracle_sends_up_for_right_answers_and_the_reference_for_wrong_ones(
         e.payload.turn_id: e.payload for e in events if isinstance(e.payload, FeedbackGiven)
     }
     received = {e.payload.turn_id: e.payload for e in events if isinstance(e.payload, TurnReceived)}
-    by_turn = {turn.turn_id: task for turn, task in zip(report.turns, PLAN, strict=True)
-               if turn.turn_id is not None}  # fmt: skip
+    by_turn = {
+        turn.turn_id: task
+        for turn, task in zip(report.turns, PLAN, strict=True)
+        if turn.turn_id is not None
+    }
     assert feedback.keys() == received.keys() == by_turn.keys()
     for turn_id, task in by_turn.items():
         given = feedback[turn_id]
@@ -137,8 +149,13 @@ def test_the_oracle_sends_up_for_right_answers_and_the_reference_for_wrong_ones(
 
 
 def test_error_frames_are_counted_and_the_run_goes_on(served: Running) -> None:
-    failing = Task(id="fails", specialist="genui", prompt=FAILING_PROMPT,
-                   checker=GenUIChecker(kind="genui"), reference=WRONG_TREE)  # fmt: skip
+    failing = Task(
+        id="fails",
+        specialist="genui",
+        prompt=FAILING_PROMPT,
+        checker=GenUIChecker(kind="genui"),
+        reference=WRONG_TREE,
+    )
     plan = [PLAN[1], failing, PLAN[2]]
     report = simulate(served, served.key("sim-errors"), plan, concurrency=1)
     [failed] = [t for t in report.turns if t.error is not None]
@@ -153,12 +170,27 @@ def test_an_unknown_key_stops_the_run_with_a_clear_error(served: Running) -> Non
 
 
 def test_the_command_makes_a_key_and_prints_a_table_per_specialist(served: Running) -> None:
-    env = {f"MACARON_{name.upper()}": str(value)
-           for name, value in served.settings.model_dump(exclude_none=True).items()}  # fmt: skip
+    env = {
+        f"MACARON_{name.upper()}": str(value)
+        for name, value in served.settings.model_dump(exclude_none=True).items()
+    }
     result = CliRunner().invoke(
-        app, ["simulate", "--url", served.ws_url, "--turns", "4", "--concurrency", "2",
-              "--specialists", "genui", "--seed", "1"], env=env,
-    )  # fmt: skip
+        app,
+        [
+            "simulate",
+            "--url",
+            served.ws_url,
+            "--turns",
+            "4",
+            "--concurrency",
+            "2",
+            "--specialists",
+            "genui",
+            "--seed",
+            "1",
+        ],
+        env=env,
+    )
     assert result.exit_code == 0, result.output
     assert "genui" in result.output and "pass rate" in result.output
     with served.server.pool.connection() as conn:
@@ -172,8 +204,9 @@ def test_rate_limited_turns_wait_and_are_answered(
     plan = PLAN[:4]
     with fresh_database(stack) as url:
         settings = serve_settings(tmp_path, url, tiny_model, turns_per_minute=3)
-        with running_server(settings, engine=InstantEngine(scripted(RIGHT)),
-                            router=router) as limited:  # fmt: skip
+        with running_server(
+            settings, engine=InstantEngine(scripted(RIGHT)), router=router
+        ) as limited:
             report = simulate(limited, limited.key("sim-limited"), plan, concurrency=2)
             feedback = [e for e in limited.events() if isinstance(e.payload, FeedbackGiven)]
     assert report.rate_limited >= 1 and sum(t.rate_limited > 0 for t in report.turns) == 1
@@ -194,10 +227,15 @@ def test_the_demo_runs_a_generation_and_writes_its_record(
     recipe = yaml.safe_load((DATA / "training-e2e.yaml").read_text())
     training.write_text(yaml.safe_dump({**recipe, "steps": 4}))
     settings = Settings(
-        home=tmp_path / "home", database_url=database_url, model_dir=tiny_model,
-        redis_url=celery_redis_url, train_threshold=4, contract_path=DATA / "contract-e2e.yaml",
-        training_config=training, task_visibility_timeout=120,
-    )  # fmt: skip
+        home=tmp_path / "home",
+        database_url=database_url,
+        model_dir=tiny_model,
+        redis_url=celery_redis_url,
+        train_threshold=4,
+        contract_path=DATA / "contract-e2e.yaml",
+        training_config=training,
+        task_visibility_timeout=120,
+    )
     assert demo_settings(settings).max_new_tokens == DEMO_MAX_NEW_TOKENS
     assert demo_settings(Settings()).training_config == CPU_CONFIG
     settings = settings.model_copy(update={"max_new_tokens": 24})
@@ -205,10 +243,17 @@ def test_the_demo_runs_a_generation_and_writes_its_record(
     assert chosen.max_new_tokens == 24 and chosen.training_config == training
     out = tmp_path / "demo"
     seen: list[int] = []
-    report = run_demo(settings, generations=1, turns_per_generation=12, concurrency=2,
-                      out_dir=out, specialists=("genui",), router=router,
-                      on_generation=lambda g: seen.append(g.generation),
-                      run_timeout_s=240)  # fmt: skip
+    report = run_demo(
+        settings,
+        generations=1,
+        turns_per_generation=12,
+        concurrency=2,
+        out_dir=out,
+        specialists=("genui",),
+        router=router,
+        on_generation=lambda g: seen.append(g.generation),
+        run_timeout_s=240,
+    )
 
     assert seen == [0, 1]
     base, first = report.generations

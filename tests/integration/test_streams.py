@@ -44,8 +44,14 @@ def conversation_events(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[list[RecordedEvent]]:
     """Real turns over the WebSocket: chat with feedback, an agent with actions, GenUI."""
-    with serving(stack, tmp_path_factory, engine=InstantEngine(script), router=router,
-                 model_dir=tiny_model, turns_per_minute=1000) as served:  # fmt: skip
+    with serving(
+        stack,
+        tmp_path_factory,
+        engine=InstantEngine(script),
+        router=router,
+        model_dir=tiny_model,
+        turns_per_minute=1000,
+    ) as served:
         with served.connect(served.key("acme")) as ws:
             frames_until(ws, "ready")
             for content, hint, feedback in [
@@ -55,8 +61,7 @@ def conversation_events(
                 ("show me a card", "genui", {"kind": "down"}),
                 ("plan my day", "agent", None),
             ]:
-                frame: dict[str, Any] = {"client_msg_id": str(uuid.uuid4()),
-                                         "content": content}  # fmt: skip
+                frame: dict[str, Any] = {"client_msg_id": str(uuid.uuid4()), "content": content}
                 if hint:
                     frame["specialist_hint"] = hint
                 send(ws, type="user_turn", **frame)
@@ -70,12 +75,18 @@ def conversation_events(
 
 def copy(events: list[RecordedEvent]) -> list[NewEvent]:
     return [
-        NewEvent(payload=e.payload, tenant_id=e.envelope.tenant_id, key=e.envelope.key,
-                 event_id=e.envelope.event_id, occurred_at=e.envelope.occurred_at,
-                 causation_id=e.envelope.causation_id,
-                 correlation_id=e.envelope.correlation_id, trace=e.envelope.trace)
+        NewEvent(
+            payload=e.payload,
+            tenant_id=e.envelope.tenant_id,
+            key=e.envelope.key,
+            event_id=e.envelope.event_id,
+            occurred_at=e.envelope.occurred_at,
+            causation_id=e.envelope.causation_id,
+            correlation_id=e.envelope.correlation_id,
+            trace=e.envelope.trace,
+        )
         for e in events
-    ]  # fmt: skip
+    ]
 
 
 def settings_for(home: Path, url: str, **extra: Any) -> Settings:
@@ -110,16 +121,21 @@ def test_both_hosts_give_the_same_outputs(
             kafka_log.append(copy(conversation_events))
             env = {
                 **{k: v for k, v in os.environ.items() if not k.startswith("MACARON_")},
-                "MACARON_HOME": str(tmp_path / "kafka"), "MACARON_DATABASE_URL": kafka_url,
-                "MACARON_EVENT_LOG": "kafka", "MACARON_KAFKA_BOOTSTRAP": stack.kafka.bootstrap(),
-                "MACARON_KAFKA_TOPIC": topic, "MACARON_KAFKA_PARTITIONS": "3",
+                "MACARON_HOME": str(tmp_path / "kafka"),
+                "MACARON_DATABASE_URL": kafka_url,
+                "MACARON_EVENT_LOG": "kafka",
+                "MACARON_KAFKA_BOOTSTRAP": stack.kafka.bootstrap(),
+                "MACARON_KAFKA_TOPIC": topic,
+                "MACARON_KAFKA_PARTITIONS": "3",
                 "MACARON_TRAIN_THRESHOLD": str(HIGH_THRESHOLD),
                 "MACARON_REDIS_URL": stack.redis.url(),
-            }  # fmt: skip
+            }
             worker = subprocess.Popen(
                 [sys.executable, "-m", "macaron", "streams", "run", "--host", "faust"],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+            )
             try:
                 caught_up(pool, kafka_log, [h.processor.name for h in hosts], worker)
             finally:
@@ -136,8 +152,9 @@ def outputs(conn: Any, hosts: list[Any]) -> dict[str, Any]:
     are offsets in a different log here (same events, different places)."""
     found: dict[str, Any] = {
         h.processor.name: content_hash(conn, h.processor)
-        for h in hosts if h.processor.name != "training-trigger-1"
-    }  # fmt: skip
+        for h in hosts
+        if h.processor.name != "training-trigger-1"
+    }
     found["training-trigger-1"] = conn.execute(
         "SELECT specialist, pending, running_hash FROM trigger_state ORDER BY specialist"
     ).fetchall()

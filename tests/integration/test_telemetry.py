@@ -26,18 +26,24 @@ from prometheus_client.parser import text_string_to_metric_families
 from core.settings import Settings
 from infra.local_stack import free_port
 from infra.telemetry import JsonFormatter, serve_metrics
-from learners.demo import worker_environment
 from learners.worker import app as celery_app
 from learners.worker import configure as configure_celery
 from macaron import wiring
+from macaron.demo import worker_environment
 from server.router import RouterService
 from tests.factories import run_macaron
 from tests.serving import following, frames_until, running_server, send
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ANSWER = '{"type": "Text", "text": "green"}'
-SERVER_SPANS = {"ws.turn", "router.decide", "harness.context", "engine.generate", "log.append",
-                "ws.feedback"}  # fmt: skip
+SERVER_SPANS = {
+    "ws.turn",
+    "router.decide",
+    "harness.context",
+    "engine.generate",
+    "log.append",
+    "ws.feedback",
+}
 
 
 @pytest.fixture
@@ -45,11 +51,17 @@ def traced_settings(
     database_url: str, celery_redis_url: str, tiny_model: Path, tmp_path: Path
 ) -> Settings:
     return Settings(
-        home=tmp_path / "home", database_url=database_url, model_dir=tiny_model,
-        redis_url=celery_redis_url, train_threshold=1, contract_path=DATA / "contract-e2e.yaml",
-        training_config=DATA / "training-e2e.yaml", task_visibility_timeout=120,
-        max_new_tokens=16, log_format="text",
-    )  # fmt: skip
+        home=tmp_path / "home",
+        database_url=database_url,
+        model_dir=tiny_model,
+        redis_url=celery_redis_url,
+        train_threshold=1,
+        contract_path=DATA / "contract-e2e.yaml",
+        training_config=DATA / "training-e2e.yaml",
+        task_visibility_timeout=120,
+        max_new_tokens=16,
+        log_format="text",
+    )
 
 
 @pytest.fixture
@@ -60,9 +72,11 @@ def console_worker(traced_settings: Settings, tmp_path: Path) -> Iterator[Path]:
     log_path = tmp_path / "worker.log"
     with log_path.open("wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "macaron", "worker", "--queues", "train"], env=env,
-            stdout=log, stderr=subprocess.STDOUT,
-        )  # fmt: skip
+            [sys.executable, "-m", "macaron", "worker", "--queues", "train"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
         try:
             yield log_path
         finally:
@@ -83,8 +97,13 @@ def test_one_turn_makes_one_trace_through_processors_and_celery(
     with running_server(traced_settings, router=router) as served, following(served):
         with served.connect(served.key("acme")) as ws:
             frames_until(ws, "ready")
-            send(ws, type="user_turn", client_msg_id="m1", content="Show the status.",
-                 specialist_hint="genui")  # fmt: skip
+            send(
+                ws,
+                type="user_turn",
+                client_msg_id="m1",
+                content="Show the status.",
+                specialist_hint="genui",
+            )
             turn_id = frames_until(ws, "turn_completed")[-1]["turn_id"]
             send(ws, type="feedback", turn_id=turn_id, kind="edit", edited_text=ANSWER)
             send(ws, type="ping")
@@ -110,14 +129,16 @@ def test_one_turn_makes_one_trace_through_processors_and_celery(
     found = run_macaron("trace", turn_id, MACARON_DATABASE_URL=traced_settings.database_url or "")
     assert found.returncode == 0, found.stderr
     assert f"trace_id {trace_id:032x}" in found.stdout
-    unknown = run_macaron("trace", str(uuid.uuid4()),
-                          MACARON_DATABASE_URL=traced_settings.database_url or "")  # fmt: skip
+    unknown = run_macaron(
+        "trace", str(uuid.uuid4()), MACARON_DATABASE_URL=traced_settings.database_url or ""
+    )
     assert unknown.returncode == 1 and "[turn_not_found]" in unknown.stderr
 
     # The Celery task, in another process, continues the trace under the trigger's span ...
     assert task["context"]["trace_id"] == f"0x{trace_id:032x}"
-    trigger_ids = {f"0x{s.context.span_id:016x}" for s in in_trace
-                   if s.name == "processor.training-trigger-1"}  # fmt: skip
+    trigger_ids = {
+        f"0x{s.context.span_id:016x}" for s in in_trace if s.name == "processor.training-trigger-1"
+    }
     assert task["parent_id"] in trigger_ids
     assert task["attributes"]["macaron.run_id"]
     # ... and links the turns whose experience it trained on.
@@ -143,8 +164,13 @@ def scrape(url: str, key: str | None) -> httpx.Response:
 
 def turns_counted(text: str) -> float:
     """The turns counter's total (absent until a first turn is counted)."""
-    return sum(s.value for f in text_string_to_metric_families(text) if f.name == "macaron_turns"
-               for s in f.samples if s.name.endswith("_total"))  # fmt: skip
+    return sum(
+        s.value
+        for f in text_string_to_metric_families(text)
+        if f.name == "macaron_turns"
+        for s in f.samples
+        if s.name.endswith("_total")
+    )
 
 
 def test_metrics_count_the_turn_and_need_the_metrics_scope(
@@ -181,8 +207,9 @@ def test_metrics_count_the_turn_and_need_the_metrics_scope(
             own = f"http://127.0.0.1:{port}/metrics"
             assert scrape(own, served.key("acme")).status_code == 403
             text = scrape(own, key).text
-            [family] = [f for f in text_string_to_metric_families(text)
-                        if f.name == "macaron_processor_lag"]  # fmt: skip
+            [family] = [
+                f for f in text_string_to_metric_families(text) if f.name == "macaron_processor_lag"
+            ]
             lag = {s.labels["processor"]: s.value for s in family.samples}
             assert lag and all(value > 0 for value in lag.values())  # nothing handled yet
             assert {h.name for h in hosts} <= lag.keys()
@@ -193,8 +220,9 @@ def test_metrics_count_the_turn_and_need_the_metrics_scope(
 
 
 def test_json_logs_carry_the_current_trace(spans: InMemorySpanExporter) -> None:
-    record = logging.LogRecord("macaron.test", logging.INFO, __file__, 1, "hello %s", ("you",),
-                               None)  # fmt: skip
+    record = logging.LogRecord(
+        "macaron.test", logging.INFO, __file__, 1, "hello %s", ("you",), None
+    )
     outside = json.loads(JsonFormatter().format(record))
     assert outside["message"] == "hello you" and "trace_id" not in outside
     with trace.get_tracer("test").start_as_current_span("work") as span:

@@ -13,18 +13,43 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = {"postgres", "redis", "kafka", "migrate", "kafka-topics", "model", "server",
-            "server-vllm", "streams", "worker-eval", "worker-train", "worker-train-cpu", "vllm",
-            "otel-collector", "jaeger"}  # fmt: skip
-MACARON_ROLES = {"server", "server-vllm", "streams", "worker-eval", "worker-train",
-                 "worker-train-cpu"}  # fmt: skip
+SERVICES = {
+    "postgres",
+    "redis",
+    "kafka",
+    "migrate",
+    "kafka-topics",
+    "model",
+    "server",
+    "server-vllm",
+    "streams",
+    "worker-eval",
+    "worker-train",
+    "worker-train-cpu",
+    "vllm",
+    "otel-collector",
+    "jaeger",
+}
+MACARON_ROLES = {
+    "server",
+    "server-vllm",
+    "streams",
+    "worker-eval",
+    "worker-train",
+    "worker-train-cpu",
+}
 
 
 def compose(*args: str, env_file: str = ".env.example") -> subprocess.CompletedProcess[str]:
     binary = shutil.which("docker-compose")
     assert binary is not None, "Debian's docker-compose is missing (scripts/test.sh installs it)"
-    return subprocess.run([binary, "--env-file", env_file, *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [binary, "--env-file", env_file, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -84,8 +109,9 @@ def test_every_service_is_there_and_starts_in_order(config: dict[str, Any]) -> N
 
 
 def test_host_ports_bind_loopback_only(config: dict[str, Any]) -> None:
-    published = [port for service in config["services"].values()
-                 for port in service.get("ports", [])]  # fmt: skip
+    published = [
+        port for service in config["services"].values() for port in service.get("ports", [])
+    ]
     assert published and all(port.startswith("127.0.0.1:") for port in published)
 
 
@@ -103,8 +129,14 @@ def test_the_image_runs_as_a_user_and_the_collector_feeds_jaeger() -> None:
 def test_the_kubernetes_manifests_cover_the_same_roles() -> None:
     documents = list(yaml.safe_load_all((ROOT / "infra" / "k8s" / "macaron.yaml").read_text()))
     deployments = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Deployment"}
-    assert set(deployments) == {"server", "streams", "worker-eval", "worker-train",
-                                "otel-collector", "jaeger"}  # fmt: skip
+    assert set(deployments) == {
+        "server",
+        "streams",
+        "worker-eval",
+        "worker-train",
+        "otel-collector",
+        "jaeger",
+    }
     assert all(d["metadata"]["namespace"] == "macaron" for d in documents)
     for name, deployment in deployments.items():
         pod = deployment["spec"]["template"]["spec"]

@@ -36,9 +36,20 @@ from server.engines.local import LocalEngine
 from server.engines.lora import read_adapter_config
 
 TREE = '{"type":"card","children":[{"type":"text","value":"Hello"}]}'
-TOPICS = ["a greeting", "a welcome", "hello", "a hi card", "a greeting card", "a salutation",
-          "a warm hello", "a friendly card", "an intro", "a hello card", "a greeting box",
-          "a hello panel"]  # fmt: skip
+TOPICS = [
+    "a greeting",
+    "a welcome",
+    "hello",
+    "a hi card",
+    "a greeting card",
+    "a salutation",
+    "a warm hello",
+    "a friendly card",
+    "an intro",
+    "a hello card",
+    "a greeting box",
+    "a hello panel",
+]
 SYSTEM = ChatMessage(role="system", content="Answer with a UI tree.")
 SFT = [
     SFTExample(messages=[SYSTEM, ChatMessage(role="user", content=f"Show me {topic}")], target=TREE)
@@ -66,9 +77,15 @@ def trained(
     out = tmp_path_factory.mktemp("successor")
     seen: Metrics = []
     result = train_successor_adapter(
-        tiny_model, parent, out, sft=SFT, preferences=[], older=[], config=CONFIG,
+        tiny_model,
+        parent,
+        out,
+        sft=SFT,
+        preferences=[],
+        older=[],
+        config=CONFIG,
         progress=lambda step, steps, metrics: seen.append((step, steps, metrics)),
-    )  # fmt: skip
+    )
     return result, out, seen
 
 
@@ -108,9 +125,11 @@ def test_successor_folder_is_a_peft_adapter_the_engine_serves(
 
         async def greedy(adapter: str | None) -> list[int]:
             request = GenerationRequest(
-                request_id=f"r-{adapter}", prompt=prompt, adapter=adapter,
+                request_id=f"r-{adapter}",
+                prompt=prompt,
+                adapter=adapter,
                 params=SamplingParams(max_tokens=12),
-            )  # fmt: skip
+            )
             return [t async for chunk in engine.generate(request) for t in chunk.token_ids]
 
         assert asyncio.run(greedy("genui@1")) != asyncio.run(greedy(None))
@@ -137,9 +156,14 @@ def test_training_starts_from_the_parent_weights(
     batch as its parent's run: it is the parent's trained loss, not the identity's."""
     child, out, _ = trained
     grandchild = train_successor_adapter(
-        tiny_model, out, tmp_path, sft=SFT, preferences=[], older=[],
+        tiny_model,
+        out,
+        tmp_path,
+        sft=SFT,
+        preferences=[],
+        older=[],
         config=CONFIG.model_copy(update={"steps": 1}),
-    )  # fmt: skip
+    )
     assert grandchild.losses[0] < child.losses[-1]
 
 
@@ -156,10 +180,15 @@ def test_preference_pairs_add_a_dpo_loss_against_the_parent(
     ]
     seen: Metrics = []
     result = train_successor_adapter(
-        tiny_model, parent, tmp_path, sft=SFT[4:8], preferences=pairs, older=older,
+        tiny_model,
+        parent,
+        tmp_path,
+        sft=SFT[4:8],
+        preferences=pairs,
+        older=older,
         config=CONFIG.model_copy(update={"steps": 2, "replay_share": 0.25}),
         progress=lambda step, steps, metrics: seen.append((step, steps, metrics)),
-    )  # fmt: skip
+    )
     assert result.pairs == 4
     first, second = seen[0][2], seen[1][2]
     # At the first step the policy is the parent, which is the reference: the margin is 0.
@@ -186,8 +215,9 @@ def test_dpo_loss_matches_hand_computed_values() -> None:
     )
     assert loss.item() == pytest.approx(math.log1p(math.exp(-1)), rel=1e-6)
     # the mean over pairs: margins 2 and -2 at beta 1
-    loss = dpo_loss(torch.tensor([1.0, -1.0]), torch.tensor([-1.0, 1.0]), torch.zeros(2),
-                    torch.zeros(2), 1.0)  # fmt: skip
+    loss = dpo_loss(
+        torch.tensor([1.0, -1.0]), torch.tensor([-1.0, 1.0]), torch.zeros(2), torch.zeros(2), 1.0
+    )
     expected = (math.log1p(math.exp(-2)) + math.log1p(math.exp(2))) / 2
     assert loss.item() == pytest.approx(expected, rel=1e-6)
 

@@ -60,8 +60,9 @@ PROMPTS = ["Hello there, how are you?", "def add(a, b):", "Show me a form", "Par
 def vllm_model(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random Llama with head size 32 (vLLM's CPU attention runs 32 and up)."""
     tokenizer = AutoTokenizer.from_pretrained(tiny_model)
-    return make_tiny_model(tmp_path_factory.mktemp("vllm-model") / "tiny", tokenizer,
-                           seed=0, hidden_size=128)  # fmt: skip
+    return make_tiny_model(
+        tmp_path_factory.mktemp("vllm-model") / "tiny", tokenizer, seed=0, hidden_size=128
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,8 +89,10 @@ def replicas(
 @pytest.fixture(scope="module")
 def adapters(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("vllm-adapters")
-    return {name: make_adapter(vllm_model, root / name.replace("@", "-"), *spec)
-            for name, spec in ADAPTERS.items()}  # fmt: skip
+    return {
+        name: make_adapter(vllm_model, root / name.replace("@", "-"), *spec)
+        for name, spec in ADAPTERS.items()
+    }
 
 
 @pytest.fixture
@@ -104,8 +107,9 @@ def unload_everything(replicas: list[VllmReplica], vllm_model: Path) -> None:
     """Leave the replicas as started: the next test's registry may reuse the names."""
     for replica in replicas:
         for name in names_on(replica) - {str(vllm_model)}:
-            httpx.post(f"{replica.url}/v1/unload_lora_adapter", json={"lora_name": name},
-                       timeout=30).raise_for_status()  # fmt: skip
+            httpx.post(
+                f"{replica.url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=30
+            ).raise_for_status()
 
 
 def names_on(replica: VllmReplica) -> set[str]:
@@ -114,8 +118,12 @@ def names_on(replica: VllmReplica) -> set[str]:
 
 
 def request(adapter: str | None, prompt: tuple[int, ...], tokens: int = 12) -> GenerationRequest:
-    return GenerationRequest(request_id=f"r-{time.monotonic_ns()}", prompt=prompt,
-                             adapter=adapter, params=SamplingParams(max_tokens=tokens))  # fmt: skip
+    return GenerationRequest(
+        request_id=f"r-{time.monotonic_ns()}",
+        prompt=prompt,
+        adapter=adapter,
+        params=SamplingParams(max_tokens=tokens),
+    )
 
 
 async def collect(engine: FleetEngine, req: GenerationRequest) -> list[GenerationChunk]:
@@ -127,8 +135,9 @@ def peft_tokens(base_dir: Path, adapter: Path, prompt: tuple[int, ...], tokens: 
     model: Any = PeftModel.from_pretrained(base, str(adapter)).eval()
     ids = torch.tensor([prompt])
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens,
-                             do_sample=False)  # fmt: skip
+        out = model.generate(
+            ids, attention_mask=torch.ones_like(ids), max_new_tokens=tokens, do_sample=False
+        )
     return [int(t) for t in out[0, len(prompt) :]]
 
 
@@ -160,8 +169,10 @@ def test_outputs_through_the_fleet_equal_peft(
 
 
 def test_requests_go_to_the_least_busy_replica_and_a_full_fleet_says_overloaded(
-    replicas: list[VllmReplica], adapters: dict[str, Path], vllm_model: Path,
-) -> None:  # fmt: skip
+    replicas: list[VllmReplica],
+    adapters: dict[str, Path],
+    vllm_model: Path,
+) -> None:
     fleet = FleetEngine([r.url for r in replicas], vllm_model, max_in_flight=1)
     try:
         fleet.load_adapter("agent@1", str(adapters["agent@1"]))
@@ -193,8 +204,10 @@ def test_requests_go_to_the_least_busy_replica_and_a_full_fleet_says_overloaded(
 
 
 def test_an_adapter_gone_from_every_replica_is_adapter_not_found_then_reloaded(
-    replicas: list[VllmReplica], adapters: dict[str, Path], vllm_model: Path,
-) -> None:  # fmt: skip
+    replicas: list[VllmReplica],
+    adapters: dict[str, Path],
+    vllm_model: Path,
+) -> None:
     fleet = FleetEngine([r.url for r in replicas], vllm_model, health_interval_s=3600)
     try:
         fleet.load_adapter("genui@1", str(adapters["genui@1"]))
@@ -226,11 +239,17 @@ def test_many_seeded_samples_with_long_prompts_leave_the_replicas_healthy(
 
     async def all_at_once() -> list[list[GenerationChunk]]:
         params = [SamplingParams(max_tokens=8, temperature=0.7, seed=i) for i in range(40)]
-        return await asyncio.gather(*(
-            collect(fleet, GenerationRequest(request_id=f"s{i}", prompt=p, adapter="coding@1",
-                                             params=params[i]))
-            for i, p in enumerate(prompts)
-        ))  # fmt: skip
+        return await asyncio.gather(
+            *(
+                collect(
+                    fleet,
+                    GenerationRequest(
+                        request_id=f"s{i}", prompt=p, adapter="coding@1", params=params[i]
+                    ),
+                )
+                for i, p in enumerate(prompts)
+            )
+        )
 
     results = asyncio.run(all_at_once())
     assert all(chunks[-1].completion_tokens == 8 for chunks in results)
@@ -238,8 +257,11 @@ def test_many_seeded_samples_with_long_prompts_leave_the_replicas_healthy(
 
 
 def test_adapters_above_the_rank_limit_are_refused(
-    fleet: FleetEngine, replicas: list[VllmReplica], vllm_model: Path, tmp_path: Path,
-) -> None:  # fmt: skip
+    fleet: FleetEngine,
+    replicas: list[VllmReplica],
+    vllm_model: Path,
+    tmp_path: Path,
+) -> None:
     big = make_adapter(vllm_model, tmp_path / "big", 32, ["q_proj", "v_proj"], 4)
     with pytest.raises(AdapterRankTooLarge, match="rank 32; this engine serves ranks up to 16"):
         fleet.load_adapter("chat@5", str(big))
@@ -262,8 +284,12 @@ def test_adapters_above_the_rank_limit_are_refused(
 def metric(name: str) -> float:
     """A sample's value in this process's Prometheus scrape (0 until first recorded)."""
     text = metrics_exposition()[0].decode()
-    return sum(sample.value for family in text_string_to_metric_families(text)
-               for sample in family.samples if sample.name == name)  # fmt: skip
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    )
 
 
 def restart(replicas: list[VllmReplica], index: int) -> None:
@@ -276,9 +302,11 @@ def restart(replicas: list[VllmReplica], index: int) -> None:
 
 
 def test_replicas_that_die_are_failed_over_and_rejoin_with_their_adapters(
-    replicas: list[VllmReplica], adapters: dict[str, Path], vllm_model: Path,
+    replicas: list[VllmReplica],
+    adapters: dict[str, Path],
+    vllm_model: Path,
     spans: InMemorySpanExporter,  # the metrics SDK, configured once per process
-) -> None:  # fmt: skip
+) -> None:
     # A slow health check, so the fleet learns of deaths from requests first.
     fleet = FleetEngine([r.url for r in replicas], vllm_model, health_interval_s=3600)
     try:
@@ -311,8 +339,9 @@ def test_replicas_that_die_are_failed_over_and_rejoin_with_their_adapters(
 
         # 3. A replica dies mid-answer: that turn ends with a retryable error, the next work.
         endless = SamplingParams(max_tokens=1500, ignore_eos=True)
-        long = GenerationRequest(request_id="long", prompt=prompt, adapter="coding@1",
-                                 params=endless)  # fmt: skip
+        long = GenerationRequest(
+            request_id="long", prompt=prompt, adapter="coding@1", params=endless
+        )
         victim: list[int] = []
 
         async def stream_and_kill() -> None:
@@ -365,15 +394,25 @@ class Session:
                 while not stop.is_set():
                     n += 1
                     sent = time.time()
-                    ws.send(json.dumps({"type": "user_turn", "client_msg_id": f"m{n}",
-                                        "content": "write a python function",
-                                        "specialist_hint": "coding"}))  # fmt: skip
+                    ws.send(
+                        json.dumps(
+                            {
+                                "type": "user_turn",
+                                "client_msg_id": f"m{n}",
+                                "content": "write a python function",
+                                "specialist_hint": "coding",
+                            }
+                        )
+                    )
                     turn: dict[str, Any] = {"sent": sent}
                     while True:
                         frame = json.loads(ws.recv(timeout=120))
                         if frame["type"] == "turn_started":
-                            turn.update(started=time.time(), adapter=frame["adapter_version"],
-                                        release=frame["release_id"])  # fmt: skip
+                            turn.update(
+                                started=time.time(),
+                                adapter=frame["adapter_version"],
+                                release=frame["release_id"],
+                            )
                         elif frame["type"] == "turn_completed":
                             turn["completed"] = True
                             break
@@ -387,17 +426,32 @@ class Session:
 
 @contextmanager
 def server_on(
-    stack: LocalStack, tmp_path_factory: pytest.TempPathFactory, router: RouterService,
-    replicas: list[VllmReplica], vllm_model: Path, max_lora_rank: int = 16,
-) -> Iterator[Running]:  # fmt: skip
+    stack: LocalStack,
+    tmp_path_factory: pytest.TempPathFactory,
+    router: RouterService,
+    replicas: list[VllmReplica],
+    vllm_model: Path,
+    max_lora_rank: int = 16,
+) -> Iterator[Running]:
     """A chat server on a fresh database answering through ``replicas``, wired as ``macaron
     serve`` wires it with MACARON_ENGINE=vllm."""
-    settings = Settings(engine="vllm", vllm_urls=",".join(r.url for r in replicas),
-                        vllm_max_lora_rank=max_lora_rank, model_dir=vllm_model)  # fmt: skip
+    settings = Settings(
+        engine="vllm",
+        vllm_urls=",".join(r.url for r in replicas),
+        vllm_max_lora_rank=max_lora_rank,
+        model_dir=vllm_model,
+    )
     engine = wiring.serving_engine(settings, vllm_model, lambda _: None)
     try:
-        with serving(stack, tmp_path_factory, engine=engine, router=router, model_dir=vllm_model,
-                     turns_per_minute=100_000, max_new_tokens=24) as served:  # fmt: skip
+        with serving(
+            stack,
+            tmp_path_factory,
+            engine=engine,
+            router=router,
+            model_dir=vllm_model,
+            turns_per_minute=100_000,
+            max_new_tokens=24,
+        ) as served:
             yield served
     finally:
         unload_everything(replicas, vllm_model)
@@ -405,9 +459,12 @@ def server_on(
 
 @pytest.fixture
 def served_on_fleet(
-    stack: LocalStack, tmp_path_factory: pytest.TempPathFactory, router: RouterService,
-    replicas: list[VllmReplica], vllm_model: Path,
-) -> Iterator[Running]:  # fmt: skip
+    stack: LocalStack,
+    tmp_path_factory: pytest.TempPathFactory,
+    router: RouterService,
+    replicas: list[VllmReplica],
+    vllm_model: Path,
+) -> Iterator[Running]:
     with server_on(stack, tmp_path_factory, router, replicas, vllm_model) as served:
         yield served
 
@@ -415,14 +472,20 @@ def served_on_fleet(
 def one_turn(served: Running, tenant: str) -> list[dict[str, Any]]:
     with served.connect(served.key(tenant)) as ws:
         json.loads(ws.recv(timeout=30))  # ready
-        ws.send(json.dumps({"type": "user_turn", "client_msg_id": "m1",
-                            "content": "write a python function"}))  # fmt: skip
+        ws.send(
+            json.dumps(
+                {"type": "user_turn", "client_msg_id": "m1", "content": "write a python function"}
+            )
+        )
         return turn_frames(ws)
 
 
 def test_promotion_under_load_fails_no_turn_and_flips_at_one_instant(
-    served_on_fleet: Running, replicas: list[VllmReplica], vllm_model: Path, tmp_path: Path,
-) -> None:  # fmt: skip
+    served_on_fleet: Running,
+    replicas: list[VllmReplica],
+    vllm_model: Path,
+    tmp_path: Path,
+) -> None:
     served = served_on_fleet
     old = served.server.chat.release
     assert old.adapters["coding"].name == "coding@0"
@@ -433,8 +496,10 @@ def test_promotion_under_load_fails_no_turn_and_flips_at_one_instant(
         thread.start()
 
     def each_has(count: int, release: str | None = None) -> bool:
-        return all(sum(1 for t in s.turns if release in (None, t.get("release"))) >= count
-                   for s in sessions)  # fmt: skip
+        return all(
+            sum(1 for t in s.turns if release in (None, t.get("release"))) >= count
+            for s in sessions
+        )
 
     try:
         deadline = time.monotonic() + 300
@@ -480,8 +545,11 @@ def test_promotion_under_load_fails_no_turn_and_flips_at_one_instant(
 
 
 def test_a_rank_too_large_promotion_is_refused_and_the_old_release_serves_on(
-    served_on_fleet: Running, replicas: list[VllmReplica], vllm_model: Path, tmp_path: Path,
-) -> None:  # fmt: skip
+    served_on_fleet: Running,
+    replicas: list[VllmReplica],
+    vllm_model: Path,
+    tmp_path: Path,
+) -> None:
     served = served_on_fleet
     old = served.server.chat.release
     child = successor(served, make_adapter(vllm_model, tmp_path / "big", 32, ALL_LINEAR, 8), 32)
@@ -498,13 +566,18 @@ def test_a_rank_too_large_promotion_is_refused_and_the_old_release_serves_on(
 
 
 def test_a_load_refused_by_one_replica_is_undone_on_the_others(
-    stack: LocalStack, tmp_path_factory: pytest.TempPathFactory, router: RouterService,
-    replicas: list[VllmReplica], vllm_model: Path, tmp_path: Path,
-) -> None:  # fmt: skip
+    stack: LocalStack,
+    tmp_path_factory: pytest.TempPathFactory,
+    router: RouterService,
+    replicas: list[VllmReplica],
+    vllm_model: Path,
+    tmp_path: Path,
+) -> None:
     """A fleet whose replicas disagree on --max-lora-rank: the rank-32 version loads on the
     wide replica, the other refuses it, so the wide one unloads it and the old release serves."""
-    wide = start_replica(vllm_python(), vllm_model, free_port(), tmp_path / "wide.log",
-                         max_lora_rank=32)  # fmt: skip
+    wide = start_replica(
+        vllm_python(), vllm_model, free_port(), tmp_path / "wide.log", max_lora_rank=32
+    )
     try:
         wide.wait_ready()
         fleet = [wide, replicas[0]]
@@ -512,8 +585,9 @@ def test_a_load_refused_by_one_replica_is_undone_on_the_others(
             old = served.server.chat.release
             big = make_adapter(vllm_model, tmp_path / "big", 32, ALL_LINEAR, 9)
             child = successor(served, big, 32)
-            request_id = request_promotion(served.server.pool, child.release_id,
-                                           requested_by="test")  # fmt: skip
+            request_id = request_promotion(
+                served.server.pool, child.release_id, requested_by="test"
+            )
             outcome = wait_for_request(served.server.pool, request_id, 120)
             assert outcome["status"] == "failed"
             assert f"vLLM replica {replicas[0].url} refused adapter coding@1" in outcome["reason"]

@@ -12,8 +12,7 @@ import pytest
 from pydantic import JsonValue
 
 from core.conversation import empty_tool_state
-from core.merge_patch import apply_merge_patch, merge_patch_diff
-from server.harness.actions import (
+from core.harness.actions import (
     MAX_NOTES,
     MAX_TODOS,
     TOOLS,
@@ -24,6 +23,7 @@ from server.harness.actions import (
     replay,
     verify_replay,
 )
+from core.merge_patch import apply_merge_patch, merge_patch_diff
 
 NOW = datetime(2025, 3, 4, 5, 6, 7, tzinfo=UTC)
 

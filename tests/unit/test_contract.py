@@ -28,6 +28,7 @@ from core.contract import (
 )
 from core.engine import GenerationChunk, GenerationRequest
 from core.errors import ContractInvalid, TaskBankInvalid
+from core.harness.hcp import build_context
 from learners import contract as runner
 from learners.contract import (
     CONTRACT_V1,
@@ -38,7 +39,6 @@ from learners.contract import (
 )
 from learners.tasks import load_bank
 from server.engines.instant import InstantEngine, fixed_reply
-from server.harness.hcp import build_context
 
 CONTRACT = load_contract(CONTRACT_V1)
 BANK = load_bank()

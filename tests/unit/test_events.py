@@ -183,9 +183,12 @@ def test_undecodable_records_become_dead_letters_not_crashes() -> None:
     tombstone = decode_stored(LogPosition(2, 5), None)
     assert not isinstance(tombstone, RecordedEvent) and tombstone.code == "invalid_event"
     # A v1 TurnReceived without its "text" field: the upcaster cannot lift it.
-    broken_v1 = raw_envelope(key="k", type="TurnReceived", schema_version=1,
-                             payload={"conversation_id": str(uuid.uuid4()),
-                                      "turn_id": str(uuid.uuid4())})  # fmt: skip
+    broken_v1 = raw_envelope(
+        key="k",
+        type="TurnReceived",
+        schema_version=1,
+        payload={"conversation_id": str(uuid.uuid4()), "turn_id": str(uuid.uuid4())},
+    )
     letter = decode_stored(LogPosition(0, 9), broken_v1)
     assert not isinstance(letter, RecordedEvent)
     assert letter.code == "invalid_event" and "TurnReceived v1" in letter.reason

@@ -25,17 +25,37 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
     max_leaves=20,
 )
-field_names = st.sampled_from(["type", "client_msg_id", "content", "conversation_id", "turn_id",
-                               "kind", "edited_text", "specialist_hint", "component_id",
-                               "action", "value", "api_key"]) | st.text(max_size=12)  # fmt: skip
+field_names = st.sampled_from(
+    [
+        "type",
+        "client_msg_id",
+        "content",
+        "conversation_id",
+        "turn_id",
+        "kind",
+        "edited_text",
+        "specialist_hint",
+        "component_id",
+        "action",
+        "value",
+        "api_key",
+    ]
+) | st.text(max_size=12)
 frame_like = st.fixed_dictionaries(
     {"type": st.sampled_from(FRAME_TYPES) | st.text(max_size=10)},
-    optional={"client_msg_id": st.text(max_size=30), "content": st.text(max_size=50),
-              "turn_id": st.uuids().map(str) | st.text(max_size=40),
-              "kind": st.sampled_from(["up", "down", "edit", "regenerate"]) | st.text(),
-              "edited_text": st.text(max_size=50), "value": json_values},
-).flatmap(lambda base: st.dictionaries(field_names, json_values, max_size=3).map(
-    lambda extra: {**extra, **base}))  # fmt: skip
+    optional={
+        "client_msg_id": st.text(max_size=30),
+        "content": st.text(max_size=50),
+        "turn_id": st.uuids().map(str) | st.text(max_size=40),
+        "kind": st.sampled_from(["up", "down", "edit", "regenerate"]) | st.text(),
+        "edited_text": st.text(max_size=50),
+        "value": json_values,
+    },
+).flatmap(
+    lambda base: st.dictionaries(field_names, json_values, max_size=3).map(
+        lambda extra: {**extra, **base}
+    )
+)
 
 
 def _parses_or_refuses(text: str) -> None:
@@ -69,8 +89,11 @@ def test_frame_shaped_json_is_a_frame_or_invalid_frame(frame: dict[str, Any]) ->
 def _stored() -> dict[str, Any]:
     """A real sealed envelope, as the log stores it."""
     conversation = uuid.uuid4()
-    event = NewEvent(payload=ConversationStarted(conversation_id=conversation, release_id="r"),
-                     tenant_id="acme", key=str(conversation))  # fmt: skip
+    event = NewEvent(
+        payload=ConversationStarted(conversation_id=conversation, release_id="r"),
+        tenant_id="acme",
+        key=str(conversation),
+    )
     data: dict[str, Any] = json.loads(event.seal(1, None).envelope_json())
     return data
 

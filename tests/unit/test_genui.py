@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import JsonValue
 
-from server.harness.genui import (
+from core.harness.genui import (
     CATALOGUE_VERSION,
     GenUIResult,
     catalogue_schema,

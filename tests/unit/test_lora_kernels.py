@@ -47,11 +47,13 @@ class Case:
     def build(self) -> tuple[torch.Tensor, torch.Tensor, LoRAStack, torch.Tensor]:
         gen = torch.Generator().manual_seed(self.seed)
         pairs = [
-            (torch.randn(r, self.fan_in, generator=gen).to(self.dtype),
-             torch.randn(self.fan_out, r, generator=gen).to(self.dtype),
-             float(torch.rand(1, generator=gen)) * 2 + 0.1)
+            (
+                torch.randn(r, self.fan_in, generator=gen).to(self.dtype),
+                torch.randn(self.fan_out, r, generator=gen).to(self.dtype),
+                float(torch.rand(1, generator=gen)) * 2 + 0.1,
+            )
             for r in self.ranks
-        ]  # fmt: skip
+        ]
         n = len(self.ranks)
         if self.order == "one-adapter":
             idx = torch.full((self.tokens,), n - 1)
@@ -73,16 +75,18 @@ def cases() -> list[Case]:
         count = [1, 2, 3, 8, 17, 32][seed % 6]
         picks = torch.randint(0, 5, (count,), generator=gen)
         ranks = tuple(int(r) for r in torch.tensor([4, 8, 16, 32, 64])[picks])
-        out.append(Case(
-            tokens=[1, 7, 64, 256, 301][seed % 5],
-            fan_in=[16, 64, 576, 96][seed % 4],
-            fan_out=[24, 192, 576, 1536][(seed // 4) % 4],
-            ranks=ranks,
-            order=["random", "sorted", "one-adapter"][seed % 3],
-            unused=[0.0, 0.25, 1.0][(seed // 3) % 3] if seed % 7 else 0.5,
-            dtype=[torch.float32, torch.bfloat16][seed % 2],
-            seed=seed,
-        ))  # fmt: skip
+        out.append(
+            Case(
+                tokens=[1, 7, 64, 256, 301][seed % 5],
+                fan_in=[16, 64, 576, 96][seed % 4],
+                fan_out=[24, 192, 576, 1536][(seed // 4) % 4],
+                ranks=ranks,
+                order=["random", "sorted", "one-adapter"][seed % 3],
+                unused=[0.0, 0.25, 1.0][(seed // 3) % 3] if seed % 7 else 0.5,
+                dtype=[torch.float32, torch.bfloat16][seed % 2],
+                seed=seed,
+            )
+        )
     return out
 
 
@@ -102,8 +106,11 @@ def close(actual: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
 def test_fast_paths_match_the_reference(case: Case) -> None:
     x, y, stack, idx = case.build()
     want = expected(x, y, stack, idx)
-    close(expand_segments(y, shrink_segments(x, stack.a, idx), stack.b, stack.scale, idx),
-          want, case.dtype)  # fmt: skip
+    close(
+        expand_segments(y, shrink_segments(x, stack.a, idx), stack.b, stack.scale, idx),
+        want,
+        case.dtype,
+    )
     gathered = gather(stack, idx)
     close(expand_gathered(y, shrink_gathered(x, gathered), gathered), want, case.dtype)
     close(lora_expand(y, lora_shrink(x, stack, idx), stack, idx), want, case.dtype)
@@ -139,8 +146,13 @@ def test_gathered_path_accepts_sequences_per_row() -> None:
 def test_triton_kernels_match_the_reference_in_the_interpreter() -> None:
     """The Triton kernels, run by Triton's interpreter on CPU tensors (no GPU here)."""
     root = Path(__file__).resolve().parents[2]
-    result = subprocess.run([sys.executable, "-m", "tests.unit.triton_check"], cwd=root,
-                            capture_output=True, text=True,
-                            env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "tests.unit.triton_check"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TRITON_INTERPRET": "1"},
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     assert "triton kernels match" in result.stdout

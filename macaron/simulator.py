@@ -126,16 +126,26 @@ class SimulationReport:
 
 
 def report_table(report: SimulationReport, title: str = "simulated users") -> Table:
-    table = Table(title=title, caption=f"{len(report.turns)} turns in {report.seconds:.1f} s; "
-                  f"told to wait {report.rate_limited} times (rate_limited)")  # fmt: skip
+    table = Table(
+        title=title,
+        caption=f"{len(report.turns)} turns in {report.seconds:.1f} s; "
+        f"told to wait {report.rate_limited} times (rate_limited)",
+    )
     for column in ("specialist", "turns", "pass rate", "ups", "edits", "errors", "mean latency"):
         table.add_column(column, justify="left" if column == "specialist" else "right")
     rows = list(report.by_specialist().items())
     if len(rows) > 1:
         rows.append(("all", report.total()))
     for name, s in rows:
-        table.add_row(name, str(s.turns), f"{s.pass_rate:.1%}", str(s.ups), str(s.edits),
-                      str(s.errors), f"{s.mean_latency_ms:.0f} ms")  # fmt: skip
+        table.add_row(
+            name,
+            str(s.turns),
+            f"{s.pass_rate:.1%}",
+            str(s.ups),
+            str(s.edits),
+            str(s.errors),
+            f"{s.mean_latency_ms:.0f} ms",
+        )
     return table
 
 
@@ -148,8 +158,9 @@ def bank_tasks(bank: Iterable[Task], specialists: Sequence[str]) -> list[Task]:
     empty = sorted(set(specialists) - {task.specialist for task in tasks})
     if empty:
         known = sorted({task.specialist for task in bank})
-        raise ConfigError(f"the task bank has no tasks for {', '.join(empty)}; "
-                          f"it has: {', '.join(known)}")  # fmt: skip
+        raise ConfigError(
+            f"the task bank has no tasks for {', '.join(empty)}; it has: {', '.join(known)}"
+        )
     return tasks
 
 
@@ -253,11 +264,20 @@ class _SimulatedUser:
             answer, turn_id, latency_ms = await self._ask_patiently(index, task)
         except _TurnEnded as ended:
             await self._after(ended)
-            return PlayedTurn(index, task.id, task.specialist, error=ended.code,
-                              rate_limited=self.waits)  # fmt: skip
+            return PlayedTurn(
+                index, task.id, task.specialist, error=ended.code, rate_limited=self.waits
+            )
         passed = await asyncio.to_thread(check, task, answer)
-        turn = PlayedTurn(index, task.id, task.specialist, turn_id, answer, passed,
-                          latency_ms=latency_ms, rate_limited=self.waits)  # fmt: skip
+        turn = PlayedTurn(
+            index,
+            task.id,
+            task.specialist,
+            turn_id,
+            answer,
+            passed,
+            latency_ms=latency_ms,
+            rate_limited=self.waits,
+        )
         feedback: Literal["up", "edit"] = "up" if passed else "edit"
         try:
             await self._feedback(turn_id, feedback, task)
@@ -293,8 +313,12 @@ class _SimulatedUser:
         if self.ws is not None:
             return self.ws
         try:
-            ws = await connect(self.url, additional_headers={"Authorization": f"Bearer {self.key}"},
-                               open_timeout=OPEN_TIMEOUT_S, max_size=None)  # fmt: skip
+            ws = await connect(
+                self.url,
+                additional_headers={"Authorization": f"Bearer {self.key}"},
+                open_timeout=OPEN_TIMEOUT_S,
+                max_size=None,
+            )
         except (OSError, TimeoutError, InvalidHandshake, InvalidURI) as exc:
             raise SimulationFailed(f"cannot open a WebSocket to {self.url}: {exc}") from exc
         self.ws = ws
@@ -348,8 +372,9 @@ class _SimulatedUser:
         """Send the oracle's verdict; the ``pong`` after it says it was recorded (frames of one
         connection are handled in order, so an error would come first)."""
         edited = task.reference if kind == "edit" else None
-        await self._send(wire.Feedback(type="feedback", turn_id=turn_id, kind=kind,
-                                       edited_text=edited))  # fmt: skip
+        await self._send(
+            wire.Feedback(type="feedback", turn_id=turn_id, kind=kind, edited_text=edited)
+        )
         await self._send(wire.Ping(type="ping"))
         await self._until(wire.Pong)
 

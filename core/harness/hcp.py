@@ -15,8 +15,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from core.events import ChatMessage, HarnessStamp
-from server.harness.actions import TOOLS, ToolCall, ToolSpec
-from server.harness.genui import CATALOGUE_VERSION, catalogue_schema
+from core.harness.actions import TOOLS, ToolCall, ToolSpec
+from core.harness.genui import CATALOGUE_VERSION, catalogue_schema
 
 HCP_VERSION: Literal["hcp-1"] = "hcp-1"
 HARNESS_VERSION = "harness-1"

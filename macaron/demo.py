@@ -48,7 +48,11 @@ from infra.postgres.registry import active_release
 from learners.contract import CONTRACT_V1, load_contract, run_contract
 from learners.loop import recorded_outcomes
 from learners.recipes.lora import CPU_CONFIG
-from learners.simulator import (
+from learners.tasks import load_bank
+from learners.worker import app as celery_app
+from learners.worker import configure as configure_celery
+from macaron import wiring
+from macaron.simulator import (
     DEFAULT_SPECIALISTS,
     SIMULATOR_TENANT,
     PlayedTurn,
@@ -57,10 +61,6 @@ from learners.simulator import (
     run_simulation,
     task_stream,
 )
-from learners.tasks import load_bank
-from learners.worker import app as celery_app
-from learners.worker import configure as configure_celery
-from macaron import wiring
 from server.chat import Router
 from streams.runner import follow
 
@@ -175,8 +175,9 @@ class Stage:
         code = self.worker.poll()
         if code is not None:
             tail = self.worker_log.read_text(errors="replace")[-2000:]
-            raise DemoFailed(f"the Celery worker exited with {code} (log {self.worker_log}):\n"
-                             f"{tail}")  # fmt: skip
+            raise DemoFailed(
+                f"the Celery worker exited with {code} (log {self.worker_log}):\n{tail}"
+            )
         for thread in self.threads:
             thread.check()
 
@@ -202,9 +203,13 @@ def running_loop(
         step("starting the chat server")
         port = free_port()
         config = uvicorn.Config(
-            server.app, host="127.0.0.1", port=port, lifespan="on",
-            ws_max_size=settings.max_frame_bytes, log_level="warning",
-        )  # fmt: skip
+            server.app,
+            host="127.0.0.1",
+            port=port,
+            lifespan="on",
+            ws_max_size=settings.max_frame_bytes,
+            log_level="warning",
+        )
         uv = uvicorn.Server(config)
         serving = _Background("chat server", uv.run)
         parts.callback(_stop_server, uv, serving)
@@ -220,8 +225,7 @@ def running_loop(
         log = parts.enter_context(log_path.open("wb"))
         worker = _start_worker(settings, log)
         parts.callback(_stop_worker, worker)
-        yield Stage(server, f"ws://127.0.0.1:{port}/v1/ws", worker, log_path,
-                    [serving, processors])  # fmt: skip
+        yield Stage(server, f"ws://127.0.0.1:{port}/v1/ws", worker, log_path, [serving, processors])
 
 
 def _check_broker(settings: Settings) -> None:
@@ -229,8 +233,10 @@ def _check_broker(settings: Settings) -> None:
         with celery_app.connection_for_write() as conn:
             conn.ensure_connection(max_retries=2)
     except Exception as exc:  # kombu raises its transport's errors
-        raise DemoFailed(f"cannot reach Redis for Celery: {exc} (is `macaron up` running, "
-                         f"or MACARON_REDIS_URL set?)") from exc  # fmt: skip
+        raise DemoFailed(
+            f"cannot reach Redis for Celery: {exc} (is `macaron up` running, "
+            f"or MACARON_REDIS_URL set?)"
+        ) from exc
 
 
 def _await_start(uv: uvicorn.Server, serving: _Background) -> None:
@@ -253,9 +259,12 @@ def _stop_processors(stop: threading.Event, processors: _Background) -> None:
 
 
 def _start_worker(settings: Settings, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "macaron", "worker"],
-                            env=worker_environment(settings), stdout=log,
-                            stderr=subprocess.STDOUT)  # fmt: skip
+    return subprocess.Popen(
+        [sys.executable, "-m", "macaron", "worker"],
+        env=worker_environment(settings),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
 
 
 def _stop_worker(worker: subprocess.Popen[bytes]) -> None:
@@ -293,8 +302,10 @@ def run_demo(
     contract = load_contract(settings.contract_path or CONTRACT_V1)
     unscored = sorted(set(specialists) - contract.suites.keys())
     if unscored:
-        raise ConfigError(f"contract {contract.version} has no suite for {', '.join(unscored)}: "
-                          "their training runs could not be evaluated")  # fmt: skip
+        raise ConfigError(
+            f"contract {contract.version} has no suite for {', '.join(unscored)}: "
+            "their training runs could not be evaluated"
+        )
     plays = task_stream(bank_tasks(load_bank(), specialists), seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = DemoReport(contract.version, [])
@@ -347,8 +358,9 @@ class _Demo:
         started = time.monotonic()
         while len(played) < turns and not self._new_runs():
             plan = [next(self.plays) for _ in range(min(2 * concurrency, turns - len(played)))]
-            chunk = asyncio.run(run_simulation(self.stage.url, self.key, plan,
-                                               concurrency=concurrency))  # fmt: skip
+            chunk = asyncio.run(
+                run_simulation(self.stage.url, self.key, plan, concurrency=concurrency)
+            )
             played += chunk.turns
             self.step(f"generation {n}: {len(played)} simulated turns")
             self.stage.check()
@@ -376,8 +388,10 @@ class _Demo:
                 self.seen.update(runs)
                 return [outcome for outcome in outcomes.values() if outcome is not None]
             if time.monotonic() > deadline:
-                raise DemoFailed(f"run {pending[0]} was not decided in {timeout_s:.0f} s "
-                                 f"(worker log: {self.stage.worker_log})")  # fmt: skip
+                raise DemoFailed(
+                    f"run {pending[0]} was not decided in {timeout_s:.0f} s "
+                    f"(worker log: {self.stage.worker_log})"
+                )
             self.step(f"generation {n}: run {pending[0]} {_progress(self.stage, pending[0])}")
             time.sleep(POLL_S)
 
@@ -393,8 +407,9 @@ class _Demo:
             if serving.release_id == active:
                 break
             if time.monotonic() > deadline:
-                raise DemoFailed(f"the server serves {serving.release_id}, not the active "
-                                 f"release {active}")  # fmt: skip
+                raise DemoFailed(
+                    f"the server serves {serving.release_id}, not the active release {active}"
+                )
             time.sleep(0.2)
         with server.pool.connection() as conn:
             outcomes = recorded_outcomes(conn, serving.release_id, self.contract)
@@ -431,10 +446,16 @@ def _outcome(stage: Stage, run_id: UUID) -> RunRecord | None:
     seconds = row["metrics"].get("seconds")
 
     def decided(outcome: str, reasons: list[str]) -> RunRecord:
-        return RunRecord(str(run_id), row["specialist"], outcome, bool(row["passed"]),
-                         None if seconds is None else float(seconds),
-                         scores.get("candidate", {}), scores.get("parent", {}),
-                         reasons)  # fmt: skip
+        return RunRecord(
+            str(run_id),
+            row["specialist"],
+            outcome,
+            bool(row["passed"]),
+            None if seconds is None else float(seconds),
+            scores.get("candidate", {}),
+            scores.get("parent", {}),
+            reasons,
+        )
 
     failure = _task_failure(str(run_id))
     if row["status"] == "failed" or (row["status"] != "succeeded" and failure is not None):
@@ -466,8 +487,9 @@ def _progress(stage: Stage, run_id: UUID) -> str:
     if result.state == "PROGRESS" and isinstance(info, dict):
         return f"training: step {info.get('step')} of {info.get('steps')}"
     with stage.server.pool.connection() as conn:
-        row = conn.execute("SELECT status FROM training_runs WHERE run_id = %s",
-                           (run_id,)).fetchone()  # fmt: skip
+        row = conn.execute(
+            "SELECT status FROM training_runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
     status = "unknown" if row is None else str(row["status"])
     return {"succeeded": "trained: evaluating and deciding"}.get(status, status)
 
@@ -515,16 +537,24 @@ def generation_table(record: GenerationRecord) -> Table:
     """One generation: its runs and the contract score of the release it leaves active."""
     caption = f"active release {record.release_id}; contract: {_scores_text(record.scores)}"
     if record.turns:
-        caption += (f"\n{record.turns} simulated turns, oracle pass rate: "
-                    f"{_scores_text(record.simulated_pass_rate)}")  # fmt: skip
+        caption += (
+            f"\n{record.turns} simulated turns, oracle pass rate: "
+            f"{_scores_text(record.simulated_pass_rate)}"
+        )
     table = Table(title=f"generation {record.generation}", caption=caption)
     for column in ("run", "specialist", "training s", "outcome", "candidate", "parent"):
         table.add_column(column)
     for run in record.runs:
         seconds = "-" if run.training_seconds is None else f"{run.training_seconds:.0f}"
         outcome = run.outcome if not run.reasons else f"{run.outcome}: {'; '.join(run.reasons)}"
-        table.add_row(run.run_id, run.specialist, seconds, outcome,
-                      _scores_text(run.candidate), _scores_text(run.parent))  # fmt: skip
+        table.add_row(
+            run.run_id,
+            run.specialist,
+            seconds,
+            outcome,
+            _scores_text(run.candidate),
+            _scores_text(run.parent),
+        )
     return table
 
 

@@ -1,0 +1,21 @@
+"""Experience: the names and the hash chain that the experience builder, the training trigger
+and the training run share, so a snapshot replays to the hash it was defined with."""
+
+from __future__ import annotations
+
+from core.canonical import canonical_json, sha256_hex
+from core.events import ExperienceRecorded
+
+FILTER_VERSION = "experience-1"
+EMPTY_CHAIN = "0" * 64
+
+
+def experience_key(specialist: str) -> str:
+    """The log key of a specialist's experience records (one key, so one partition, in order)."""
+    return f"experience.{specialist}"
+
+
+def chain_record(running_hash: str, record: ExperienceRecorded) -> str:
+    """The snapshot hash after one more record."""
+    record_hash = sha256_hex(canonical_json(record.model_dump(mode="json")))
+    return sha256_hex(f"{running_hash}{record_hash}".encode())
