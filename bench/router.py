@@ -29,14 +29,8 @@ from transformers.utils import logging as transformers_logging
 
 from bench.report import Row, report, row
 from core.routing import LabelledTurn, RouterDecision, decide
-from server.router import (
-    SEED_EXAMPLES,
-    RouterService,
-    SentenceEmbedder,
-    TrainingConfig,
-    fit_router,
-    load_examples,
-)
+from server.router import RouterService, SentenceEmbedder
+from server.router_training import SEED_EXAMPLES, TrainingConfig, fit_router, load_examples
 
 HELDOUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "routing_heldout.jsonl"
 TURN_WORDS = 50

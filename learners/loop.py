@@ -18,22 +18,39 @@ from typing import Any
 from uuid import UUID
 
 from opentelemetry import trace
-from psycopg.types.json import Jsonb
 from pydantic import TypeAdapter, ValidationError
 
-from core.contract import Contract, decide
+from core.contract import Contract, Decision, decide
 from core.engine import Engine
 from core.errors import MacaronError
 from core.events import CandidateTrained, ContractEvaluated, NewEvent, PromotionRejected
 from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record, experience_key
 from core.ids import derived_id
 from core.log import EventLog
-from core.release import AdapterRef
+from core.release import AdapterRef, Release
 from core.settings import Settings
 from infra import observe
 from infra.artifacts import ArtifactStore
 from infra.postgres.db import DictConnection, Pool
-from infra.postgres.registry import active_release, create_release, register_adapter
+from infra.postgres.registry import (
+    active_release,
+    adapter_ref,
+    adapter_version,
+    next_adapter_version,
+    record_successor,
+    register_adapter,
+)
+from infra.postgres.runs import (
+    claim_run,
+    dataset_snapshot,
+    evaluated_outcomes,
+    fail_run,
+    finish_run,
+    record_evaluation,
+    renew_lease,
+    run_result,
+    training_run,
+)
 from learners.contract import load_contract, run_contract
 from learners.recipes.lora import (
     PreferencePair,
@@ -72,30 +89,12 @@ class Runtime:
 # --- training -------------------------------------------------------------------------------
 
 
-def claim(
-    conn: DictConnection, run_id: UUID, status: str, lease_seconds: int
-) -> dict[str, Any] | None:
-    """Take the run if it is ``status`` and nobody holds a live lease on it."""
-    row = conn.execute(
-        "UPDATE training_runs SET status = 'running', lease_until = now() + %s * interval '1 s' "
-        "WHERE run_id = %s AND (status = %s OR (status = 'running' AND lease_until < now())) "
-        "RETURNING *",
-        (lease_seconds, run_id, status),
-    ).fetchone()
-    return None if row is None else dict(row)
-
-
 def train_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -> str:
     """Train the run's successor adapter; returns its versioned name (or what is there)."""
     with rt.pool.connection() as conn, conn.transaction():
-        run = claim(conn, run_id, "queued", rt.settings.training_lease_seconds)
+        run = claim_run(conn, run_id, "queued", rt.settings.training_lease_seconds)
         if run is None:
-            done = conn.execute(
-                "SELECT r.status, a.specialist, a.version FROM training_runs r LEFT JOIN "
-                "adapter_versions a ON a.adapter_version_id = r.result_adapter_id "
-                "WHERE r.run_id = %s",
-                (run_id,),
-            ).fetchone()
+            done = run_result(conn, run_id)
             if done is None:
                 raise RunFailed(f"no training run {run_id}")
             if done["status"] == "running":
@@ -105,23 +104,15 @@ def train_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -> st
                 if done["version"] is not None
                 else str(done["status"])
             )
-        snapshot = conn.execute(
-            "SELECT * FROM dataset_snapshots WHERE snapshot_id = %s", (run["snapshot_id"],)
-        ).fetchone()
-        parent = conn.execute(
-            "SELECT * FROM adapter_versions WHERE adapter_version_id = %s",
-            (run["parent_adapter_id"],),
-        ).fetchone()
-    assert snapshot is not None and parent is not None  # foreign keys
+        snapshot = dataset_snapshot(conn, run["snapshot_id"])
+        parent = adapter_version(conn, run["parent_adapter_id"])
     try:
-        return _train(rt, run, dict(snapshot), dict(parent), _renewing(rt, run_id, progress))
+        if snapshot is None or parent is None:
+            raise RunFailed(f"run {run_id} lacks its dataset snapshot or its parent adapter")
+        return _train(rt, run, snapshot, parent, _renewing(rt, run_id, progress))
     except Exception as exc:
         with rt.pool.connection() as conn, conn.transaction():
-            conn.execute(
-                "UPDATE training_runs SET status = 'failed', error = %s, "
-                "finished_at = now() WHERE run_id = %s",
-                (repr(exc)[:2000], run_id),
-            )
+            fail_run(conn, run_id, repr(exc)[:2000])
         raise
 
 
@@ -134,11 +125,7 @@ def _renewing(rt: Runtime, run_id: UUID, progress: Progress | None) -> Progress:
         lease = rt.settings.training_lease_seconds
         if time.monotonic() - renewed > lease / 4:
             with rt.pool.connection() as conn, conn.transaction():
-                conn.execute(
-                    "UPDATE training_runs SET lease_until = now() + %s * interval '1 s' "
-                    "WHERE run_id = %s",
-                    (lease, run_id),
-                )
+                renew_lease(conn, run_id, lease)
             renewed = time.monotonic()
         if progress is not None:
             progress(done, steps, losses)
@@ -186,23 +173,7 @@ def _train(
     progress: Progress | None,
 ) -> str:
     records, older = materialize(rt, snapshot)
-    sft = [
-        SFTExample(messages=r.record["messages"], target=r.record["target"])
-        for r in records
-        if r.kind == "sft"
-    ]
-    pairs = [
-        PreferencePair(
-            messages=r.record["messages"], chosen=r.record["chosen"], rejected=r.record["rejected"]
-        )
-        for r in records
-        if r.kind == "preference"
-    ]
-    old = [
-        SFTExample(messages=r.record["messages"], target=r.record["target"])
-        for r in older
-        if r.kind == "sft"
-    ]
+    sft, pairs, old = _examples(records, older)
     parent_dir = rt.store.verified_path(parent["sha256"], parent["path"])
     with tempfile.TemporaryDirectory() as scratch:
         result = train_successor_adapter(
@@ -222,32 +193,7 @@ def _train(
         "examples": float(result.examples),
         "pairs": float(result.pairs),
     }
-    with rt.pool.connection() as conn, conn.transaction():
-        version = conn.execute(
-            "SELECT max(version) + 1 AS v FROM adapter_versions WHERE specialist = %s",
-            (run["specialist"],),
-        ).fetchone()
-        adapter = register_adapter(
-            conn,
-            specialist=run["specialist"],
-            version=int(version["v"] if version else 1),
-            parent_id=parent["adapter_version_id"],
-            sha256=sha,
-            path=str(stored),
-            rank=int(parent["rank"]),
-            base_model=parent["base_model"],
-        )
-        conn.execute(
-            "UPDATE training_runs SET status = 'succeeded', result_adapter_id = %s, "
-            "config = %s, metrics = %s, finished_at = now(), lease_until = NULL "
-            "WHERE run_id = %s",
-            (
-                adapter.adapter_version_id,
-                Jsonb(rt.training.model_dump()),
-                Jsonb(metrics),
-                run["run_id"],
-            ),
-        )
+    adapter = _record_candidate(rt, run, parent, sha, str(stored), metrics)
     rt.log.append(
         [
             NewEvent(
@@ -266,6 +212,60 @@ def _train(
         ]
     )
     return adapter.name
+
+
+def _examples(
+    records: list[Any], older: list[Any]
+) -> tuple[list[SFTExample], list[PreferencePair], list[SFTExample]]:
+    """The snapshot's SFT examples and preference pairs, and the older SFT examples."""
+    sft = [
+        SFTExample(messages=r.record["messages"], target=r.record["target"])
+        for r in records
+        if r.kind == "sft"
+    ]
+    pairs = [
+        PreferencePair(
+            messages=r.record["messages"], chosen=r.record["chosen"], rejected=r.record["rejected"]
+        )
+        for r in records
+        if r.kind == "preference"
+    ]
+    old = [
+        SFTExample(messages=r.record["messages"], target=r.record["target"])
+        for r in older
+        if r.kind == "sft"
+    ]
+    return sft, pairs, old
+
+
+def _record_candidate(
+    rt: Runtime,
+    run: dict[str, Any],
+    parent: dict[str, Any],
+    sha: str,
+    path: str,
+    metrics: dict[str, float],
+) -> AdapterRef:
+    """Register the trained adapter as the specialist's next version and finish the run."""
+    with rt.pool.connection() as conn, conn.transaction():
+        adapter = register_adapter(
+            conn,
+            specialist=run["specialist"],
+            version=next_adapter_version(conn, run["specialist"]),
+            parent_id=parent["adapter_version_id"],
+            sha256=sha,
+            path=path,
+            rank=int(parent["rank"]),
+            base_model=parent["base_model"],
+        )
+        finish_run(
+            conn,
+            run["run_id"],
+            adapter_version_id=adapter.adapter_version_id,
+            config=rt.training.model_dump(),
+            metrics=metrics,
+        )
+    return adapter
 
 
 def _step_id(run_id: UUID, step: str) -> UUID:
@@ -289,13 +289,57 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
     outcomes are reused when recorded), store both, apply the rule; a pass defines the successor
     release (not yet active)."""
     with rt.pool.connection() as conn:
-        run = conn.execute("SELECT * FROM training_runs WHERE run_id = %s", (run_id,)).fetchone()
+        run = training_run(conn, run_id)
         if run is None or run["status"] != "succeeded":
             raise RunFailed(f"run {run_id} has no trained candidate to evaluate")
         release = active_release(conn)
         candidate = _adapter(conn, run["result_adapter_id"])
     contract = load_contract(rt.contract_path)
     specialist = str(run["specialist"])
+    candidate_outcomes, parent_outcomes = _contract_outcomes(
+        rt, contract, release, specialist, candidate
+    )
+    decision = decide(candidate_outcomes, parent_outcomes, specialist, contract.rule)
+    cand_scores, parent_scores = _scores(candidate_outcomes), _scores(parent_outcomes)
+    successor = release.successor(specialist, candidate) if decision.passed else None
+    evaluation_id = _step_id(run_id, "evaluated")
+    with rt.pool.connection() as conn, conn.transaction():
+        record_evaluation(
+            conn,
+            evaluation_id=evaluation_id,
+            run_id=run_id,
+            adapter_version_id=candidate.adapter_version_id,
+            contract_version=contract.version,
+            scores={
+                "candidate": cand_scores,
+                "parent": parent_scores,
+                "outcomes": {"candidate": candidate_outcomes, "parent": parent_outcomes},
+                "parent_release_id": release.release_id,
+                "reasons": decision.reasons,
+                "p_value": decision.p_value,
+            },
+            passed=decision.passed,
+        )
+        if successor is not None:
+            record_successor(conn, successor, run_id)
+    rt.log.append(
+        _evaluation_events(
+            run_id, specialist, evaluation_id, contract, decision, cand_scores, parent_scores
+        )
+    )
+    return Evaluation(
+        decision.passed,
+        cand_scores,
+        parent_scores,
+        decision.reasons,
+        None if successor is None else successor.release_id,
+    )
+
+
+def _contract_outcomes(
+    rt: Runtime, contract: Contract, release: Release, specialist: str, candidate: AdapterRef
+) -> tuple[dict[str, list[bool]], dict[str, list[bool]]]:
+    """The contract's per-task outcomes on the candidate and on the active release."""
     parents = {name: ref.name for name, ref in release.adapters.items()}
     candidates = {**parents, specialist: candidate.name}
     with rt.pool.connection() as conn:
@@ -309,46 +353,19 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
         candidate_outcomes = asyncio.run(run_contract(engine, candidates, contract))
     finally:
         engine.close()
-    decision = decide(candidate_outcomes, parent_outcomes, specialist, contract.rule)
-    cand_scores, parent_scores = _scores(candidate_outcomes), _scores(parent_outcomes)
-    successor = release.successor(specialist, candidate) if decision.passed else None
-    evaluation_id = _step_id(run_id, "evaluated")
-    with rt.pool.connection() as conn, conn.transaction():
-        conn.execute(
-            "INSERT INTO evaluations (evaluation_id, run_id, adapter_version_id, "
-            "contract_version, scores, passed) VALUES (%s, %s, %s, %s, %s, %s) "
-            "ON CONFLICT DO NOTHING",
-            (
-                evaluation_id,
-                run_id,
-                candidate.adapter_version_id,
-                contract.version,
-                Jsonb(
-                    {
-                        "candidate": cand_scores,
-                        "parent": parent_scores,
-                        "outcomes": {"candidate": candidate_outcomes, "parent": parent_outcomes},
-                        "parent_release_id": release.release_id,
-                        "reasons": decision.reasons,
-                        "p_value": decision.p_value,
-                    }
-                ),
-                decision.passed,
-            ),
-        )
-        if successor is not None:
-            conn.execute(
-                "SELECT 1 FROM releases WHERE release_id = %s FOR UPDATE", (successor.release_id,)
-            )
-            exists = conn.execute(
-                "SELECT 1 FROM releases WHERE release_id = %s", (successor.release_id,)
-            ).fetchone()
-            if exists is None:
-                create_release(conn, successor, active=False)
-                conn.execute(
-                    "UPDATE releases SET run_id = %s WHERE release_id = %s",
-                    (run_id, successor.release_id),
-                )
+    return candidate_outcomes, parent_outcomes
+
+
+def _evaluation_events(
+    run_id: UUID,
+    specialist: str,
+    evaluation_id: UUID,
+    contract: Contract,
+    decision: Decision,
+    cand_scores: dict[str, float],
+    parent_scores: dict[str, float],
+) -> list[NewEvent]:
+    """``ContractEvaluated``, and ``PromotionRejected`` when the rule did not pass."""
     events = [
         NewEvent(
             payload=ContractEvaluated(
@@ -375,14 +392,7 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
                 event_id=_step_id(run_id, "rejected"),
             )
         )
-    rt.log.append(events)
-    return Evaluation(
-        decision.passed,
-        cand_scores,
-        parent_scores,
-        decision.reasons,
-        None if successor is None else successor.release_id,
-    )
+    return events
 
 
 def _scores(outcomes: dict[str, list[bool]]) -> dict[str, float]:
@@ -400,18 +410,10 @@ def recorded_outcomes(
     contract version (as the candidate of the run that made the release, or as the parent of a
     run), or ``None``. Greedy decoding with the same seed and budgets gives the same answers, so
     a release is scored once. A stored record that does not fit the contract is not used."""
-    rows = conn.execute(
-        "SELECT e.scores -> 'outcomes' -> 'candidate' AS outcomes FROM releases r "
-        "JOIN evaluations e ON e.run_id = r.run_id "
-        "WHERE r.release_id = %(release)s AND e.contract_version = %(version)s "
-        "UNION ALL SELECT scores -> 'outcomes' -> 'parent' FROM evaluations "
-        "WHERE scores ->> 'parent_release_id' = %(release)s AND contract_version = %(version)s",
-        {"release": release_id, "version": contract.version},
-    ).fetchall()
     sizes = {suite: len(tasks) for suite, tasks in contract.suites.items()}
-    for row in rows:
+    for stored in evaluated_outcomes(conn, release_id, contract.version):
         try:
-            outcomes = _OUTCOMES.validate_python(row["outcomes"])
+            outcomes = _OUTCOMES.validate_python(stored)
         except ValidationError:
             continue
         if {suite: len(done) for suite, done in outcomes.items()} == sizes:
@@ -420,16 +422,7 @@ def recorded_outcomes(
 
 
 def _adapter(conn: DictConnection, adapter_version_id: int) -> AdapterRef:
-    row = conn.execute(
-        "SELECT * FROM adapter_versions WHERE adapter_version_id = %s", (adapter_version_id,)
-    ).fetchone()
+    row = adapter_version(conn, adapter_version_id)
     if row is None:
         raise RunFailed(f"no adapter version {adapter_version_id}")
-    return AdapterRef(
-        adapter_version_id=row["adapter_version_id"],
-        specialist=row["specialist"],
-        version=row["version"],
-        sha256=row["sha256"],
-        path=row["path"],
-        rank=row["rank"],
-    )
+    return adapter_ref(row)

@@ -29,7 +29,7 @@ from infra import observe
 from infra.artifacts import ArtifactStore
 from infra.local_stack import LocalStack
 from infra.postgres.db import Pool
-from infra.postgres.promotions import request_promotion, wait_for_request
+from infra.postgres.promotions import last_request_of_run, request_promotion, wait_for_request
 from learners.contract import CONTRACT_V1
 from learners.loop import RunBusy, Runtime, evaluate_run, train_run
 from learners.recipes.lora import DEFAULT_CONFIG, load_config
@@ -196,11 +196,7 @@ def promote(self: Task, run_id: str, release_id: str) -> dict[str, Any]:
 def _promote(run_id: str, release_id: str) -> dict[str, Any]:
     rt = runtime()
     with rt.pool.connection() as conn:
-        done = conn.execute(
-            "SELECT status, reason FROM promotion_requests WHERE run_id = %s "
-            "ORDER BY requested_at DESC LIMIT 1",
-            (uuid.UUID(run_id),),
-        ).fetchone()
+        done = last_request_of_run(conn, uuid.UUID(run_id))
     if done is not None and done["status"] != "failed":
         return {"status": done["status"], "reason": done["reason"]}
     request = request_promotion(

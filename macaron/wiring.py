@@ -18,16 +18,18 @@ from infra.local_stack import LocalStack
 from infra.models import models_dir
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
+from infra.postgres.runs import queued_run_ids
 from learners.loop import Runtime
 from learners.worker import enqueue_training, make_runtime
 from server.app import create_app
-from server.chat import ChatLimits, ChatService, Router
+from server.chat import ChatService
 from server.engines.fleet import FleetEngine
 from server.engines.local import LocalEngine
 from server.gate import Gate
 from server.promotion import PromotionListener
 from server.releases import ensure_root_release, load_release
 from server.router import RouterService, SentenceEmbedder
+from server.turns.request import ChatLimits, Router
 from streams.experience import ExperienceBuilder
 from streams.host import ProcessorHost
 from streams.processor import Processor
@@ -149,6 +151,6 @@ def enqueue_queued_runs(pool: Pool) -> None:
     """Enqueue every run still queued: the trigger enqueues after its commit, and a crash in
     between must not strand a run (enqueueing twice is harmless: the task id is the run id)."""
     with pool.connection() as conn:
-        rows = conn.execute("SELECT run_id FROM training_runs WHERE status = 'queued'").fetchall()
-    for row in rows:
-        enqueue_training(row["run_id"])
+        run_ids = queued_run_ids(conn)
+    for run_id in run_ids:
+        enqueue_training(run_id)

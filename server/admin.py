@@ -14,6 +14,7 @@ from core.auth import Principal, bearer_key
 from core.errors import PromotionFailed, ReleaseNotFound
 from infra.postgres.lineage import lineage
 from infra.postgres.promotions import request_promotion, wait_for_request
+from infra.postgres.scores import live_scores
 from server.bodies import read_json
 from server.gate import Gate
 
@@ -50,8 +51,7 @@ async def scores_endpoint(request: Request) -> Response:
 
     def read() -> list[dict[str, Any]]:
         with pool.connection() as conn:
-            rows = conn.execute("SELECT * FROM live_scores ORDER BY release_id, specialist")
-            return [_rates(dict(r)) for r in rows.fetchall()]
+            return [_rates(row) for row in live_scores(conn)]
 
     return JSONResponse({"scores": await asyncio.to_thread(read)})
 

@@ -24,10 +24,11 @@ from core.auth import bearer_key
 from infra import observe
 from infra.telemetry import metrics_exposition
 from server import admin
-from server.chat import ChatService, transcript
+from server.chat import ChatService
 from server.gate import Gate
 from server.openai_api import chat_completions, models
 from server.promotion import PromotionListener
+from server.turns.transcript import transcript
 from server.ws import ChatConnection
 
 WEB = Path(__file__).parent / "web"

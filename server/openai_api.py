@@ -27,9 +27,10 @@ from core.ids import uuid7
 from infra import observe
 from server import protocol as wire
 from server.bodies import read_json
-from server.chat import ChatService, TurnOutcome, TurnRequest
+from server.chat import ChatService
 from server.gate import Gate
 from server.protocol import MAX_CONTENT_CHARS, Text
+from server.turns.request import TurnOutcome, TurnRequest
 
 AUTO = "auto"
 

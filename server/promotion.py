@@ -25,7 +25,13 @@ from core.release import Release
 from infra import observe
 from infra.artifacts import ArtifactStore
 from infra.postgres.db import Pool
-from infra.postgres.registry import active_release, release_by_id
+from infra.postgres.promotions import (
+    fail_request,
+    finish_request,
+    pending_request,
+    record_promotion,
+)
+from infra.postgres.registry import activate_release, active_release, release_by_id
 from server.chat import ChatService
 from server.releases import RELEASES_KEY, SYSTEM_TENANT
 
@@ -62,10 +68,7 @@ class PromotionListener:
 
     def _pending(self) -> dict[str, Any] | None:
         with self.pool.connection() as conn:
-            row = conn.execute(
-                "SELECT * FROM promotion_requests WHERE status = 'pending'"
-            ).fetchone()
-        return None if row is None else dict(row)
+            return pending_request(conn)
 
     def _active(self) -> Release:
         with self.pool.connection() as conn:
@@ -146,28 +149,17 @@ class PromotionListener:
     def _flip(self, request: dict[str, Any], old: Release, release: Release) -> None:
         rollback = request["kind"] == "rollback"
         with self.pool.connection() as conn, conn.transaction():
-            conn.execute("UPDATE releases SET active = false WHERE active")
-            conn.execute(
-                "UPDATE releases SET active = true, promoted_by = %s WHERE release_id = %s",
-                (request["requested_by"], release.release_id),
+            activate_release(conn, release.release_id, request["requested_by"])
+            record_promotion(
+                conn,
+                promotion_id=request["request_id"],
+                kind="rolled_back" if rollback else "promoted",
+                from_release_id=old.release_id,
+                to_release_id=release.release_id,
+                run_id=request["run_id"],
+                reason=f"requested by {request['requested_by']}",
             )
-            conn.execute(
-                "INSERT INTO promotions (promotion_id, kind, from_release_id, to_release_id, "
-                "run_id, reason) VALUES (%s, %s, %s, %s, %s, %s)",
-                (
-                    request["request_id"],
-                    "rolled_back" if rollback else "promoted",
-                    old.release_id,
-                    release.release_id,
-                    request["run_id"],
-                    f"requested by {request['requested_by']}",
-                ),
-            )
-            conn.execute(
-                "UPDATE promotion_requests SET status = 'done', finished_at = now() "
-                "WHERE request_id = %s",
-                (request["request_id"],),
-            )
+            finish_request(conn, request["request_id"])
         payload = (
             ReleaseRolledBack(
                 from_release_id=old.release_id,
@@ -194,21 +186,15 @@ class PromotionListener:
 
     def _refuse(self, request: dict[str, Any], old: Release, reason: str) -> None:
         with self.pool.connection() as conn, conn.transaction():
-            conn.execute(
-                "UPDATE promotion_requests SET status = 'failed', reason = %s, "
-                "finished_at = now() WHERE request_id = %s",
-                (reason, request["request_id"]),
-            )
-            conn.execute(
-                "INSERT INTO promotions (promotion_id, kind, from_release_id, to_release_id, "
-                "run_id, reason) VALUES (%s, 'rejected', %s, %s, %s, %s)",
-                (
-                    request["request_id"],
-                    old.release_id,
-                    request["release_id"],
-                    request["run_id"],
-                    reason,
-                ),
+            fail_request(conn, request["request_id"], reason)
+            record_promotion(
+                conn,
+                promotion_id=request["request_id"],
+                kind="rejected",
+                from_release_id=old.release_id,
+                to_release_id=request["release_id"],
+                run_id=request["run_id"],
+                reason=reason,
             )
         if request["run_id"] is not None:
             self.log.append(

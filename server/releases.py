@@ -16,14 +16,15 @@ from core.errors import NoActiveRelease
 from core.events import NewEvent, ReleasePromoted
 from core.harness.hcp import HARNESS_VERSION, HCP_VERSION
 from core.log import EventLog
-from core.release import Release, release_id_for
+from core.release import AdapterRef, Release, release_id_for
 from infra import observe
 from infra.artifacts import ArtifactStore, write_identity_adapter
-from infra.postgres.db import Pool
+from infra.postgres.db import DictConnection, Pool
 from infra.postgres.registry import (
     active_release,
     create_release,
     ensure_specialists,
+    lock_releases,
     register_adapter,
 )
 
@@ -48,17 +49,7 @@ def ensure_root_release(
             return active_release(conn)
         except NoActiveRelease:
             pass
-    stored = {}
-    for name in specialists:
-        with tempfile.TemporaryDirectory() as scratch:
-            write_identity_adapter(
-                model_dir,
-                Path(scratch),
-                base_model=base_model,
-                rank=ROOT_RANK,
-                seed=zlib.crc32(name.encode()),
-            )
-            stored[name] = store.put(Path(scratch))
+    stored = _identity_adapters(store, model_dir, base_model, specialists)
     release_id = release_id_for(
         None,
         base_model,
@@ -68,23 +59,14 @@ def ensure_root_release(
         {name: sha for name, (sha, _) in stored.items()},
     )
     with pool.connection() as conn, conn.transaction():
-        conn.execute("LOCK TABLE releases IN EXCLUSIVE MODE")  # two servers starting at once
+        lock_releases(conn)
         try:
             return active_release(conn)
         except NoActiveRelease:
             pass
         ensure_specialists(conn, list(specialists))
         adapters = {
-            name: register_adapter(
-                conn,
-                specialist=name,
-                version=0,
-                parent_id=None,
-                sha256=sha,
-                path=str(path),
-                rank=ROOT_RANK,
-                base_model=base_model,
-            )
+            name: _register_root_adapter(conn, name, sha, path, base_model)
             for name, (sha, path) in stored.items()
         }
         release = Release(
@@ -107,6 +89,40 @@ def ensure_root_release(
             ]
         )
     return release
+
+
+def _identity_adapters(
+    store: ArtifactStore, model_dir: Path, base_model: str, specialists: tuple[str, ...]
+) -> dict[str, tuple[str, Path]]:
+    """A stored version-0 adapter per specialist, computing exactly the base model: its
+    (sha256, path) by specialist."""
+    stored = {}
+    for name in specialists:
+        with tempfile.TemporaryDirectory() as scratch:
+            write_identity_adapter(
+                model_dir,
+                Path(scratch),
+                base_model=base_model,
+                rank=ROOT_RANK,
+                seed=zlib.crc32(name.encode()),
+            )
+            stored[name] = store.put(Path(scratch))
+    return stored
+
+
+def _register_root_adapter(
+    conn: DictConnection, specialist: str, sha: str, path: Path, base_model: str
+) -> AdapterRef:
+    return register_adapter(
+        conn,
+        specialist=specialist,
+        version=0,
+        parent_id=None,
+        sha256=sha,
+        path=str(path),
+        rank=ROOT_RANK,
+        base_model=base_model,
+    )
 
 
 def load_release(engine: Engine, store: ArtifactStore, release: Release) -> None:

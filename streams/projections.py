@@ -16,6 +16,7 @@ from core.events import (
     TurnReceived,
 )
 from core.log import RecordedEvent
+from infra.postgres import projections as tables
 from infra.postgres.db import DictConnection
 
 
@@ -27,43 +28,30 @@ class Projections:
         p, env = event.payload, event.envelope
         match p:
             case ConversationStarted():
-                conn.execute(
-                    "INSERT INTO conversations (conversation_id, tenant_id, release_id, "
-                    "started_at) VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
-                    (p.conversation_id, env.tenant_id, p.release_id, env.occurred_at),
+                tables.record_conversation(
+                    conn, p.conversation_id, env.tenant_id, p.release_id, env.occurred_at
                 )
             case TurnReceived():
-                inserted = conn.execute(
-                    "INSERT INTO turns (turn_id, conversation_id, tenant_id, received_at, "
-                    "content, input_kind, release_id) VALUES (%s, %s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT DO NOTHING",
-                    (
-                        p.turn_id,
-                        p.conversation_id,
-                        env.tenant_id,
-                        env.occurred_at,
-                        p.content,
-                        p.input_kind,
-                        p.release_id,
-                    ),
+                tables.record_turn(
+                    conn,
+                    turn_id=p.turn_id,
+                    conversation_id=p.conversation_id,
+                    tenant_id=env.tenant_id,
+                    received_at=env.occurred_at,
+                    content=p.content,
+                    input_kind=p.input_kind,
+                    release_id=p.release_id,
                 )
-                if inserted.rowcount:
-                    conn.execute(
-                        "UPDATE conversations SET turns = turns + 1 WHERE conversation_id = %s",
-                        (p.conversation_id,),
-                    )
             case RouterDecided():
-                self._set(
+                tables.set_turn(
                     conn, p.turn_id, specialist=p.specialist, adapter_version=p.adapter_version
                 )
             case HarnessActionExecuted():
-                conn.execute(
-                    "UPDATE turns SET actions = actions + 1 WHERE turn_id = %s", (p.turn_id,)
-                )
+                tables.count_action(conn, p.turn_id)
             case GenUIRendered():
-                self._set(conn, p.turn_id, genui_valid=p.valid)
+                tables.set_turn(conn, p.turn_id, genui_valid=p.valid)
             case ModelResponded():
-                self._set(
+                tables.set_turn(
                     conn,
                     p.turn_id,
                     answer=p.text,
@@ -71,22 +59,10 @@ class Projections:
                     release_id=p.release_id,
                 )
             case TurnCompleted():
-                self._set(conn, p.turn_id, completed=True, latency_ms=p.latency_ms)
+                tables.set_turn(conn, p.turn_id, completed=True, latency_ms=p.latency_ms)
             case FeedbackGiven():
-                conn.execute(
-                    "UPDATE turns SET feedback = feedback || %s::text, "
-                    "answer = COALESCE(%s, answer) WHERE turn_id = %s",
-                    (p.kind, p.edited_text, p.turn_id),
-                )
+                tables.record_feedback(conn, p.turn_id, p.kind, p.edited_text)
         return []
-
-    @staticmethod
-    def _set(conn: DictConnection, turn_id: object, **values: object) -> None:
-        columns = ", ".join(f"{name} = %({name})s" for name in values)
-        conn.execute(
-            f"UPDATE turns SET {columns} WHERE turn_id = %(turn_id)s",
-            {**values, "turn_id": turn_id},
-        )
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:
         return None

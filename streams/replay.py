@@ -8,11 +8,11 @@ content hash equals the live one when the live processor has read to the same pl
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Mapping
 
 from core.log import EventLog
 from infra.postgres.db import Pool
+from infra.postgres.replay import scratch_schema, search_first
 from streams.processor import Processor, content_hash
 
 
@@ -25,22 +25,11 @@ def replay(
     end: Mapping[int, int] | None = None,
 ) -> tuple[str, int]:
     """Rebuild ``processor``'s tables from the log range; returns (content hash, events)."""
-    schema = f"replay_{uuid.uuid4().hex[:12]}"
     handled = 0
-    with pool.connection() as conn:
-        try:
-            with conn.transaction():
-                conn.execute(f'CREATE SCHEMA "{schema}"')
-                for table in processor.tables:
-                    conn.execute(
-                        f'CREATE TABLE "{schema}"."{table}" (LIKE public."{table}" INCLUDING ALL)'
-                    )
-            with conn.transaction():
-                conn.execute(f'SET LOCAL search_path TO "{schema}", public')
-                for event in log.read(start=start, end=end):
-                    processor.handle(conn, event)
-                    handled += 1
-            return content_hash(conn, processor, schema), handled
-        finally:
-            with conn.transaction():
-                conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+    with pool.connection() as conn, scratch_schema(conn, processor.tables) as schema:
+        with conn.transaction():
+            search_first(conn, schema)
+            for event in log.read(start=start, end=end):
+                processor.handle(conn, event)
+                handled += 1
+        return content_hash(conn, processor, schema), handled

@@ -15,9 +15,10 @@ from core.events import (
     TurnReceived,
 )
 from core.log import RecordedEvent
+from infra.postgres import scores
 from infra.postgres.db import DictConnection
 
-_FEEDBACK_COLUMN = {"up": "ups", "down": "downs", "edit": "edits", "regenerate": "regenerates"}
+_FEEDBACK_COUNTER = {"up": "ups", "down": "downs", "edit": "edits", "regenerate": "regenerates"}
 
 
 class LiveScores:
@@ -25,43 +26,23 @@ class LiveScores:
     tables: tuple[str, ...] = ("score_turns", "live_scores")
 
     def handle(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
+        """A turn's release (from ``TurnReceived``) and specialist (from ``RouterDecided``) are
+        seen before anything else of it; later events add to their counters."""
         p = event.payload
         match p:
             case TurnReceived() if p.release_id is not None:
-                conn.execute(
-                    "INSERT INTO score_turns (turn_id, release_id) VALUES (%s, %s) "
-                    "ON CONFLICT DO NOTHING",
-                    (p.turn_id, p.release_id),
-                )
+                scores.record_scored_turn(conn, p.turn_id, p.release_id)
             case RouterDecided():
-                conn.execute(
-                    "UPDATE score_turns SET specialist = %s WHERE turn_id = %s",
-                    (p.specialist, p.turn_id),
-                )
+                scores.record_scored_specialist(conn, p.turn_id, p.specialist)
             case TurnCompleted():
-                self._add(conn, p.turn_id, turns=1, latency_ms=p.latency_ms)
+                scores.add_to_scores(conn, p.turn_id, {"turns": 1, "latency_ms": p.latency_ms})
             case HarnessActionExecuted():
-                self._add(conn, p.turn_id, actions=1, actions_ok=int(p.ok))
+                scores.add_to_scores(conn, p.turn_id, {"actions": 1, "actions_ok": int(p.ok)})
             case GenUIRendered():
-                self._add(conn, p.turn_id, genui=1, genui_valid=int(p.valid))
+                scores.add_to_scores(conn, p.turn_id, {"genui": 1, "genui_valid": int(p.valid)})
             case FeedbackGiven():
-                self._add(conn, p.turn_id, **{_FEEDBACK_COLUMN[p.kind]: 1})
+                scores.add_to_scores(conn, p.turn_id, {_FEEDBACK_COUNTER[p.kind]: 1})
         return []
-
-    @staticmethod
-    def _add(conn: DictConnection, turn_id: object, **amounts: float) -> None:
-        """Add to the counters of the turn's release (from ``TurnReceived``) and specialist
-        (from ``RouterDecided``), both seen before anything else of the turn."""
-        columns = ", ".join(amounts)
-        values = ", ".join(f"%({c})s" for c in amounts)
-        updates = ", ".join(f"{c} = live_scores.{c} + EXCLUDED.{c}" for c in amounts)
-        conn.execute(
-            f"INSERT INTO live_scores (release_id, specialist, {columns}) "
-            f"SELECT release_id, specialist, {values} FROM score_turns WHERE turn_id = %(turn)s "
-            "AND specialist IS NOT NULL "
-            f"ON CONFLICT (release_id, specialist) DO UPDATE SET {updates}",
-            {**amounts, "turn": turn_id},
-        )
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:
         return None

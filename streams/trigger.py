@@ -5,23 +5,40 @@ records, the filter version, their content hash), records a queued training run 
 
 A specialist's records are the events of one key, so one partition in order: the snapshot is
 ``[start_offset, end_offset)`` there, and its hash chains the records' payload hashes in log
-order, which is exactly what replaying that range gives back.
+order, which is exactly what replaying that range gives back. The rules (``counted``, ``due``,
+``training_request``) are pure; the state lives in PostgreSQL (``infra.postgres.trigger``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from uuid import UUID
 
-from psycopg.types.json import Jsonb
-
 from core.events import ExperienceRecorded, NewEvent, TrainingRequested
-from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record
+from core.experience import FILTER_VERSION, chain_record
 from core.ids import derived_id
 from core.log import RecordedEvent
+from core.release import AdapterRef
 from infra.postgres.db import DictConnection
+from infra.postgres.registry import active_adapter
+from infra.postgres.runs import SnapshotRange, queue_run, record_snapshot, run_in_flight
+from infra.postgres.trigger import PendingRecords, clear_pending, pending_records, save_pending
 
 RECIPE = "lora-sft-dpo-1"
+
+
+@dataclass(frozen=True)
+class TrainingRequest:
+    """What a due trigger records: the snapshot, and the queued run's event (id = run id)."""
+
+    snapshot: SnapshotRange
+    parent_adapter_id: int
+    event: NewEvent
+
+    @property
+    def run_id(self) -> UUID:
+        return self.event.event_id
 
 
 class TrainingTrigger:
@@ -36,94 +53,80 @@ class TrainingTrigger:
         record = event.payload
         if not isinstance(record, ExperienceRecorded) or record.kind == "trajectory":
             return []
-        position = event.position
-        state = conn.execute(
-            "INSERT INTO trigger_state (specialist, partition, start_offset, pending, "
-            "running_hash) VALUES (%s, %s, %s, 0, %s) ON CONFLICT (specialist) DO UPDATE "
-            "SET specialist = EXCLUDED.specialist RETURNING *",
-            (record.specialist, position.partition, position.offset, EMPTY_CHAIN),
-        ).fetchone()
-        assert state is not None  # RETURNING gives the row
-        running = chain_record(state["running_hash"], record)
-        pending = state["pending"] + 1
-        conn.execute(
-            "UPDATE trigger_state SET pending = %s, running_hash = %s WHERE specialist = %s",
-            (pending, running, record.specialist),
+        where = event.position
+        pending = counted(
+            pending_records(conn, record.specialist, where.partition, where.offset), record
         )
-        if pending < self.threshold or self._in_flight(conn, record.specialist):
+        save_pending(conn, pending)
+        if not due(pending, self.threshold) or run_in_flight(conn, record.specialist):
             return []
-        return self._request(conn, event, record, state["start_offset"], pending, running)
-
-    @staticmethod
-    def _in_flight(conn: DictConnection, specialist: str) -> bool:
-        row = conn.execute(
-            "SELECT 1 FROM training_runs WHERE specialist = %s AND status IN ('queued', 'running')",
-            (specialist,),
-        ).fetchone()
-        return row is not None
-
-    def _request(
-        self,
-        conn: DictConnection,
-        event: RecordedEvent,
-        record: ExperienceRecorded,
-        start: int,
-        count: int,
-        content_hash: str,
-    ) -> list[NewEvent]:
-        partition, end = event.position.partition, event.position.offset + 1
-        specialist = record.specialist
-        snapshot_id = derived_id("snapshot", specialist, partition, start, end, FILTER_VERSION)
-        run_id = derived_id("run", snapshot_id)
-        parent = conn.execute(
-            "SELECT a.adapter_version_id, a.specialist, a.version FROM releases r "
-            "JOIN release_adapters ra USING (release_id) "
-            "JOIN adapter_versions a USING (adapter_version_id) "
-            "WHERE r.active AND ra.specialist = %s",
-            (specialist,),
-        ).fetchone()
+        parent = active_adapter(conn, record.specialist)
         # The next record starts the next range (also when there is nothing to improve: the
         # serving release has no adapter for this specialist).
-        conn.execute("DELETE FROM trigger_state WHERE specialist = %s", (specialist,))
+        clear_pending(conn, record.specialist)
         if parent is None:
             return []
-        conn.execute(
-            "INSERT INTO dataset_snapshots (snapshot_id, specialist, start_positions, "
-            "end_positions, filter_version, content_hash, record_count) "
-            "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-            (
-                snapshot_id,
-                specialist,
-                Jsonb({str(partition): start}),
-                Jsonb({str(partition): end}),
-                FILTER_VERSION,
-                content_hash,
-                count,
-            ),
-        )
-        conn.execute(
-            "INSERT INTO training_runs (run_id, specialist, parent_adapter_id, snapshot_id, "
-            "recipe, status) VALUES (%s, %s, %s, %s, %s, 'queued') ON CONFLICT DO NOTHING",
-            (run_id, specialist, parent["adapter_version_id"], snapshot_id, RECIPE),
-        )
-        payload = TrainingRequested(
-            run_id=run_id,
-            specialist=specialist,
-            parent_adapter_version=f"{parent['specialist']}@{parent['version']}",
-            snapshot_id=snapshot_id,
+        request = training_request(event, pending, parent)
+        record_snapshot(conn, request.snapshot)
+        queue_run(
+            conn,
+            run_id=request.run_id,
+            specialist=record.specialist,
+            parent_adapter_id=request.parent_adapter_id,
+            snapshot_id=request.snapshot.snapshot_id,
             recipe=RECIPE,
         )
-        return [
-            NewEvent(
-                payload=payload,
-                tenant_id="system",
-                key=f"training.{specialist}",
-                event_id=run_id,
-                causation_id=event.envelope.event_id,
-            )
-        ]
+        return [request.event]
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:
         for event in derived:
             if isinstance(event.payload, TrainingRequested):
                 self.enqueue(event.payload.run_id, event.trace)
+
+
+def counted(pending: PendingRecords, record: ExperienceRecorded) -> PendingRecords:
+    """``pending`` with one more record."""
+    return replace(
+        pending, count=pending.count + 1, running_hash=chain_record(pending.running_hash, record)
+    )
+
+
+def due(pending: PendingRecords, threshold: int) -> bool:
+    """Whether the pending records are enough to train on (a run in flight still waits)."""
+    return pending.count >= threshold
+
+
+def training_request(
+    event: RecordedEvent, pending: PendingRecords, parent: AdapterRef
+) -> TrainingRequest:
+    """The snapshot of the pending records up to and including ``event``, and the request to
+    train ``parent``'s successor on it; ids derive from the range, so a replay gives the same."""
+    partition, end = event.position.partition, event.position.offset + 1
+    specialist, start = pending.specialist, pending.start_offset
+    snapshot_id = derived_id("snapshot", specialist, partition, start, end, FILTER_VERSION)
+    run_id = derived_id("run", snapshot_id)
+    snapshot = SnapshotRange(
+        snapshot_id=snapshot_id,
+        specialist=specialist,
+        partition=partition,
+        start_offset=start,
+        end_offset=end,
+        filter_version=FILTER_VERSION,
+        content_hash=pending.running_hash,
+        record_count=pending.count,
+    )
+    payload = TrainingRequested(
+        run_id=run_id,
+        specialist=specialist,
+        parent_adapter_version=parent.name,
+        snapshot_id=snapshot_id,
+        recipe=RECIPE,
+    )
+    requested = NewEvent(
+        payload=payload,
+        tenant_id="system",
+        key=f"training.{specialist}",
+        event_id=run_id,
+        causation_id=event.envelope.event_id,
+    )
+    return TrainingRequest(snapshot, parent.adapter_version_id, requested)

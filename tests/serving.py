@@ -23,7 +23,7 @@ from infra.local_stack import LocalStack, free_port
 from infra.postgres.keys import create_key
 from infra.postgres.registry import create_release, register_adapter
 from macaron import wiring
-from server.chat import Router
+from server.turns.request import Router
 from streams.host import ProcessorHost
 from streams.runner import follow
 from tests.conftest import fresh_database

@@ -10,9 +10,9 @@ from uuid import UUID
 
 import psycopg
 
-from core.errors import PromotionInProgress, ReleaseNotFound
+from core.errors import PromotionFailed, PromotionInProgress, ReleaseNotFound
 from core.ids import uuid7
-from infra.postgres.db import Pool
+from infra.postgres.db import DictConnection, Pool
 
 
 def request_promotion(
@@ -48,7 +48,57 @@ def wait_for_request(pool: Pool, request_id: UUID, timeout: float) -> dict[str, 
             row = conn.execute(
                 "SELECT * FROM promotion_requests WHERE request_id = %s", (request_id,)
             ).fetchone()
-        assert row is not None
+        if row is None:
+            raise PromotionFailed(f"no promotion request {request_id}")
         if row["status"] != "pending" or time.monotonic() > deadline:
             return dict(row)
         time.sleep(0.2)
+
+
+def pending_request(conn: DictConnection) -> dict[str, Any] | None:
+    """The request waiting to be carried out, if any (at most one is pending at a time)."""
+    row = conn.execute("SELECT * FROM promotion_requests WHERE status = 'pending'").fetchone()
+    return None if row is None else dict(row)
+
+
+def last_request_of_run(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
+    """The status and reason of the newest request made for ``run_id``, if any."""
+    row = conn.execute(
+        "SELECT status, reason FROM promotion_requests WHERE run_id = %s "
+        "ORDER BY requested_at DESC LIMIT 1",
+        (run_id,),
+    ).fetchone()
+    return None if row is None else dict(row)
+
+
+def record_promotion(
+    conn: DictConnection,
+    *,
+    promotion_id: UUID,
+    kind: str,
+    from_release_id: str,
+    to_release_id: str,
+    run_id: UUID | None,
+    reason: str,
+) -> None:
+    """What happened to a request (``promoted``, ``rolled_back`` or ``rejected``), for lineage."""
+    conn.execute(
+        "INSERT INTO promotions (promotion_id, kind, from_release_id, to_release_id, "
+        "run_id, reason) VALUES (%s, %s, %s, %s, %s, %s)",
+        (promotion_id, kind, from_release_id, to_release_id, run_id, reason),
+    )
+
+
+def finish_request(conn: DictConnection, request_id: UUID) -> None:
+    conn.execute(
+        "UPDATE promotion_requests SET status = 'done', finished_at = now() WHERE request_id = %s",
+        (request_id,),
+    )
+
+
+def fail_request(conn: DictConnection, request_id: UUID, reason: str) -> None:
+    conn.execute(
+        "UPDATE promotion_requests SET status = 'failed', reason = %s, "
+        "finished_at = now() WHERE request_id = %s",
+        (reason, request_id),
+    )

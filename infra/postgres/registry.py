@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
+from uuid import UUID
 
 from core.errors import NoActiveRelease, ReleaseNotFound
 from core.release import AdapterRef, Release
@@ -67,6 +69,62 @@ def create_release(conn: DictConnection, release: Release, *, active: bool) -> N
     )
 
 
+def next_adapter_version(conn: DictConnection, specialist: str) -> int:
+    """The version number the specialist's next adapter gets."""
+    row = conn.execute(
+        "SELECT max(version) + 1 AS v FROM adapter_versions WHERE specialist = %s",
+        (specialist,),
+    ).fetchone()
+    return 1 if row is None or row["v"] is None else int(row["v"])
+
+
+def adapter_version(conn: DictConnection, adapter_version_id: int) -> dict[str, Any] | None:
+    """An adapter version's row (with its base model and parent), or ``None``."""
+    row = conn.execute(
+        "SELECT * FROM adapter_versions WHERE adapter_version_id = %s", (adapter_version_id,)
+    ).fetchone()
+    return None if row is None else dict(row)
+
+
+def active_adapter(conn: DictConnection, specialist: str) -> AdapterRef | None:
+    """The adapter the active release serves ``specialist`` with, or ``None``."""
+    row = conn.execute(
+        "SELECT a.* FROM releases r JOIN release_adapters ra USING (release_id) "
+        "JOIN adapter_versions a USING (adapter_version_id) "
+        "WHERE r.active AND ra.specialist = %s",
+        (specialist,),
+    ).fetchone()
+    return None if row is None else adapter_ref(row)
+
+
+def record_successor(conn: DictConnection, release: Release, run_id: UUID) -> None:
+    """Record a release that ``run_id``'s evaluation defined (not active), once."""
+    conn.execute("SELECT 1 FROM releases WHERE release_id = %s FOR UPDATE", (release.release_id,))
+    exists = conn.execute(
+        "SELECT 1 FROM releases WHERE release_id = %s", (release.release_id,)
+    ).fetchone()
+    if exists is None:
+        create_release(conn, release, active=False)
+        conn.execute(
+            "UPDATE releases SET run_id = %s WHERE release_id = %s", (run_id, release.release_id)
+        )
+
+
+def lock_releases(conn: DictConnection) -> None:
+    """Hold off every other writer of releases until the transaction ends (two servers
+    starting at once make one root release)."""
+    conn.execute("LOCK TABLE releases IN EXCLUSIVE MODE")
+
+
+def activate_release(conn: DictConnection, release_id: str, promoted_by: str) -> None:
+    """Make ``release_id`` the one served; call inside the transaction that records why."""
+    conn.execute("UPDATE releases SET active = false WHERE active")
+    conn.execute(
+        "UPDATE releases SET active = true, promoted_by = %s WHERE release_id = %s",
+        (promoted_by, release_id),
+    )
+
+
 def active_release(conn: DictConnection) -> Release:
     row = conn.execute("SELECT * FROM releases WHERE active").fetchone()
     if row is None:
@@ -96,15 +154,17 @@ def _release(conn: DictConnection, row: Mapping[str, object]) -> Release:
         router_version=str(row["router_version"]),
         harness_version=str(row["harness_version"]),
         hcp_version=str(row["hcp_version"]),
-        adapters={
-            a["specialist"]: AdapterRef(
-                adapter_version_id=a["adapter_version_id"],
-                specialist=a["specialist"],
-                version=a["version"],
-                sha256=a["sha256"],
-                path=a["path"],
-                rank=a["rank"],
-            )
-            for a in adapters
-        },
+        adapters={a["specialist"]: adapter_ref(a) for a in adapters},
+    )
+
+
+def adapter_ref(row: Mapping[str, Any]) -> AdapterRef:
+    """An ``adapter_versions`` row as the reference releases and engines use."""
+    return AdapterRef(
+        adapter_version_id=row["adapter_version_id"],
+        specialist=row["specialist"],
+        version=row["version"],
+        sha256=row["sha256"],
+        path=row["path"],
+        rank=row["rank"],
     )

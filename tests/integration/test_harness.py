@@ -122,7 +122,9 @@ def test_agent_actions_are_events_and_replay_rebuilds_the_same_state(served: Run
     events = served.events(conversation_id)
     recorded = [e for e in events if isinstance(e.payload, HarnessActionExecuted)]
     assert len(recorded) == 7
-    live = served.server.chat._conversations[uuid.UUID(conversation_id)].tool_state
+    cached = served.server.chat.store.cached(uuid.UUID(conversation_id))
+    assert cached is not None
+    live = cached.tool_state
     rebuilt = Conversation.replay(events)
     assert rebuilt is not None and rebuilt.tool_state == live
     outcomes = [

@@ -19,7 +19,8 @@ from core.routing import (
     RoutingCorrection,
     RoutingFeedback,
 )
-from server.router import SEED_EXAMPLES, RouterService, SentenceEmbedder, load_examples
+from server.router import RouterService, SentenceEmbedder
+from server.router_training import SEED_EXAMPLES, load_examples
 
 HELDOUT = Path(__file__).resolve().parents[1] / "data" / "routing_heldout.jsonl"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import EngineError, EngineOverloaded, MacaronError
-from server.engines.fleet import ReplicaLost, refusal
+from server.engines.vllm.errors import ReplicaLost, refusal
 
 
 @pytest.mark.parametrize(

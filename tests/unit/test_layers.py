@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,3 +54,62 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
         "import os\nfrom server.chat import x\n\ndef f():\n    import learners.loop\n"
     )
     assert imported_packages(module) == [(2, "server"), (5, "learners")]
+
+
+SQL_HOME = "infra"
+"""The one package whose modules hold SQL; every other package calls its named functions."""
+_SQL = re.compile(
+    r"^\s*(SELECT\s.*?\bFROM\s|INSERT\s+INTO\s|UPDATE\s+\S+\s+SET\s|DELETE\s+FROM\s"
+    r"|LOCK\s+TABLE\s|(CREATE|DROP|ALTER)\s+(UNIQUE\s+)?(TABLE|SCHEMA|INDEX|TRIGGER|VIEW)\s"
+    r"|WITH\s+\w+\s+AS\s*\(|SET\s+(LOCAL\s+)?\w+\s+(TO|=)\s|TRUNCATE\s)",
+    re.IGNORECASE | re.DOTALL,
+)
+"""The start of an SQL statement, shaped enough that prose ("set needs a key") is not one."""
+
+
+def sql_statements(path: Path) -> list[int]:
+    """The lines of string constants in ``path`` that are SQL statements (docstrings are not:
+    they stand alone as expressions, so a sentence starting "Update ..." there is prose)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docstrings = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    return sorted(
+        {
+            node.lineno
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docstrings
+            and _SQL.match(node.value)
+        }
+    )
+
+
+def sql_outside_infra() -> list[str]:
+    return [
+        f"{path.relative_to(ROOT)}:{line}"
+        for package in PROJECT
+        if package != SQL_HOME
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line in sql_statements(path)
+    ]
+
+
+def test_sql_lives_in_infra() -> None:
+    assert sql_outside_infra() == []
+
+
+def test_the_check_sees_sql_and_not_prose(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        '"""Select what to train."""\n'
+        "def f(conn):\n"
+        '    """Update the runs."""\n'
+        '    conn.execute("SELECT 1 FROM t")\n'
+        '    conn.execute(\n        "update runs set a = 1 "\n        "WHERE b"\n    )\n'
+        '    return f"DELETE FROM {conn}", "set needs key and value", "update: done"\n'
+    )
+    assert sql_statements(module) == [4, 6, 9]

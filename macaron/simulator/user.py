@@ -1,39 +1,26 @@
-"""The user simulator: simulated users play task-bank prompts against a running chat server over
-WebSocket protocol v1, and an oracle gives the feedback a careful user would.
-
-Each user holds one connection and asks one task per conversation (a ``hello`` starts a fresh
-one), with the task's specialist as the hint. The answer is what a client shows: the model's
-first tool call when an ``action`` frame arrived, else the GenUI tree as compact JSON, else the
-streamed text. The oracle checks it with the task's checker: ``up`` when it passes, otherwise an
-``edit`` whose text is the task's reference, so wrong answers become training data with the
-correct target. ``rate_limited`` errors wait and retry; any other error frame ends that turn and
-is counted, never ending the run.
-"""
+"""One simulated user: a WebSocket connection on which it asks a task per conversation, and
+the oracle's feedback on each answer."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import random
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 from uuid import UUID
 
 from pydantic import TypeAdapter, ValidationError
-from rich.table import Table
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from core.contract import Task
-from core.errors import ConfigError, InvalidApiKey, MacaronError
+from core.errors import InvalidApiKey, MacaronError
 from learners.contract import check
+from macaron.simulator.report import PlayedTurn
 from server import protocol as wire
 
-DEFAULT_SPECIALISTS = ("genui", "agent")
-SIMULATOR_TENANT = "simulator"
-"""The tenant whose key simulated users use when none is given."""
 TURN_TIMEOUT_S = 600.0
 """Longest wait for the next frame of a turn before the turn counts as an error."""
 OPEN_TIMEOUT_S = 30.0
@@ -53,168 +40,6 @@ class SimulationFailed(MacaronError):
 
 
 # --- what was played --------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class PlayedTurn:
-    """One task asked once. ``error`` is the code of the error frame that ended the turn (or
-    its feedback); ``rate_limited`` counts the times it was told to wait first."""
-
-    index: int
-    task_id: str
-    specialist: str
-    turn_id: UUID | None = None
-    answer: str | None = None
-    passed: bool = False
-    feedback: Literal["up", "edit"] | None = None
-    latency_ms: float | None = None
-    error: str | None = None
-    rate_limited: int = 0
-
-
-@dataclass
-class SpecialistStats:
-    """Turns of one specialist: ``answered`` completed, ``passed`` of those were right."""
-
-    turns: int = 0
-    answered: int = 0
-    passed: int = 0
-    ups: int = 0
-    edits: int = 0
-    errors: int = 0
-    latency_ms_total: float = 0.0
-
-    def add(self, turn: PlayedTurn) -> None:
-        self.turns += 1
-        self.errors += turn.error is not None
-        self.ups += turn.feedback == "up"
-        self.edits += turn.feedback == "edit"
-        if turn.latency_ms is not None and turn.answer is not None:
-            self.answered += 1
-            self.passed += turn.passed
-            self.latency_ms_total += turn.latency_ms
-
-    @property
-    def pass_rate(self) -> float:
-        return self.passed / self.answered if self.answered else 0.0
-
-    @property
-    def mean_latency_ms(self) -> float:
-        return self.latency_ms_total / self.answered if self.answered else 0.0
-
-
-@dataclass(frozen=True)
-class SimulationReport:
-    turns: list[PlayedTurn]
-    seconds: float
-
-    def by_specialist(self) -> dict[str, SpecialistStats]:
-        stats: dict[str, SpecialistStats] = {}
-        for turn in self.turns:
-            stats.setdefault(turn.specialist, SpecialistStats()).add(turn)
-        return dict(sorted(stats.items()))
-
-    def total(self) -> SpecialistStats:
-        stats = SpecialistStats()
-        for turn in self.turns:
-            stats.add(turn)
-        return stats
-
-    @property
-    def rate_limited(self) -> int:
-        return sum(turn.rate_limited for turn in self.turns)
-
-
-def report_table(report: SimulationReport, title: str = "simulated users") -> Table:
-    table = Table(
-        title=title,
-        caption=f"{len(report.turns)} turns in {report.seconds:.1f} s; "
-        f"told to wait {report.rate_limited} times (rate_limited)",
-    )
-    for column in ("specialist", "turns", "pass rate", "ups", "edits", "errors", "mean latency"):
-        table.add_column(column, justify="left" if column == "specialist" else "right")
-    rows = list(report.by_specialist().items())
-    if len(rows) > 1:
-        rows.append(("all", report.total()))
-    for name, s in rows:
-        table.add_row(
-            name,
-            str(s.turns),
-            f"{s.pass_rate:.1%}",
-            str(s.ups),
-            str(s.edits),
-            str(s.errors),
-            f"{s.mean_latency_ms:.0f} ms",
-        )
-    return table
-
-
-# --- which tasks ------------------------------------------------------------------------------
-
-
-def bank_tasks(bank: Iterable[Task], specialists: Sequence[str]) -> list[Task]:
-    """The bank's tasks of ``specialists``; ``ConfigError`` when a name has none."""
-    tasks = [task for task in bank if task.specialist in specialists]
-    empty = sorted(set(specialists) - {task.specialist for task in tasks})
-    if empty:
-        known = sorted({task.specialist for task in bank})
-        raise ConfigError(
-            f"the task bank has no tasks for {', '.join(empty)}; it has: {', '.join(known)}"
-        )
-    return tasks
-
-
-def task_stream(tasks: Sequence[Task], seed: int) -> Iterator[Task]:
-    """Endless seeded play order: every task once in a shuffled round, then a new round."""
-    if not tasks:
-        raise ConfigError("no tasks to play")
-    rng = random.Random(seed)  # noqa: S311 (play order, not secrets)
-    while True:
-        order = list(tasks)
-        rng.shuffle(order)
-        yield from order
-
-
-def pick_tasks(tasks: Sequence[Task], turns: int, seed: int) -> list[Task]:
-    """The first ``turns`` tasks of ``task_stream``."""
-    stream = task_stream(tasks, seed)
-    return [next(stream) for _ in range(turns)]
-
-
-# --- playing ----------------------------------------------------------------------------------
-
-
-async def run_simulation(
-    url: str,
-    key: str,
-    plan: Sequence[Task],
-    *,
-    concurrency: int,
-    on_turn: Callable[[PlayedTurn], None] | None = None,
-) -> SimulationReport:
-    """Play every task of ``plan`` once, with at most ``concurrency`` users at a time."""
-    if concurrency < 1:
-        raise ConfigError("concurrency must be at least 1")
-    queue: asyncio.Queue[tuple[int, Task]] = asyncio.Queue()
-    for index, task in enumerate(plan):
-        queue.put_nowait((index, task))
-    played: list[PlayedTurn] = []
-
-    def record(turn: PlayedTurn) -> None:
-        played.append(turn)
-        if on_turn is not None:
-            on_turn(turn)
-
-    started = time.monotonic()
-    try:
-        async with asyncio.TaskGroup() as users:
-            for _ in range(min(concurrency, len(plan))):
-                users.create_task(_SimulatedUser(url, key, record).play(queue))
-    except* MacaronError as failed:
-        raise failed.exceptions[0] from None
-    return SimulationReport(sorted(played, key=lambda t: t.index), time.monotonic() - started)
-
-
 class _TurnEnded(Exception):
     """An error frame (or a lost connection) ended the turn."""
 
@@ -240,7 +65,9 @@ class _Answer:
         return "".join(self.text)
 
 
-class _SimulatedUser:
+class SimulatedUser:
+    """Asks each task it takes in a fresh conversation and records how the turn went."""
+
     def __init__(self, url: str, key: str, record: Callable[[PlayedTurn], None]) -> None:
         self.url = url
         self.key = key

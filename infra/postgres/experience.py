@@ -1,0 +1,118 @@
+"""The experience builder's join state (``experience_turns``, ``experience_conversations``):
+each turn's decision, response and actions as they arrive, read back joined once the turn is
+complete."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+from pydantic import JsonValue
+
+from core.events import ChatMessage
+from infra.postgres.db import DictConnection
+
+
+@dataclass(frozen=True)
+class JoinedTurn:
+    """A completed, routed turn with what the model knew when it answered: the history the
+    conversation started with and the completed turns before it (oldest first)."""
+
+    turn_id: UUID
+    conversation_id: UUID
+    tenant_id: str
+    specialist: str
+    adapter_version: str | None
+    release_id: str | None
+    content: str
+    response: str | None
+    actions: tuple[dict[str, Any], ...]
+    seed_history: tuple[ChatMessage, ...]
+    earlier: tuple[tuple[str, str | None], ...]
+    """(user content, model response) of the completed turns before this one."""
+
+
+def record_conversation(
+    conn: DictConnection, conversation_id: UUID, history: list[dict[str, Any]]
+) -> None:
+    conn.execute(
+        "INSERT INTO experience_conversations VALUES (%s, %s) ON CONFLICT DO NOTHING",
+        (conversation_id, Jsonb(history)),
+    )
+
+
+def record_turn(
+    conn: DictConnection,
+    *,
+    turn_id: UUID,
+    conversation_id: UUID,
+    tenant_id: str,
+    position: int,
+    content: str,
+) -> None:
+    conn.execute(
+        "INSERT INTO experience_turns (turn_id, conversation_id, tenant_id, "
+        "position, content) VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (turn_id, conversation_id, tenant_id, position, content),
+    )
+
+
+def record_route(
+    conn: DictConnection, turn_id: UUID, specialist: str, adapter_version: str | None
+) -> None:
+    conn.execute(
+        "UPDATE experience_turns SET specialist = %s, adapter_version = %s WHERE turn_id = %s",
+        (specialist, adapter_version, turn_id),
+    )
+
+
+def record_action(conn: DictConnection, turn_id: UUID, action: dict[str, JsonValue]) -> None:
+    conn.execute(
+        "UPDATE experience_turns SET actions = actions || %s WHERE turn_id = %s",
+        (Jsonb([action]), turn_id),
+    )
+
+
+def record_response(conn: DictConnection, turn_id: UUID, text: str, release_id: str | None) -> None:
+    conn.execute(
+        "UPDATE experience_turns SET response = %s, release_id = %s WHERE turn_id = %s",
+        (text, release_id, turn_id),
+    )
+
+
+def record_completion(conn: DictConnection, turn_id: UUID) -> None:
+    conn.execute("UPDATE experience_turns SET completed = true WHERE turn_id = %s", (turn_id,))
+
+
+def joined_turn(conn: DictConnection, turn_id: UUID, history_turns: int) -> JoinedTurn | None:
+    """The turn joined with its history window of ``history_turns`` completed turns, or
+    ``None`` while it is not complete or not routed."""
+    row = conn.execute(
+        "SELECT t.*, c.history AS seed_history, "
+        "  (SELECT COALESCE(jsonb_agg(jsonb_build_array(e.content, e.response) "
+        "                             ORDER BY e.position), '[]') "
+        "   FROM (SELECT content, response, position FROM experience_turns "
+        "         WHERE conversation_id = t.conversation_id AND position < t.position "
+        "         AND completed ORDER BY position DESC LIMIT %s) AS e) AS earlier "
+        "FROM experience_turns t "
+        "LEFT JOIN experience_conversations c USING (conversation_id) "
+        "WHERE t.turn_id = %s AND t.completed AND t.specialist IS NOT NULL",
+        (history_turns, turn_id),
+    ).fetchone()
+    if row is None:
+        return None
+    return JoinedTurn(
+        turn_id=row["turn_id"],
+        conversation_id=row["conversation_id"],
+        tenant_id=row["tenant_id"],
+        specialist=row["specialist"],
+        adapter_version=row["adapter_version"],
+        release_id=row["release_id"],
+        content=row["content"],
+        response=row["response"],
+        actions=tuple(row["actions"]),
+        seed_history=tuple(ChatMessage.model_validate(m) for m in row["seed_history"] or []),
+        earlier=tuple((content, response) for content, response in row["earlier"]),
+    )

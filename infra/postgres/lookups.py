@@ -1,0 +1,41 @@
+"""Read-only lookups the operator's commands make: which conversation a turn belongs to (for
+``macaron trace``), and the training runs a demo waits on with what became of each."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from infra.postgres.db import DictConnection
+
+
+def conversation_of_turn(conn: DictConnection, turn_id: UUID) -> UUID | None:
+    """The conversation of a projected turn, or ``None`` while no processor has projected it."""
+    row = conn.execute(
+        "SELECT conversation_id FROM turns WHERE turn_id = %s", (turn_id,)
+    ).fetchone()
+    if row is None:
+        return None
+    conversation_id: UUID = row["conversation_id"]
+    return conversation_id
+
+
+def run_ids_oldest_first(conn: DictConnection) -> list[UUID]:
+    """Every training run, in the order it was queued."""
+    rows = conn.execute("SELECT run_id FROM training_runs ORDER BY created_at").fetchall()
+    return [row["run_id"] for row in rows]
+
+
+def run_verdicts(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
+    """A run with its evaluation and its latest promotion decision: ``specialist``, ``status``,
+    ``error``, ``metrics``, ``scores``, ``passed``, ``promotion`` (its kind) and
+    ``promotion_reason``; the last four are ``None`` until they happen."""
+    row = conn.execute(
+        "SELECT r.specialist, r.status, r.error, r.metrics, e.scores, e.passed, "
+        "p.kind AS promotion, p.reason AS promotion_reason FROM training_runs r "
+        "LEFT JOIN evaluations e ON e.run_id = r.run_id "
+        "LEFT JOIN LATERAL (SELECT kind, reason FROM promotions WHERE run_id = r.run_id "
+        "ORDER BY created_at DESC LIMIT 1) p ON true WHERE r.run_id = %s",
+        (run_id,),
+    ).fetchone()
+    return None if row is None else dict(row)

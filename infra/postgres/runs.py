@@ -1,0 +1,179 @@
+"""Training runs, the dataset snapshots they train on, and the contract evaluations of their
+candidates (``training_runs``, ``dataset_snapshots``, ``evaluations``).
+
+A run is ``queued`` by the trigger, ``running`` under a lease while a worker trains it, then
+``succeeded`` (with its adapter) or ``failed`` (with the error). At most one run per
+specialist is in flight (a unique index).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from infra.postgres.db import DictConnection
+
+
+@dataclass(frozen=True)
+class SnapshotRange:
+    """An immutable slice of one specialist's experience: ``[start_offset, end_offset)`` of
+    one partition, read under ``filter_version``, whose records chain to ``content_hash``."""
+
+    snapshot_id: UUID
+    specialist: str
+    partition: int
+    start_offset: int
+    end_offset: int
+    filter_version: str
+    content_hash: str
+    record_count: int
+
+
+def record_snapshot(conn: DictConnection, snapshot: SnapshotRange) -> None:
+    conn.execute(
+        "INSERT INTO dataset_snapshots (snapshot_id, specialist, start_positions, "
+        "end_positions, filter_version, content_hash, record_count) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (
+            snapshot.snapshot_id,
+            snapshot.specialist,
+            Jsonb({str(snapshot.partition): snapshot.start_offset}),
+            Jsonb({str(snapshot.partition): snapshot.end_offset}),
+            snapshot.filter_version,
+            snapshot.content_hash,
+            snapshot.record_count,
+        ),
+    )
+
+
+def dataset_snapshot(conn: DictConnection, snapshot_id: UUID) -> dict[str, Any] | None:
+    row = conn.execute(
+        "SELECT * FROM dataset_snapshots WHERE snapshot_id = %s", (snapshot_id,)
+    ).fetchone()
+    return None if row is None else dict(row)
+
+
+def queue_run(
+    conn: DictConnection,
+    *,
+    run_id: UUID,
+    specialist: str,
+    parent_adapter_id: int,
+    snapshot_id: UUID,
+    recipe: str,
+) -> None:
+    conn.execute(
+        "INSERT INTO training_runs (run_id, specialist, parent_adapter_id, snapshot_id, "
+        "recipe, status) VALUES (%s, %s, %s, %s, %s, 'queued') ON CONFLICT DO NOTHING",
+        (run_id, specialist, parent_adapter_id, snapshot_id, recipe),
+    )
+
+
+def run_in_flight(conn: DictConnection, specialist: str) -> bool:
+    """Whether a run of ``specialist`` is queued or running."""
+    row = conn.execute(
+        "SELECT 1 FROM training_runs WHERE specialist = %s AND status IN ('queued', 'running')",
+        (specialist,),
+    ).fetchone()
+    return row is not None
+
+
+def queued_run_ids(conn: DictConnection) -> list[UUID]:
+    rows = conn.execute("SELECT run_id FROM training_runs WHERE status = 'queued'").fetchall()
+    return [r["run_id"] for r in rows]
+
+
+def training_run(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
+    row = conn.execute("SELECT * FROM training_runs WHERE run_id = %s", (run_id,)).fetchone()
+    return None if row is None else dict(row)
+
+
+def claim_run(
+    conn: DictConnection, run_id: UUID, status: str, lease_seconds: int
+) -> dict[str, Any] | None:
+    """Take the run if it is ``status`` and nobody holds a live lease on it."""
+    row = conn.execute(
+        "UPDATE training_runs SET status = 'running', lease_until = now() + %s * interval '1 s' "
+        "WHERE run_id = %s AND (status = %s OR (status = 'running' AND lease_until < now())) "
+        "RETURNING *",
+        (lease_seconds, run_id, status),
+    ).fetchone()
+    return None if row is None else dict(row)
+
+
+def run_result(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
+    """The run's status and, once it succeeded, its adapter's specialist and version."""
+    row = conn.execute(
+        "SELECT r.status, a.specialist, a.version FROM training_runs r LEFT JOIN "
+        "adapter_versions a ON a.adapter_version_id = r.result_adapter_id "
+        "WHERE r.run_id = %s",
+        (run_id,),
+    ).fetchone()
+    return None if row is None else dict(row)
+
+
+def renew_lease(conn: DictConnection, run_id: UUID, lease_seconds: int) -> None:
+    conn.execute(
+        "UPDATE training_runs SET lease_until = now() + %s * interval '1 s' WHERE run_id = %s",
+        (lease_seconds, run_id),
+    )
+
+
+def fail_run(conn: DictConnection, run_id: UUID, error: str) -> None:
+    conn.execute(
+        "UPDATE training_runs SET status = 'failed', error = %s, "
+        "finished_at = now() WHERE run_id = %s",
+        (error, run_id),
+    )
+
+
+def finish_run(
+    conn: DictConnection,
+    run_id: UUID,
+    *,
+    adapter_version_id: int,
+    config: dict[str, Any],
+    metrics: dict[str, float],
+) -> None:
+    conn.execute(
+        "UPDATE training_runs SET status = 'succeeded', result_adapter_id = %s, "
+        "config = %s, metrics = %s, finished_at = now(), lease_until = NULL "
+        "WHERE run_id = %s",
+        (adapter_version_id, Jsonb(config), Jsonb(metrics), run_id),
+    )
+
+
+def record_evaluation(
+    conn: DictConnection,
+    *,
+    evaluation_id: UUID,
+    run_id: UUID,
+    adapter_version_id: int,
+    contract_version: str,
+    scores: dict[str, Any],
+    passed: bool,
+) -> None:
+    """Record a candidate's evaluation once (a redelivered task records nothing new)."""
+    conn.execute(
+        "INSERT INTO evaluations (evaluation_id, run_id, adapter_version_id, "
+        "contract_version, scores, passed) VALUES (%s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT DO NOTHING",
+        (evaluation_id, run_id, adapter_version_id, contract_version, Jsonb(scores), passed),
+    )
+
+
+def evaluated_outcomes(conn: DictConnection, release_id: str, contract_version: str) -> list[Any]:
+    """Every per-task outcome record of ``release_id`` under ``contract_version``, as the
+    candidate of the run that made it or as the parent of a run (JSON, not validated)."""
+    rows = conn.execute(
+        "SELECT e.scores -> 'outcomes' -> 'candidate' AS outcomes FROM releases r "
+        "JOIN evaluations e ON e.run_id = r.run_id "
+        "WHERE r.release_id = %(release)s AND e.contract_version = %(version)s "
+        "UNION ALL SELECT scores -> 'outcomes' -> 'parent' FROM evaluations "
+        "WHERE scores ->> 'parent_release_id' = %(release)s AND contract_version = %(version)s",
+        {"release": release_id, "version": contract_version},
+    ).fetchall()
+    return [r["outcomes"] for r in rows]

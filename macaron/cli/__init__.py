@@ -1,0 +1,72 @@
+"""``macaron``: the one command that reads settings and wires the parts together.
+
+Each module of this package holds one group of commands; this one reads the settings once for
+every command, lists the commands in the order ``macaron --help`` shows them, and turns a
+``MacaronError`` into its code and exit status."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from pydantic import ValidationError
+from rich.text import Text
+
+from core.errors import ConfigError, MacaronError
+from core.settings import Settings
+from macaron.cli import keys, learn, log, model, releases, serve, stack, streams
+from macaron.cli.common import err_console
+
+app = typer.Typer(
+    help="Macaron server: event-sourced continual-learning LLM server.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    rich_markup_mode=None,  # docstrings are plain text: their single line breaks are wraps
+    add_completion=False,
+)
+
+
+@app.callback()
+def load_settings(ctx: typer.Context) -> None:
+    """Read settings (environment variables prefixed MACARON_) once, for every command."""
+    try:
+        ctx.obj = Settings()
+    except ValidationError as exc:
+        problems = "; ".join(
+            f"MACARON_{'_'.join(str(p) for p in e['loc']).upper()}: {e['msg']}"
+            for e in exc.errors()
+        )
+        raise ConfigError(f"invalid settings: {problems}") from exc
+
+
+app.command()(stack.up)
+app.command()(stack.down)
+app.command()(stack.status)
+app.command()(serve.serve)
+app.command()(serve.schema)
+app.command()(learn.worker)
+app.command()(releases.promote)
+app.command()(releases.rollback)
+app.command()(log.trace)
+app.command("lineage")(releases.lineage_of)
+app.command()(streams.replay)
+app.command()(learn.simulate)
+app.command()(learn.demo)
+app.add_typer(stack.db_app, name="db")
+app.add_typer(stack.kafka_app, name="kafka")
+app.add_typer(log.log_app, name="log")
+app.add_typer(model.model_app, name="model")
+app.add_typer(keys.keys_app, name="keys")
+app.add_typer(streams.streams_app, name="streams")
+app.add_typer(releases.contract_app, name="contract")
+app.add_typer(log.audit_app, name="audit")
+
+
+def main() -> None:
+    """Run the command; a ``MacaronError`` prints its code and exits 2 (settings) or 1."""
+    try:
+        app()
+    except MacaronError as exc:
+        message = Text.assemble(("error", "bold red"), f"[{exc.code}]: {exc.message}")
+        err_console.print(message, soft_wrap=True)
+        sys.exit(2 if isinstance(exc, ConfigError) else 1)

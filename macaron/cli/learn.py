@@ -1,0 +1,160 @@
+"""The learning loop: ``worker`` trains and evaluates, ``simulate`` plays users against a
+server, ``demo`` runs the whole loop for a few generations."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
+
+from infra.postgres.keys import create_key
+from infra.telemetry import configure_telemetry, serve_metrics
+from learners.tasks import load_bank
+from learners.worker import configure as configure_celery
+from learners.worker import install_runtime
+from macaron import wiring
+from macaron.cli.common import console, err_console, settings, specialist_names, spinner
+from macaron.demo import demo_table, generation_table, run_demo
+from macaron.simulator import (
+    DEFAULT_SPECIALISTS,
+    SIMULATOR_TENANT,
+    bank_tasks,
+    pick_tasks,
+    report_table,
+    run_simulation,
+)
+
+
+def worker(
+    ctx: typer.Context,
+    queues: Annotated[str, typer.Option(help="Comma-separated: train, eval, default.")] = (
+        "train,eval,default"
+    ),
+) -> None:
+    """Run a Celery worker for the learning loop (one task at a time); /metrics on
+    MACARON_METRICS_PORT when set."""
+    cfg = settings(ctx)
+    configure_telemetry(cfg, "macaron-worker")
+    celery = configure_celery(cfg)
+    pool = wiring.pool(cfg)
+    if cfg.metrics_port is not None:
+        serve_metrics(cfg, pool, cfg.metrics_port)
+    install_runtime(wiring.learning_runtime(cfg, pool))
+    celery.worker_main(
+        [
+            "worker",
+            "--queues",
+            queues,
+            "--pool",
+            "solo",
+            "--loglevel",
+            "INFO",
+            "--hostname",
+            f"macaron-{os.getpid()}@%h",
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
+
+
+def simulate(
+    ctx: typer.Context,
+    turns: Annotated[int, typer.Option(min=1, help="Turns to play in all.")] = 100,
+    concurrency: Annotated[int, typer.Option(min=1, help="Users playing at once.")] = 4,
+    url: Annotated[
+        str | None, typer.Option(help="WebSocket URL (default the local `macaron serve`).")
+    ] = None,
+    key: Annotated[
+        str | None,
+        typer.Option(help=f"Chat key (default: a new key of tenant {SIMULATOR_TENANT!r})."),
+    ] = None,
+    specialists: Annotated[
+        str, typer.Option(help="Comma-separated specialists whose bank tasks are played.")
+    ] = ",".join(DEFAULT_SPECIALISTS),
+    seed: Annotated[int, typer.Option(help="Seed of the play order.")] = 0,
+) -> None:
+    """Play simulated users against a running server and print a table per specialist.
+
+    Each user asks task-bank prompts over the WebSocket; the oracle checks every answer and
+    sends feedback: up when it is right, else an edit with the task's reference."""
+    cfg = settings(ctx)
+    plan = pick_tasks(bank_tasks(load_bank(), specialist_names(specialists)), turns, seed)
+    if key is None:
+        with wiring.pool(cfg) as pool, pool.connection() as conn:
+            key_id, key = create_key(conn, SIMULATOR_TENANT, {"chat"})
+        err_console.print(f"made key {key_id} for tenant {SIMULATOR_TENANT}")
+    target = url or f"ws://{cfg.bind_host}:{cfg.http_port}/v1/ws"
+    columns = (
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, console=err_console) as progress:
+        task = progress.add_task(f"simulating users against {target}", total=turns)
+        report = asyncio.run(
+            run_simulation(
+                target, key, plan, concurrency=concurrency, on_turn=lambda _: progress.advance(task)
+            )
+        )
+    console.print(report_table(report))
+
+
+def demo(
+    ctx: typer.Context,
+    generations: Annotated[int, typer.Option(min=1, help="Generations after the base.")] = 3,
+    turns_per_generation: Annotated[
+        int, typer.Option(min=1, help="Most simulated turns per generation.")
+    ] = 120,
+    concurrency: Annotated[int, typer.Option(min=1, help="Simulated users at once.")] = 8,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Folder for demo.json, demo.png and worker.log (default MACARON_HOME/demo)."
+        ),
+    ] = None,
+    specialists: Annotated[
+        str, typer.Option(help="Comma-separated specialists the simulated users ask.")
+    ] = ",".join(DEFAULT_SPECIALISTS),
+    seed: Annotated[int, typer.Option(help="Seed of the play order.")] = 0,
+) -> None:
+    """Run the whole learning loop for --generations generations with simulated users, and
+    write demo.json and demo.png.
+
+    Starts the chat server, the stream processors and a Celery worker on the configured model
+    (PostgreSQL and Redis must be up: `macaron up`). Scores the contract on the active release
+    first (generation 0); each generation plays users until the trigger queues a run, waits for
+    its training, evaluation and promotion or rejection, and scores the contract again. Unless
+    set, MACARON_MAX_NEW_TOKENS is 96, MACARON_TURNS_PER_MINUTE does not limit the simulated
+    users (their answers only need to be long enough to be judged) and MACARON_TRAINING_CONFIG
+    is the CPU recipe learners/recipes/lora-cpu.yaml."""
+    cfg = settings(ctx)
+    configure_telemetry(cfg, "macaron-demo")
+    folder = out or cfg.home / "demo"
+    with spinner() as progress:
+        task = progress.add_task("starting")
+        report = run_demo(
+            cfg,
+            generations=generations,
+            turns_per_generation=turns_per_generation,
+            concurrency=concurrency,
+            out_dir=folder,
+            specialists=specialist_names(specialists),
+            seed=seed,
+            step=lambda s: progress.update(task, description=s),
+            on_generation=lambda record: console.print(generation_table(record)),
+        )
+    console.print(demo_table(report))
+    console.print(f"wrote {folder / 'demo.json'} and {folder / 'demo.png'}")

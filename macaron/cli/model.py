@@ -1,0 +1,46 @@
+"""Base models: ``model pull`` and ``model tiny``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from infra.models import make_tiny_model, pull_model, tokenizer_for_tiny, verify_model
+from macaron.cli.common import console, settings, spinner
+
+model_app = typer.Typer(help="Base models: pull, make a tiny test model.", no_args_is_help=True)
+
+
+@model_app.command("pull")
+def model_pull(
+    ctx: typer.Context,
+    name: Annotated[str, typer.Argument(help="Model to fetch.")] = "smollm2-135m-instruct",
+) -> None:
+    """Fetch and convert a base model once into MACARON_HOME/models (idempotent)."""
+    cfg = settings(ctx)
+    with spinner() as progress:
+        task = progress.add_task(f"{name}: starting")
+        folder, changed = pull_model(
+            cfg.home, name, lambda step: progress.update(task, description=f"{name}: {step}")
+        )
+    manifest = verify_model(folder)
+    state = "pulled" if changed else "already pulled"
+    console.print(f"{name} {state}: {folder} (licence {manifest['licence']})")
+
+
+@model_app.command("tiny")
+def model_tiny(
+    ctx: typer.Context,
+    path: Annotated[Path, typer.Argument(help="Folder to write the tiny model into.")],
+    seed: Annotated[int, typer.Option(help="Random seed for the weights.")] = 0,
+) -> None:
+    """Make a tiny random Llama with SmolLM2's tokenizer, in seconds, for tests."""
+    cfg = settings(ctx)
+    with spinner() as progress:
+        task = progress.add_task("tokenizer")
+        tokenizer = tokenizer_for_tiny(cfg.home, lambda s: progress.update(task, description=s))
+        progress.update(task, description="writing the model")
+        make_tiny_model(path, tokenizer, seed=seed)
+    console.print(f"tiny model written to {path}")

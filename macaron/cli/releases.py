@@ -1,0 +1,144 @@
+"""Releases: ``promote`` and ``rollback`` by hand, ``lineage`` back to the root, and
+``contract run`` on one."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from core.errors import PromotionFailed, ReleaseNotFound
+from core.settings import Settings
+from infra.artifacts import ArtifactStore
+from infra.postgres.lineage import LineageStep, lineage, to_dot
+from infra.postgres.promotions import request_promotion, wait_for_request
+from infra.postgres.registry import active_release, release_by_id
+from learners.contract import CONTRACT_V1, load_contract, run_contract
+from macaron import wiring
+from macaron.cli.common import console, settings
+from server.engines.local import LocalEngine
+
+contract_app = typer.Typer(help="The external contract.", no_args_is_help=True)
+
+
+def promote(
+    ctx: typer.Context,
+    release_id: Annotated[str, typer.Argument(help="The release to make active.")],
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the server.")] = 120.0,
+) -> None:
+    """Promote a release by hand: the running server loads it, checks it and flips to it."""
+    _promotion(settings(ctx), release_id, "promote", timeout)
+
+
+def rollback(
+    ctx: typer.Context,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for the server.")] = 120.0,
+) -> None:
+    """Make the active release's parent active again."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool, pool.connection() as conn:
+        parent = active_release(conn).parent_release_id
+    if parent is None:
+        raise ReleaseNotFound("the active release is the root: there is nothing to roll back to")
+    _promotion(cfg, parent, "rollback", timeout)
+
+
+def _promotion(cfg: Settings, release_id: str, kind: str, timeout: float) -> None:
+    """Ask the running server to make ``release_id`` active and wait for its answer."""
+    with wiring.pool(cfg) as pool:
+        request = request_promotion(pool, release_id, kind=kind, requested_by="operator (cli)")
+        final = wait_for_request(pool, request, timeout)
+    if final["status"] == "pending":
+        raise PromotionFailed(f"no server took the request in {timeout:.0f} s; is one running?")
+    if final["status"] == "failed":
+        raise PromotionFailed(f"{kind} of {release_id} refused: {final['reason']}")
+    console.print(f"{release_id} is active ({kind})")
+
+
+class LineageFormat(StrEnum):
+    table = "table"
+    json = "json"
+    dot = "dot"
+
+
+def lineage_of(
+    ctx: typer.Context,
+    ref: Annotated[str, typer.Argument(help="A release id, or an adapter version: genui@3.")],
+    output: Annotated[LineageFormat, typer.Option("--format", help="Output format.")] = (
+        LineageFormat.table
+    ),
+) -> None:
+    """Walk a release or adapter version back to the root: parents, training runs, dataset
+    snapshots (log range and hash), evaluations, promotions."""
+    with wiring.pool(settings(ctx)) as pool, pool.connection() as conn:
+        steps = lineage(conn, ref)
+    if output is LineageFormat.json:
+        console.print_json(json.dumps([s.model_dump() for s in steps]))
+    elif output is LineageFormat.dot:
+        sys.stdout.write(to_dot(steps))
+    else:
+        console.print(_lineage_table(ref, steps))
+
+
+def _lineage_table(ref: str, steps: list[LineageStep]) -> Table:
+    table = Table(title=f"lineage of {ref}")
+    for column in ("kind", "id", "parent", "created", "run", "snapshot", "evaluation"):
+        table.add_column(column)
+    for step in steps:
+        run: Any = step.detail.get("run") or {}
+        snapshot = run.get("snapshot") or {}
+        evaluation = (run.get("evaluations") or [{}])[-1]
+        table.add_row(
+            step.kind,
+            step.id,
+            step.parent or "(root)",
+            step.created_at[:19],
+            f"{run.get('run_id', '')[:8]} {run.get('status', '')}",
+            f"{snapshot.get('records', '')} records {snapshot.get('start', '')}->"
+            f"{snapshot.get('end', '')} {str(snapshot.get('content_hash', ''))[:12]}"
+            if snapshot
+            else "",
+            f"passed={evaluation.get('passed')} {evaluation.get('candidate', '')}"
+            if evaluation
+            else "",
+        )
+    return table
+
+
+@contract_app.command("run")
+def contract_run(
+    ctx: typer.Context,
+    release_id: Annotated[
+        str, typer.Argument(help="The release to evaluate ('active' for the active one).")
+    ] = "active",
+    seed: Annotated[int, typer.Option(help="Sampling seed (greedy decoding either way).")] = 0,
+) -> None:
+    """Run the contract (MACARON_CONTRACT_PATH, default contract v1) on a release's adapters
+    and print each suite's score."""
+    cfg = settings(ctx)
+    contract = load_contract(cfg.contract_path or CONTRACT_V1)
+    store = ArtifactStore(cfg.home / "adapters")
+    with wiring.pool(cfg) as pool, pool.connection() as conn:
+        release = (
+            active_release(conn) if release_id == "active" else release_by_id(conn, release_id)
+        )
+    engine = LocalEngine(wiring.model_dir(cfg))
+    try:
+        with console.status(f"running {contract.version} on {release.release_id}..."):
+            for ref in release.adapters.values():
+                engine.load_adapter(ref.name, str(store.verified_path(ref.sha256, ref.path)))
+            adapters = {name: ref.name for name, ref in release.adapters.items()}
+            outcomes = asyncio.run(run_contract(engine, adapters, contract, seed=seed))
+    finally:
+        engine.close()
+    table = Table(title=f"{contract.version} on {release.release_id}")
+    for column in ("suite", "tasks", "passed", "score"):
+        table.add_column(column, justify="left" if column == "suite" else "right")
+    for suite, done in outcomes.items():
+        table.add_row(suite, str(len(done)), str(sum(done)), f"{sum(done) / len(done):.1%}")
+    console.print(table)

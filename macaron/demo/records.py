@@ -1,0 +1,53 @@
+"""What a demo records: each generation's contract scores and what became of its runs; and
+the error that stops a demo."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from core.errors import MacaronError
+
+
+class DemoFailed(MacaronError):
+    """A part of the loop stopped, or a generation could not finish; the message says which."""
+
+    code = "demo_failed"
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One training run and what became of it. ``outcome`` is ``promoted``, ``rejected`` (by the
+    contract), ``promotion refused`` (by the server's canary), or ``training failed``,
+    ``evaluation failed``, ``promotion failed`` (the worker's task raised)."""
+
+    run_id: str
+    specialist: str
+    outcome: str
+    passed: bool
+    training_seconds: float | None
+    candidate: dict[str, float]
+    parent: dict[str, float]
+    reasons: list[str]
+
+
+@dataclass(frozen=True)
+class GenerationRecord:
+    """``scores`` are the contract scores per suite of ``release_id``, active after the
+    generation; ``simulated_pass_rate`` is the oracle's verdict on the simulated turns."""
+
+    generation: int
+    release_id: str
+    scores: dict[str, float]
+    turns: int = 0
+    simulated_pass_rate: dict[str, float] = field(default_factory=dict)
+    runs: list[RunRecord] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class DemoReport:
+    contract_version: str
+    generations: list[GenerationRecord]
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)

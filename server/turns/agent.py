@@ -1,0 +1,102 @@
+"""The agent loop of a turn: generate, run the tool the model calls, give it the result, and
+generate again, until the model answers in text or the turn has used its actions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from datetime import datetime
+
+from core.conversation import Conversation
+from core.engine import Engine
+from core.events import ChatMessage, HarnessActionExecuted
+from core.harness.actions import MAX_ACTIONS_PER_TURN, ToolCall, execute
+from core.harness.genui import parse_genui_output
+from core.harness.hcp import STAMP, HarnessContext, tool_call_of
+from core.ids import uuid7
+from core.release import AdapterRef
+from infra import observe
+from server import protocol as wire
+from server.turns.conversations import ConversationStore
+from server.turns.generation import generate
+from server.turns.request import ChatLimits, Sink, TurnOutcome
+
+
+class AgentLoop:
+    def __init__(
+        self,
+        engine: Engine,
+        store: ConversationStore,
+        limits: Callable[[], ChatLimits],
+        clock: Callable[[], datetime],
+    ) -> None:
+        self.engine = engine
+        self._store = store
+        self._limits = limits
+        self._clock = clock
+
+    async def answer(
+        self,
+        conversation: Conversation,
+        context: HarnessContext,
+        adapter: AdapterRef,
+        outcome: TurnOutcome,
+        sink: Sink,
+        cancel: asyncio.Event,
+        receipt: asyncio.Task[None],
+    ) -> None:
+        """Fill ``outcome`` with the turn's answer. Actions wait for ``receipt`` (the turn's
+        first events), so the log's order is the turn's order."""
+        scratch: list[ChatMessage] = []
+        for step in range(MAX_ACTIONS_PER_TURN + 1):
+            step_context = context.model_copy(update={"scratch": tuple(scratch)})
+            text = await generate(
+                self.engine, self._limits(), step_context, adapter, outcome, step, sink, cancel
+            )
+            call = tool_call_of(text) if "tool_call" in context.grammars else None
+            if call is None or outcome.finish_reason == "cancelled":
+                break
+            if step == MAX_ACTIONS_PER_TURN:
+                outcome.text = f"I stopped after {MAX_ACTIONS_PER_TURN} actions in one turn."
+                await sink(wire.Token(turn_id=outcome.turn_id, delta=outcome.text))
+                return
+            await receipt
+            done = await self._act(conversation, call, outcome, sink)
+            result = json.dumps({"tool": done.name, "ok": done.ok, "result": done.result})
+            scratch.append(ChatMessage(role="assistant", content=text.strip()))
+            scratch.append(ChatMessage(role="user", content=f"Tool result: {result}"))
+        outcome.text = text
+        if "genui" in context.grammars and outcome.finish_reason != "cancelled":
+            outcome.genui = parse_genui_output(text)
+
+    async def _act(
+        self, conversation: Conversation, call: ToolCall, outcome: TurnOutcome, sink: Sink
+    ) -> HarnessActionExecuted:
+        """Run one tool call in the action substrate, record it, and show it to the client."""
+        now = self._clock()
+        with observe.tracer.start_as_current_span("harness.action") as span:
+            done = execute(call, conversation.tool_state, now)
+            span.set_attributes({"macaron.tool": done.name, "macaron.ok": done.ok})
+        action = HarnessActionExecuted(
+            turn_id=outcome.turn_id,
+            action_id=uuid7(),
+            name=done.name,
+            args=done.args,
+            result=done.result,
+            ok=done.ok,
+            state_delta=done.state_delta,
+            harness=STAMP,
+        )
+        await self._store.append(conversation, [action], correlation_id=outcome.turn_id, at=now)
+        outcome.actions.append(action)
+        await sink(
+            wire.Action(
+                turn_id=outcome.turn_id,
+                name=done.name,
+                args=done.args,
+                result=done.result,
+                ok=done.ok,
+            )
+        )
+        return action

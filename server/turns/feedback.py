@@ -1,0 +1,79 @@
+"""What users say about completed turns: feedback (up, down, edit, regenerate), and GenUI
+interactions, which become turns of their own."""
+
+from __future__ import annotations
+
+import json
+from uuid import UUID
+
+from pydantic import JsonValue
+
+from core.auth import Principal
+from core.conversation import Conversation, Turn
+from core.errors import InvalidFrame, TurnNotFound
+from core.events import FeedbackGiven
+from core.harness.genui import interactive_ids
+from core.ids import uuid7
+from infra import observe
+from server import protocol as wire
+from server.turns.conversations import ConversationStore
+from server.turns.request import TurnRequest
+
+
+class TurnFeedback:
+    def __init__(self, store: ConversationStore) -> None:
+        self._store = store
+
+    async def feedback(
+        self, principal: Principal, conversation_id: UUID | None, frame: wire.Feedback
+    ) -> Turn:
+        """Record feedback on a completed turn of this tenant's conversation."""
+        conversation, turn = await self._completed(principal, conversation_id, frame.turn_id)
+        if frame.kind == "edit" and frame.edited_text is None:
+            raise InvalidFrame("feedback of kind edit needs edited_text")
+        if frame.kind != "edit" and frame.edited_text is not None:
+            raise InvalidFrame("edited_text goes only with feedback of kind edit")
+        payload = FeedbackGiven(
+            turn_id=turn.turn_id, kind=frame.kind, edited_text=frame.edited_text
+        )
+        # Feedback continues the turn's trace: what it teaches is followed from the turn.
+        with observe.tracer.start_as_current_span(
+            "ws.feedback",
+            context=observe.context_of(turn.trace),
+            attributes={"macaron.turn_id": str(turn.turn_id), "macaron.feedback": frame.kind},
+        ):
+            await self._store.append(conversation, [payload], correlation_id=turn.turn_id)
+        return turn
+
+    async def ui_event_turn(
+        self, principal: Principal, conversation_id: UUID | None, frame: wire.UIEvent
+    ) -> TurnRequest:
+        """The harness input a GenUI interaction becomes: a turn of kind ``ui_event``."""
+        _, turn = await self._completed(principal, conversation_id, frame.turn_id)
+        tree = turn.genui.tree if turn.genui is not None and turn.genui.valid else None
+        if tree is None or frame.component_id not in interactive_ids(tree):
+            raise InvalidFrame(f"turn {frame.turn_id} rendered no component {frame.component_id!r}")
+        event: dict[str, JsonValue] = {
+            "turn_id": str(frame.turn_id),
+            "component_id": frame.component_id,
+            "action": frame.action,
+            "value": frame.value,
+        }
+        return TurnRequest(
+            client_msg_id=f"ui-{uuid7()}",
+            content="ui_event " + json.dumps(event),
+            conversation_id=conversation_id,
+            specialist_hint=turn.specialist,
+            input_kind="ui_event",
+        )
+
+    async def _completed(
+        self, principal: Principal, conversation_id: UUID | None, turn_id: UUID
+    ) -> tuple[Conversation, Turn]:
+        if conversation_id is None:
+            raise TurnNotFound(f"no turn {turn_id}: start or resume a conversation first")
+        conversation = await self._store.get(principal, conversation_id)
+        turn = conversation.turns.get(turn_id)
+        if turn is None or turn.completed is None:
+            raise TurnNotFound(f"no completed turn {turn_id} in conversation {conversation_id}")
+        return conversation, turn

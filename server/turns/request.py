@@ -1,0 +1,68 @@
+"""What a turn is asked and what it answers, whichever front end it came from, and what the
+turn service needs of its router and its front end's sink."""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+from uuid import UUID
+
+from core.events import ChatMessage, HarnessActionExecuted
+from core.harness.genui import GenUIResult, text_fallback
+from core.routing import RouterDecision
+from server import protocol as wire
+
+Sink = Callable[[wire.Frame], Awaitable[None]]
+"""Where a turn's frames go: the WebSocket, or an OpenAI API response."""
+
+
+class Router(Protocol):
+    """What the chat service needs of a router (``server.router.RouterService`` in serving)."""
+
+    @property
+    def version(self) -> str: ...
+
+    @property
+    def specialists(self) -> tuple[str, ...]: ...
+
+    def route(self, text: str, hint: str | None = None) -> RouterDecision: ...
+
+
+@dataclass(frozen=True)
+class ChatLimits:
+    turns_per_minute: int = 30
+    max_new_tokens: int = 256
+    temperature: float = 0.7
+    max_cached_conversations: int = 10_000
+
+
+@dataclass(frozen=True)
+class TurnRequest:
+    """One turn to answer, whichever front end it came from."""
+
+    client_msg_id: str
+    content: str
+    conversation_id: UUID | None = None
+    specialist_hint: str | None = None
+    input_kind: str = "text"
+    history: tuple[ChatMessage, ...] = ()
+    """Earlier messages for a new conversation (the OpenAI API brings them)."""
+
+
+@dataclass
+class TurnOutcome:
+    turn_id: UUID
+    conversation_id: UUID
+    text: str
+    finish_reason: str
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    genui: GenUIResult | None = None
+    actions: list[HarnessActionExecuted] = field(default_factory=list)
+
+    def genui_frame(self, genui: GenUIResult) -> wire.Frame:
+        """How a GenUI answer is shown: the tree when it is valid, else its text fallback."""
+        if genui.valid and genui.tree is not None:
+            return wire.GenUI(turn_id=self.turn_id, tree=genui.tree)
+        return wire.Token(turn_id=self.turn_id, delta=text_fallback(self.text, genui))

@@ -1,0 +1,300 @@
+"""The experience rules ``experience-1`` without a database: a joined turn and a completion or
+feedback event in, the ``ExperienceRecorded`` events out."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+from uuid import UUID
+
+import pytest
+
+from core.events import (
+    ChatMessage,
+    EventPayload,
+    ExperienceRecorded,
+    FeedbackGiven,
+    NewEvent,
+    TurnCompleted,
+    TurnReceived,
+)
+from core.harness.hcp import STAMP, build_context
+from core.log import LogPosition, RecordedEvent
+from infra.postgres.experience import JoinedTurn
+from streams.experience import context_messages, experience_from, first_step
+
+TURN = UUID("0190f0a0-0000-7000-8000-000000000001")
+CONVERSATION = UUID("0190f0a0-0000-7000-8000-0000000000c0")
+FEEDBACK = UUID("0190f0a0-0000-7000-8000-0000000000f1")
+OTHER_FEEDBACK = UUID("0190f0a0-0000-7000-8000-0000000000f2")
+COMPLETED = UUID("0190f0a0-0000-7000-8000-0000000000d0")
+AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+
+CHAT_TURN = JoinedTurn(
+    turn_id=TURN,
+    conversation_id=CONVERSATION,
+    tenant_id="acme",
+    specialist="chat",
+    adapter_version="chat@2",
+    release_id="rel-1",
+    content="What is the capital of France?",
+    response="Paris.",
+    actions=(),
+    seed_history=(),
+    earlier=(),
+)
+ACTIONS = (
+    {"name": "calculator", "args": {"expression": "2+2"}, "result": 4, "ok": True},
+    {"name": "notes", "args": {"op": "get", "key": "x"}, "result": None, "ok": False},
+    {"name": "calculator", "args": {"expression": "3*3"}, "result": 9, "ok": True},
+)
+AGENT_TURN = replace(
+    CHAT_TURN,
+    specialist="agent",
+    adapter_version="agent@1",
+    content="What is 2+2 and 3*3?",
+    response="4 and 9.",
+    actions=ACTIONS,
+)
+
+
+def recorded(payload: EventPayload, event_id: UUID = FEEDBACK, offset: int = 7) -> RecordedEvent:
+    sealed = NewEvent(
+        payload=payload, tenant_id="acme", key=str(CONVERSATION), event_id=event_id, occurred_at=AT
+    ).seal(offset + 1, None)
+    return RecordedEvent(LogPosition(0, offset), sealed.envelope, sealed.payload)
+
+
+def feedback(kind: str, edited: str | None = None, event_id: UUID = FEEDBACK) -> RecordedEvent:
+    return recorded(FeedbackGiven(turn_id=TURN, kind=kind, edited_text=edited), event_id)  # type: ignore[arg-type]
+
+
+def completed() -> RecordedEvent:
+    return recorded(TurnCompleted(turn_id=TURN, latency_ms=12.5, harness=STAMP), COMPLETED)
+
+
+def payloads(events: list[NewEvent]) -> list[ExperienceRecorded]:
+    found = [e.payload for e in events]
+    assert all(isinstance(p, ExperienceRecorded) for p in found)
+    return found  # type: ignore[return-value]
+
+
+# --- feedback -------------------------------------------------------------------------------
+
+
+def test_thumbs_up_is_an_sft_example_with_the_answer_as_target() -> None:
+    [event] = experience_from(CHAT_TURN, feedback("up"))
+    record = payloads([event])[0]
+    assert record.kind == "sft"
+    assert record.specialist == "chat"
+    assert record.turn_id == TURN
+    assert record.filter_version == "experience-1"
+    assert record.record == {
+        "messages": context_messages(CHAT_TURN),
+        "target": "Paris.",
+        "adapter_version": "chat@2",
+        "release_id": "rel-1",
+    }
+
+
+def test_a_record_is_keyed_by_specialist_and_caused_by_the_feedback() -> None:
+    [event] = experience_from(CHAT_TURN, feedback("up"))
+    assert event.key == "experience.chat"
+    assert event.tenant_id == "acme"
+    assert event.causation_id == FEEDBACK
+    assert event.correlation_id == TURN
+    assert event.occurred_at == AT
+    assert event.event_id == event.payload.experience_id  # type: ignore[attr-defined]
+
+
+def test_the_experience_id_is_pinned() -> None:
+    """The derived ids are part of the log: changing them would duplicate every record."""
+    [up] = experience_from(CHAT_TURN, feedback("up"))
+    sft, preference = experience_from(CHAT_TURN, feedback("edit", "Paris, France."))
+    assert up.event_id == UUID("d1c91960-5623-534b-8fbb-4155527f5634")
+    assert sft.event_id == up.event_id  # same turn, kind and feedback event
+    assert preference.event_id == UUID("f968020b-2c2c-50a1-a4db-4b2b91d2dd06")
+
+
+def test_thumbs_up_on_an_agent_turn_teaches_its_first_tool_call() -> None:
+    [event] = experience_from(AGENT_TURN, feedback("up"))
+    target = payloads([event])[0].record["target"]
+    assert target == '{"tool": "calculator", "args": {"expression": "2+2"}}'
+    assert json.loads(str(target)) == {"tool": "calculator", "args": {"expression": "2+2"}}
+
+
+def test_first_step_is_the_answer_when_no_tool_was_called() -> None:
+    assert first_step(CHAT_TURN) == "Paris."
+    assert first_step(replace(AGENT_TURN, actions=())) == "4 and 9."
+
+
+def test_an_edit_is_an_sft_example_and_a_preference_pair() -> None:
+    sft, preference = payloads(experience_from(CHAT_TURN, feedback("edit", "Paris, France.")))
+    messages = context_messages(CHAT_TURN)
+    assert sft.kind == "sft"
+    assert sft.record["target"] == "Paris, France."
+    assert sft.record["messages"] == messages
+    assert preference.kind == "preference"
+    assert preference.record == {
+        "messages": messages,
+        "chosen": "Paris, France.",
+        "rejected": "Paris.",
+        "adapter_version": "chat@2",
+        "release_id": "rel-1",
+    }
+    assert sft.experience_id != preference.experience_id
+
+
+def test_an_edit_on_an_agent_turn_targets_the_edit_not_the_tool_call() -> None:
+    sft, _ = payloads(experience_from(AGENT_TURN, feedback("edit", "Four and nine.")))
+    assert sft.record["target"] == "Four and nine."
+
+
+@pytest.mark.parametrize("edited", [None, ""])
+def test_an_edit_without_text_teaches_nothing(edited: str | None) -> None:
+    assert experience_from(CHAT_TURN, feedback("edit", edited)) == []
+
+
+@pytest.mark.parametrize("kind", ["down", "regenerate"])
+def test_thumbs_down_and_regenerate_teach_nothing(kind: str) -> None:
+    assert experience_from(CHAT_TURN, feedback(kind)) == []
+    assert experience_from(AGENT_TURN, feedback(kind)) == []
+
+
+@pytest.mark.parametrize("kind", ["up", "edit"])
+def test_feedback_on_a_turn_without_an_answer_teaches_nothing(kind: str) -> None:
+    assert experience_from(replace(CHAT_TURN, response=None), feedback(kind, "x")) == []
+
+
+def test_the_same_feedback_gives_the_same_events() -> None:
+    first = experience_from(CHAT_TURN, feedback("edit", "Paris, France."))
+    again = experience_from(CHAT_TURN, feedback("edit", "Paris, France."))
+    assert first == again
+
+
+def test_another_feedback_event_gives_other_ids() -> None:
+    [one] = experience_from(CHAT_TURN, feedback("up"))
+    [two] = experience_from(CHAT_TURN, feedback("up", event_id=OTHER_FEEDBACK))
+    assert one.event_id != two.event_id
+    assert one.payload.model_dump(exclude={"experience_id"}) == two.payload.model_dump(
+        exclude={"experience_id"}
+    )
+
+
+def test_another_turn_gives_other_ids() -> None:
+    other = replace(CHAT_TURN, turn_id=UUID("0190f0a0-0000-7000-8000-000000000002"))
+    [one] = experience_from(CHAT_TURN, feedback("up"))
+    [two] = experience_from(other, feedback("up"))
+    assert one.event_id != two.event_id
+
+
+# --- trajectories ---------------------------------------------------------------------------
+
+
+def test_a_completed_agent_turn_with_actions_is_a_trajectory() -> None:
+    [event] = experience_from(AGENT_TURN, completed())
+    [record] = payloads([event])
+    assert record.kind == "trajectory"
+    assert record.specialist == "agent"
+    assert record.record == {
+        "messages": context_messages(AGENT_TURN),
+        "actions": [dict(a) for a in ACTIONS],
+        "answer": "4 and 9.",
+        "reward": 2 / 3,
+        "adapter_version": "agent@1",
+        "release_id": "rel-1",
+    }
+    assert event.key == "experience.agent"
+    assert event.causation_id == COMPLETED
+
+
+@pytest.mark.parametrize(
+    ("oks", "reward"),
+    [((True,), 1.0), ((False,), 0.0), ((True, False), 0.5), ((False, False, False, True), 0.25)],
+)
+def test_the_reward_is_the_share_of_actions_that_succeeded(
+    oks: tuple[bool, ...], reward: float
+) -> None:
+    actions: tuple[dict[str, Any], ...] = tuple(
+        {"name": "calculator", "args": {}, "result": None, "ok": ok} for ok in oks
+    )
+    [record] = payloads(experience_from(replace(AGENT_TURN, actions=actions), completed()))
+    assert record.record["reward"] == reward
+
+
+def test_a_completed_turn_without_actions_teaches_nothing() -> None:
+    assert experience_from(CHAT_TURN, completed()) == []
+    assert experience_from(replace(AGENT_TURN, actions=()), completed()) == []
+
+
+def test_a_trajectory_is_recorded_even_without_an_answer() -> None:
+    [record] = payloads(experience_from(replace(AGENT_TURN, response=None), completed()))
+    assert record.record["answer"] is None
+
+
+def test_the_trajectory_id_depends_on_the_completion_event() -> None:
+    [first] = experience_from(AGENT_TURN, completed())
+    [again] = experience_from(AGENT_TURN, completed())
+    [up] = experience_from(AGENT_TURN, feedback("up"))
+    assert first.event_id == again.event_id
+    assert first.event_id != up.event_id
+
+
+def test_other_events_teach_nothing() -> None:
+    received = TurnReceived(
+        conversation_id=CONVERSATION,
+        turn_id=TURN,
+        client_msg_id="m1",
+        content="hi",
+        harness=STAMP,
+        release_id="rel-1",
+    )
+    assert experience_from(CHAT_TURN, recorded(received)) == []
+
+
+# --- the context a record teaches -----------------------------------------------------------
+
+
+def test_the_context_is_the_specialists_hcp_context_for_the_turn() -> None:
+    messages = context_messages(CHAT_TURN)
+    assert messages == build_context("chat", [], "What is the capital of France?").messages()
+    assert messages[0]["role"] == "system"
+    assert messages[-1] == {"role": "user", "content": "What is the capital of France?"}
+
+
+def test_the_context_holds_the_seed_history_then_the_earlier_turns() -> None:
+    seed = (
+        ChatMessage(role="user", content="Hello"),
+        ChatMessage(role="assistant", content="Hi there."),
+    )
+    turn = replace(
+        CHAT_TURN,
+        seed_history=seed,
+        earlier=(("And Spain?", "Madrid."), ("And Italy?", None)),
+    )
+    history = [
+        *seed,
+        ChatMessage(role="user", content="And Spain?"),
+        ChatMessage(role="assistant", content="Madrid."),
+        ChatMessage(role="user", content="And Italy?"),
+        ChatMessage(role="assistant", content=""),
+    ]
+    expected = build_context("chat", history, "What is the capital of France?").messages()
+    assert context_messages(turn) == expected
+    assert [m["content"] for m in expected[1:]] == [
+        "Hello",
+        "Hi there.",
+        "And Spain?",
+        "Madrid.",
+        "And Italy?",
+        "",
+        "What is the capital of France?",
+    ]
+
+
+def test_an_agent_context_lists_the_tools() -> None:
+    system = context_messages(AGENT_TURN)[0]["content"]
+    assert "calculator" in system
+    assert system != context_messages(CHAT_TURN)[0]["content"]

@@ -1,0 +1,165 @@
+"""The training trigger's rules without a database: counting records into the pending range,
+the threshold, and the snapshot and run a due trigger defines."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from uuid import UUID
+
+import pytest
+
+from core.events import EventPayload, ExperienceRecorded, NewEvent, TrainingRequested
+from core.experience import EMPTY_CHAIN, chain_record
+from core.log import LogPosition, RecordedEvent
+from core.release import AdapterRef
+from infra.postgres.runs import SnapshotRange
+from infra.postgres.trigger import PendingRecords
+from streams.trigger import RECIPE, TrainingTrigger, counted, due, training_request
+
+TURN = UUID("0190f0a0-0000-7000-8000-000000000001")
+EVENT = UUID("0190f0a0-0000-7000-8000-0000000000e1")
+AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+PARENT = AdapterRef(
+    adapter_version_id=42, specialist="coding", version=3, sha256="a" * 64, path="p", rank=8
+)
+
+
+def record(n: int, specialist: str = "coding") -> ExperienceRecorded:
+    return ExperienceRecorded(
+        experience_id=UUID(int=n),
+        kind="sft",
+        specialist=specialist,
+        turn_id=TURN,
+        filter_version="experience-1",
+        record={"messages": [], "target": f"answer {n}"},
+    )
+
+
+def recorded(payload: EventPayload, partition: int = 0, offset: int = 10) -> RecordedEvent:
+    sealed = NewEvent(
+        payload=payload, tenant_id="acme", key="experience.coding", event_id=EVENT, occurred_at=AT
+    ).seal(1, None)
+    return RecordedEvent(LogPosition(partition, offset), sealed.envelope, sealed.payload)
+
+
+def fresh(start: int = 7) -> PendingRecords:
+    return PendingRecords(
+        specialist="coding", partition=0, start_offset=start, count=0, running_hash=EMPTY_CHAIN
+    )
+
+
+def test_a_record_counts_and_extends_the_chain() -> None:
+    one = counted(fresh(), record(1))
+    assert one == PendingRecords("coding", 0, 7, 1, chain_record(EMPTY_CHAIN, record(1)))
+    two = counted(one, record(2))
+    assert two.count == 2
+    assert two.start_offset == 7
+    assert two.running_hash == chain_record(chain_record(EMPTY_CHAIN, record(1)), record(2))
+
+
+def test_the_chain_is_pinned() -> None:
+    """Snapshots store this hash and the training run checks the replay against it."""
+    assert counted(fresh(), record(1)).running_hash == (
+        "34ecdedbb0ba0fdbccdebd21d04303a3937f4ad0cdedbd31722f4ba536aa4e07"
+    )
+
+
+def test_the_order_of_records_changes_the_hash() -> None:
+    forward = counted(counted(fresh(), record(1)), record(2))
+    backward = counted(counted(fresh(), record(2)), record(1))
+    assert forward.count == backward.count == 2
+    assert forward.running_hash != backward.running_hash
+
+
+@pytest.mark.parametrize(
+    ("count", "threshold", "expected"),
+    [(0, 1, False), (1, 1, True), (2, 3, False), (3, 3, True), (4, 3, True), (49, 50, False)],
+)
+def test_due_at_the_threshold(count: int, threshold: int, expected: bool) -> None:
+    pending = PendingRecords("coding", 0, 0, count, EMPTY_CHAIN)
+    assert due(pending, threshold) is expected
+
+
+def test_the_request_snapshots_the_range_up_to_the_event() -> None:
+    pending = PendingRecords("coding", 0, 7, 4, "b" * 64)
+    request = training_request(recorded(record(4), partition=2, offset=10), pending, PARENT)
+    assert request.snapshot == SnapshotRange(
+        snapshot_id=request.snapshot.snapshot_id,
+        specialist="coding",
+        partition=2,
+        start_offset=7,
+        end_offset=11,
+        filter_version="experience-1",
+        content_hash="b" * 64,
+        record_count=4,
+    )
+    assert request.parent_adapter_id == 42
+
+
+def test_the_snapshot_and_run_ids_are_pinned() -> None:
+    pending = PendingRecords("coding", 0, 7, 4, "b" * 64)
+    request = training_request(recorded(record(4), offset=10), pending, PARENT)
+    assert request.snapshot.snapshot_id == UUID("c186ad59-6fbd-5b81-857d-6d8976853ff2")
+    assert request.run_id == UUID("5040dd31-4caa-576f-9b60-de2f5a0d6c88")
+
+
+def test_the_request_event_asks_to_train_the_parents_successor() -> None:
+    pending = PendingRecords("coding", 0, 7, 4, "b" * 64)
+    request = training_request(recorded(record(4)), pending, PARENT)
+    event = request.event
+    assert event.payload == TrainingRequested(
+        run_id=request.run_id,
+        specialist="coding",
+        parent_adapter_version="coding@3",
+        snapshot_id=request.snapshot.snapshot_id,
+        recipe=RECIPE,
+    )
+    assert event.event_id == request.run_id
+    assert event.tenant_id == "system"
+    assert event.key == "training.coding"
+    assert event.causation_id == EVENT
+
+
+def test_the_same_range_gives_the_same_ids() -> None:
+    pending = PendingRecords("coding", 0, 7, 4, "b" * 64)
+    first = training_request(recorded(record(4)), pending, PARENT)
+    again = training_request(recorded(record(4)), pending, PARENT)
+    assert first.snapshot == again.snapshot
+    assert first.event.event_id == again.event.event_id
+    assert first.event.payload == again.event.payload
+
+
+@pytest.mark.parametrize(
+    ("pending", "offset"),
+    [
+        (PendingRecords("coding", 0, 8, 4, "b" * 64), 10),  # another start
+        (PendingRecords("coding", 0, 7, 4, "b" * 64), 11),  # another end
+        (PendingRecords("genui", 0, 7, 4, "b" * 64), 10),  # another specialist
+    ],
+)
+def test_another_range_gives_other_ids(pending: PendingRecords, offset: int) -> None:
+    base = training_request(
+        recorded(record(4), offset=10), PendingRecords("coding", 0, 7, 4, "b" * 64), PARENT
+    )
+    other = training_request(recorded(record(4), offset=offset), pending, PARENT)
+    assert other.snapshot.snapshot_id != base.snapshot.snapshot_id
+    assert other.run_id != base.run_id
+
+
+def test_the_hash_and_count_do_not_change_the_ids() -> None:
+    """A range is its identity; what it holds is checked against the hash when it is read."""
+    one = training_request(recorded(record(4)), PendingRecords("coding", 0, 7, 4, "b" * 64), PARENT)
+    two = training_request(recorded(record(4)), PendingRecords("coding", 0, 7, 5, "c" * 64), PARENT)
+    assert one.run_id == two.run_id
+
+
+def test_after_commit_enqueues_each_requested_run_with_its_trace() -> None:
+    enqueued: list[tuple[UUID, Mapping[str, str]]] = []
+    trigger = TrainingTrigger(3, lambda run_id, trace: enqueued.append((run_id, trace)))
+    pending = PendingRecords("coding", 0, 7, 4, "b" * 64)
+    requested = training_request(recorded(record(4)), pending, PARENT).event
+    traced = requested.model_copy(update={"trace": {"traceparent": "00-abc-def-01"}})
+    other = NewEvent(payload=record(5), tenant_id="acme", key="experience.coding")
+    trigger.after_commit([other, traced])
+    assert enqueued == [(requested.event_id, {"traceparent": "00-abc-def-01"})]

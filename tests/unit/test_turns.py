@@ -1,0 +1,511 @@
+"""The turn pipeline without a server: the chat service over the in-memory event log, the
+instant engine (whose script sees the context the harness built) and a router that follows
+hints. Each case checks the events appended, in order, and the frames sent."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
+
+import pytest
+
+from core.auth import Principal
+from core.errors import (
+    AdapterNotFound,
+    ConversationNotFound,
+    InvalidFrame,
+    RateLimited,
+    TurnInFlight,
+    TurnNotFound,
+)
+from core.events import (
+    ChatMessage,
+    FeedbackGiven,
+    GenUIRendered,
+    HarnessActionExecuted,
+    ModelResponded,
+    TurnReceived,
+)
+from core.harness.actions import MAX_ACTIONS_PER_TURN
+from core.release import AdapterRef, Release
+from core.routing import RouterDecision
+from infra.memory import InMemoryEventLog
+from server import protocol as wire
+from server.chat import ChatService
+from server.engines.instant import InstantEngine, Script, fixed_reply
+from server.turns.request import ChatLimits, TurnOutcome, TurnRequest
+from server.turns.transcript import transcript
+
+SPECIALISTS = ("chat", "agent", "coding", "genui")
+TURN = ["TurnReceived", "RouterDecided", "ModelResponded", "TurnCompleted"]
+T = TypeVar("T")
+
+
+def adapter(specialist: str, version: int = 1) -> AdapterRef:
+    return AdapterRef(
+        adapter_version_id=version,
+        specialist=specialist,
+        version=version,
+        sha256=f"{version:064x}",
+        path=f"/adapters/{specialist}/{version}",
+        rank=4,
+    )
+
+
+def release(release_id: str = "r1", version: int = 1, **adapters: AdapterRef) -> Release:
+    return Release(
+        release_id=release_id,
+        parent_release_id=None,
+        base_model="tiny",
+        router_version="router-test",
+        harness_version="harness-1",
+        hcp_version="hcp-1",
+        adapters=adapters or {s: adapter(s, version) for s in SPECIALISTS},
+    )
+
+
+class HintRouter:
+    """The router protocol without a classifier: the hint, else ``chat``."""
+
+    version = "router-test"
+    specialists = SPECIALISTS
+
+    def route(self, text: str, hint: str | None = None) -> RouterDecision:
+        chosen = hint or "chat"
+        return RouterDecision(
+            scores={s: 1.0 if s == chosen else 0.0 for s in SPECIALISTS},
+            specialist=chosen,
+            reason="hint" if hint else "classifier",
+            router_version=self.version,
+        )
+
+
+class Harness:
+    """A chat service, its log and engine, and the frames each turn sent."""
+
+    def __init__(self, script: Script, serving: Release | None = None, **limits: Any) -> None:
+        self.log = InMemoryEventLog()
+        self.engine = InstantEngine(script)
+        self.release = serving or release()
+        for ref in self.release.adapters.values():
+            self.engine.load_adapter(ref.name, ref.path)
+        self.chat = ChatService(
+            self.log,
+            self.engine,
+            HintRouter(),
+            self.release,
+            limits=ChatLimits(**{"turns_per_minute": 1000, **limits}),
+        )
+        self.principal = principal()
+        self.frames: list[wire.Frame] = []
+
+    async def sink(self, frame: wire.Frame) -> None:
+        self.frames.append(frame)
+
+    async def turn(
+        self,
+        content: str = "hello there",
+        *,
+        msg: str = "m1",
+        conversation_id: uuid.UUID | None = None,
+        hint: str | None = None,
+        who: Principal | None = None,
+    ) -> TurnOutcome:
+        request = TurnRequest(msg, content, conversation_id, hint)
+        return await self.chat.run_turn(who or self.principal, request, self.sink, asyncio.Event())
+
+    def types(self, conversation_id: uuid.UUID | None = None) -> list[str]:
+        key = None if conversation_id is None else str(conversation_id)
+        return [r.envelope.type for r in self.log.read(key=key)]
+
+    def frame_types(self) -> list[str]:
+        return [f.type for f in self.frames]  # type: ignore[attr-defined]
+
+    def tokens(self) -> str:
+        return "".join(f.delta for f in self.frames if isinstance(f, wire.Token))
+
+    def payloads(self, kind: type[T]) -> list[T]:
+        return [r.payload for r in self.log.read() if isinstance(r.payload, kind)]
+
+
+def principal(tenant: str = "tenant-a") -> Principal:
+    return Principal(tenant_id=tenant, key_id=uuid.uuid4(), scopes=frozenset({"chat"}))
+
+
+def run(case: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    return asyncio.run(case())
+
+
+def tool_then(answer: str, call: dict[str, Any]) -> Script:
+    """An agent that makes ``call`` once, then answers ``answer``."""
+
+    def script(messages: list[dict[str, str]]) -> str:
+        done = any(m["content"].startswith("Tool result:") for m in messages)
+        return answer if done else json.dumps(call)
+
+    return script
+
+
+GENUI_TREE = {
+    "type": "Card",
+    "title": "Pick",
+    "children": [{"type": "Button", "id": "ok", "label": "OK", "action": "confirm"}],
+}
+
+
+# --- a text turn ----------------------------------------------------------------------------
+
+
+def test_a_text_turn_appends_its_events_in_order_and_streams_tokens() -> None:
+    h = Harness(fixed_reply("Hi there, friend."))
+    outcome = run(h.turn)
+    assert h.types() == ["ConversationStarted", *TURN]
+    assert [r.envelope.sequence for r in h.log.read()] == [1, 2, 3, 4, 5]
+    assert h.frame_types() == ["turn_started", "token", "token", "token", "turn_completed"]
+    assert h.tokens() == "Hi there, friend." == outcome.text
+    started, completed = h.frames[0], h.frames[-1]
+    assert isinstance(started, wire.TurnStarted) and isinstance(completed, wire.TurnCompleted)
+    assert (started.specialist, started.adapter_version, started.release_id) == (
+        "chat",
+        "chat@1",
+        "r1",
+    )
+    assert (completed.finish_reason, completed.resent) == ("stop", False)
+    assert completed.usage.completion_tokens == 3
+    [responded] = h.payloads(ModelResponded)
+    assert (responded.text, responded.finish_reason, responded.adapter_version) == (
+        "Hi there, friend.",
+        "stop",
+        "chat@1",
+    )
+
+
+def test_a_second_turn_continues_the_conversation_with_its_history() -> None:
+    seen: list[list[dict[str, str]]] = []
+
+    def script(messages: list[dict[str, str]]) -> str:
+        seen.append(messages)
+        return f"answer {len(seen)}"
+
+    h = Harness(script)
+
+    async def case() -> TurnOutcome:
+        first = await h.turn("first question")
+        return await h.turn("second question", msg="m2", conversation_id=first.conversation_id)
+
+    second = run(case)
+    assert h.types(second.conversation_id) == ["ConversationStarted", *TURN, *TURN]
+    assert [m["content"] for m in seen[1][1:]] == ["first question", "answer 1", "second question"]
+
+
+def test_history_from_the_openai_api_starts_the_conversation() -> None:
+    h = Harness(fixed_reply("ok"))
+    request = TurnRequest(
+        "m1",
+        "and now?",
+        history=(
+            ChatMessage(role="user", content="earlier"),
+            ChatMessage(role="assistant", content="a"),
+        ),
+    )
+    outcome = run(lambda: h.chat.run_turn(h.principal, request, h.sink, asyncio.Event()))
+    rebuilt = run(lambda: h.chat.conversation(h.principal, outcome.conversation_id))
+    assert [m.content for m in rebuilt.seed_history] == ["earlier", "a"]
+
+
+# --- resend, in-flight, rate, tenants --------------------------------------------------------
+
+
+def test_a_resent_message_returns_the_recorded_answer_and_appends_nothing() -> None:
+    h = Harness(fixed_reply("only once"))
+
+    async def case() -> tuple[TurnOutcome, TurnOutcome]:
+        first = await h.turn(msg="same")
+        h.frames.clear()
+        again = await h.turn(msg="same", conversation_id=first.conversation_id)
+        return first, again
+
+    first, again = run(case)
+    assert h.types() == ["ConversationStarted", *TURN]
+    assert again.turn_id == first.turn_id and again.text == "only once"
+    assert h.frame_types() == ["turn_started", "token", "turn_completed"]
+    assert h.tokens() == "only once"
+    completed = h.frames[-1]
+    assert isinstance(completed, wire.TurnCompleted) and completed.resent is True
+
+
+def test_a_resend_after_a_restart_is_answered_from_the_log() -> None:
+    h = Harness(fixed_reply("kept in the log"))
+    first = run(lambda: h.turn(msg="same"))
+    restarted = ChatService(h.log, h.engine, HintRouter(), h.release)
+    request = TurnRequest("same", "hello there", first.conversation_id)
+    again = run(lambda: restarted.run_turn(h.principal, request, h.sink, asyncio.Event()))
+    assert again.turn_id == first.turn_id and again.text == "kept in the log"
+    assert h.types() == ["ConversationStarted", *TURN]
+
+
+def test_a_second_turn_while_one_is_answered_is_turn_in_flight() -> None:
+    h = Harness(fixed_reply("slow answer"))
+
+    async def case() -> list[str]:
+        opened = asyncio.Event()
+        first = await h.turn()
+
+        async def held(frame: wire.Frame) -> None:
+            if isinstance(frame, wire.TurnStarted):
+                await opened.wait()
+
+        request = TurnRequest("m2", "next", first.conversation_id)
+        busy = asyncio.create_task(h.chat.run_turn(h.principal, request, held, asyncio.Event()))
+        await asyncio.sleep(0.01)
+        with pytest.raises(TurnInFlight):
+            await h.turn("meanwhile", msg="m3", conversation_id=first.conversation_id)
+        opened.set()
+        await busy
+        await h.turn("after", msg="m4", conversation_id=first.conversation_id)
+        return h.types(first.conversation_id)
+
+    assert run(case) == ["ConversationStarted", *TURN, *TURN, *TURN]
+
+
+def test_turns_beyond_the_rate_limit_are_refused_per_key() -> None:
+    h = Harness(fixed_reply("ok"), turns_per_minute=2)
+
+    async def case() -> None:
+        await h.turn(msg="a")
+        await h.turn(msg="b")
+        with pytest.raises(RateLimited, match="at most 2 turns a minute"):
+            await h.turn(msg="c")
+        await h.turn(msg="d", who=principal())  # another key of the same tenant
+
+    run(case)
+    assert len(h.payloads(TurnReceived)) == 3
+
+
+def test_limits_replaced_at_run_time_apply_to_the_next_turn() -> None:
+    h = Harness(fixed_reply("one two three four"))
+    h.chat.limits = ChatLimits(turns_per_minute=10, max_new_tokens=2)
+    outcome = run(h.turn)
+    assert outcome.text == "one two"
+
+
+def test_another_tenants_conversation_is_not_found() -> None:
+    h = Harness(fixed_reply("mine"))
+    mine = run(h.turn)
+    with pytest.raises(ConversationNotFound):
+        run(lambda: h.turn(msg="x", conversation_id=mine.conversation_id, who=principal("b")))
+    with pytest.raises(ConversationNotFound):
+        run(lambda: h.turn(msg="y", conversation_id=uuid.uuid4()))
+    assert h.types() == ["ConversationStarted", *TURN]
+
+
+# --- agent actions ------------------------------------------------------------------------
+
+
+def test_an_agent_tool_call_is_executed_recorded_and_never_streamed_as_text() -> None:
+    call = {"tool": "calculator", "args": {"expression": "6*7"}}
+    h = Harness(tool_then("It is 42.", call))
+    outcome = run(lambda: h.turn("what is 6*7?", hint="agent"))
+    assert h.types() == [
+        "ConversationStarted",
+        "TurnReceived",
+        "RouterDecided",
+        "HarnessActionExecuted",
+        "ModelResponded",
+        "TurnCompleted",
+    ]
+    [action] = h.payloads(HarnessActionExecuted)
+    assert (action.name, action.result, action.ok) == ("calculator", {"value": 42}, True)
+    assert h.frame_types() == [
+        "turn_started",
+        "action",
+        "token",
+        "token",
+        "token",
+        "turn_completed",
+    ]
+    assert h.tokens() == "It is 42." == outcome.text
+    assert outcome.actions == [action]
+
+
+def test_an_agent_stops_after_the_most_actions_a_turn_may_take() -> None:
+    h = Harness(fixed_reply(json.dumps({"tool": "clock", "args": {}})))
+    outcome = run(lambda: h.turn("loop", hint="agent"))
+    stopped = f"I stopped after {MAX_ACTIONS_PER_TURN} actions in one turn."
+    assert outcome.text == stopped == h.tokens()
+    assert len(h.payloads(HarnessActionExecuted)) == MAX_ACTIONS_PER_TURN == 4
+    assert h.types()[-2:] == ["ModelResponded", "TurnCompleted"]
+    assert h.payloads(ModelResponded)[0].text == stopped
+
+
+def test_agent_json_that_is_not_a_tool_call_is_held_back_then_sent_whole() -> None:
+    h = Harness(fixed_reply('{"answer": 1, "more": 2}'))
+    run(lambda: h.turn(hint="agent"))
+    assert h.frame_types() == ["turn_started", "token", "turn_completed"]
+    assert h.tokens() == '{"answer": 1, "more": 2}'
+
+
+def test_agent_plain_text_is_streamed_as_it_comes() -> None:
+    h = Harness(fixed_reply("plain words here"))
+    run(lambda: h.turn(hint="agent"))
+    assert h.frame_types() == ["turn_started", "token", "token", "token", "turn_completed"]
+
+
+# --- GenUI -------------------------------------------------------------------------------
+
+
+def test_a_valid_genui_tree_is_rendered_not_streamed() -> None:
+    h = Harness(fixed_reply(json.dumps(GENUI_TREE)))
+    outcome = run(lambda: h.turn("show a card", hint="genui"))
+    assert h.frame_types() == ["turn_started", "genui", "turn_completed"]
+    genui = h.frames[1]
+    assert isinstance(genui, wire.GenUI) and genui.tree["title"] == "Pick"
+    assert h.types()[-4:] == ["RouterDecided", "GenUIRendered", "ModelResponded", "TurnCompleted"]
+    [rendered] = h.payloads(GenUIRendered)
+    assert rendered.valid and rendered.errors == []
+    assert outcome.genui is not None and outcome.genui.valid
+
+
+def test_an_invalid_genui_tree_falls_back_to_text() -> None:
+    h = Harness(fixed_reply(json.dumps({"type": "Marquee", "text": "hi"})))
+    run(lambda: h.turn("show", hint="genui"))
+    assert h.frame_types() == ["turn_started", "token", "turn_completed"]
+    assert h.tokens().startswith("I could not render that view (1 problem")
+    [rendered] = h.payloads(GenUIRendered)
+    assert rendered.valid is False and rendered.tree == {} and rendered.errors
+
+
+def test_a_ui_event_becomes_a_turn_only_for_a_rendered_component() -> None:
+    h = Harness(fixed_reply(json.dumps(GENUI_TREE)))
+
+    async def case() -> TurnRequest:
+        shown = await h.turn("show", hint="genui")
+        frame = wire.UIEvent(
+            type="ui_event", turn_id=shown.turn_id, component_id="nope", action="click"
+        )
+        with pytest.raises(InvalidFrame, match="rendered no component 'nope'"):
+            await h.chat.ui_event_turn(h.principal, shown.conversation_id, frame)
+        ok = frame.model_copy(update={"component_id": "ok"})
+        request = await h.chat.ui_event_turn(h.principal, shown.conversation_id, ok)
+        await h.chat.run_turn(h.principal, request, h.sink, asyncio.Event())
+        return request
+
+    request = run(case)
+    assert (request.input_kind, request.specialist_hint) == ("ui_event", "genui")
+    assert json.loads(request.content.removeprefix("ui_event "))["component_id"] == "ok"
+    assert [p.input_kind for p in h.payloads(TurnReceived)] == ["text", "ui_event"]
+
+
+# --- cancellation and failure ---------------------------------------------------------------
+
+
+def test_cancel_stops_generation_and_records_a_cancelled_response() -> None:
+    h = Harness(fixed_reply(" ".join(f"w{i}" for i in range(50))))
+    cancel = asyncio.Event()
+
+    async def cancelling(frame: wire.Frame) -> None:
+        h.frames.append(frame)
+        if isinstance(frame, wire.Token):
+            cancel.set()
+
+    request = TurnRequest("m1", "long story")
+    outcome = run(lambda: h.chat.run_turn(h.principal, request, cancelling, cancel))
+    assert outcome.finish_reason == "cancelled" and outcome.text == "w0 w1"
+    assert h.frame_types() == ["turn_started", "token", "turn_completed"]
+    assert h.types() == ["ConversationStarted", *TURN]
+    assert h.payloads(ModelResponded)[0].finish_reason == "cancelled"
+
+
+def test_an_engine_error_records_a_response_with_finish_error() -> None:
+    h = Harness(fixed_reply("never"))
+    h.engine.unload_adapter("chat@1")
+    with pytest.raises(AdapterNotFound):
+        run(h.turn)
+    assert h.types() == ["ConversationStarted", "TurnReceived", "RouterDecided", "ModelResponded"]
+    assert h.payloads(ModelResponded)[0].finish_reason == "error"
+    assert h.frame_types() == ["turn_started"]
+
+
+def test_a_release_without_the_specialist_appends_nothing() -> None:
+    h = Harness(fixed_reply("x"), serving=release(chat=adapter("chat")))
+    with pytest.raises(AdapterNotFound, match="no adapter for coding"):
+        run(lambda: h.turn(hint="coding"))
+    assert h.types() == [] and h.frames == []
+
+
+# --- releases --------------------------------------------------------------------------------
+
+
+def test_an_old_adapter_is_unloaded_only_after_the_last_turn_on_it_ends() -> None:
+    h = Harness(fixed_reply("ok"), serving=release(chat=adapter("chat", 1)))
+    h.engine.load_adapter("chat@2", "/adapters/chat/2")
+    successor = release("r2", chat=adapter("chat", 2))
+
+    async def case() -> tuple[list[str], list[str], TurnOutcome]:
+        opened = asyncio.Event()
+
+        async def held(frame: wire.Frame) -> None:
+            if isinstance(frame, wire.TurnStarted):
+                await opened.wait()
+
+        busy = asyncio.create_task(
+            h.chat.run_turn(h.principal, TurnRequest("m1", "hi"), held, asyncio.Event())
+        )
+        await asyncio.sleep(0.01)
+        h.chat.serve(successor)
+        during = sorted(h.engine.loaded_adapters())
+        opened.set()
+        outcome = await busy
+        return during, sorted(h.engine.loaded_adapters()), outcome
+
+    during, after, outcome = run(case)
+    assert during == ["chat@1", "chat@2"] and after == ["chat@2"]
+    assert h.chat.release.release_id == "r2"
+    assert h.payloads(ModelResponded)[0].release_id == "r1"  # the turn kept its release
+    assert outcome.finish_reason == "stop"
+
+
+def test_serving_a_new_release_with_no_turns_unloads_at_once() -> None:
+    h = Harness(fixed_reply("ok"), serving=release(chat=adapter("chat", 1)))
+    h.engine.load_adapter("chat@2", "/adapters/chat/2")
+    since = h.chat.serving_since
+    h.chat.serve(release("r2", chat=adapter("chat", 2)))
+    assert h.engine.loaded_adapters() == ["chat@2"] and h.chat.serving_since >= since
+    run(h.turn)
+    assert h.payloads(ModelResponded)[0].adapter_version == "chat@2"
+
+
+# --- feedback ------------------------------------------------------------------------------
+
+
+def test_feedback_is_recorded_and_an_edit_needs_its_text() -> None:
+    h = Harness(fixed_reply("first answer"))
+
+    async def case() -> None:
+        done = await h.turn()
+        cid, tid = done.conversation_id, done.turn_id
+        with pytest.raises(InvalidFrame, match="needs edited_text"):
+            await h.chat.feedback(h.principal, cid, feedback(tid, "edit"))
+        with pytest.raises(InvalidFrame, match="only with feedback of kind edit"):
+            await h.chat.feedback(h.principal, cid, feedback(tid, "up", "text"))
+        with pytest.raises(TurnNotFound):
+            await h.chat.feedback(h.principal, cid, feedback(uuid.uuid4(), "up"))
+        with pytest.raises(TurnNotFound):
+            await h.chat.feedback(h.principal, None, feedback(tid, "up"))
+        await h.chat.feedback(h.principal, cid, feedback(tid, "edit", "better answer"))
+        read_back = transcript(await h.chat.conversation(h.principal, cid))
+        assert read_back.turns[0]["answer"] == "better answer"
+        assert read_back.turns[0]["feedback"] == ["edit"]
+
+    run(case)
+    assert h.types()[-1] == "FeedbackGiven"
+    assert [(f.kind, f.edited_text) for f in h.payloads(FeedbackGiven)] == [
+        ("edit", "better answer")
+    ]
+
+
+def feedback(turn_id: uuid.UUID, kind: str, text: str | None = None) -> wire.Feedback:
+    return wire.Feedback(type="feedback", turn_id=turn_id, kind=kind, edited_text=text)  # type: ignore[arg-type]
