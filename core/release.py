@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.canonical import canonical_json, sha256_hex
+from core.harness.artifact import HarnessVersion
 
 
 class AdapterRef(BaseModel):
@@ -26,6 +29,10 @@ class AdapterRef(BaseModel):
 
 
 class Release(BaseModel):
+    """A model-harness pair: an adapter per specialist and the harness version it names
+    (``harness@N``; releases made before harnesses were data say ``harness-1``, read as
+    ``harness@0``)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     release_id: str
@@ -39,22 +46,32 @@ class Release(BaseModel):
     def adapter_for(self, specialist: str) -> AdapterRef | None:
         return self.adapters.get(specialist)
 
-    def successor(self, specialist: str, adapter: AdapterRef) -> Release:
-        """This release with ``specialist`` served by ``adapter``: the child it would promote."""
-        adapters = {**self.adapters, specialist: adapter}
+    def successor(
+        self,
+        *,
+        adapters: Mapping[str, AdapterRef] | None = None,
+        harness: HarnessVersion | None = None,
+    ) -> Release:
+        """The child this release would promote: ``adapters`` replace those of the specialists
+        they name, ``harness`` (a registered version) replaces the harness; either or both."""
+        served = {**self.adapters, **(adapters or {})}
+        harness_version = self.harness_version if harness is None else harness.name
+        hcp_version = self.hcp_version if harness is None else harness.spec.hcp_version
         release_id = release_id_for(
             self.release_id,
             self.base_model,
             self.router_version,
-            self.harness_version,
-            self.hcp_version,
-            {name: ref.sha256 for name, ref in adapters.items()},
+            harness_version,
+            hcp_version,
+            {name: ref.sha256 for name, ref in served.items()},
         )
         return self.model_copy(
             update={
                 "release_id": release_id,
                 "parent_release_id": self.release_id,
-                "adapters": adapters,
+                "harness_version": harness_version,
+                "hcp_version": hcp_version,
+                "adapters": served,
             }
         )
 

@@ -128,6 +128,10 @@ def start_replica(
         "--no-enable-chunked-prefill",
         "--max-num-batched-tokens",
         "2048",
+        # Structured outputs as the local engine decodes them: xgrammar, no free whitespace
+        # (a server-wide setting in vLLM 0.32, not a per-request one).
+        "--structured-outputs-config",
+        '{"backend": "xgrammar", "disable_any_whitespace": true}',
     ]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as out:

@@ -42,6 +42,7 @@ from core.conversation import empty_tool_state
 from core.engine import Engine, GenerationRequest, SamplingParams
 from core.errors import ContractInvalid, MacaronError
 from core.harness.actions import TOOLS, execute
+from core.harness.artifact import HarnessVersion
 from core.harness.genui import parse_genui_output
 from core.harness.hcp import build_context, tool_call_of
 
@@ -256,18 +257,19 @@ async def run_contract(
     adapters: Mapping[str, str | None],
     contract: Contract,
     *,
+    harness: HarnessVersion,
     seed: int = 0,
 ) -> dict[str, list[bool]]:
-    """Outcomes of every suite, each task served with the adapter of the specialist it names
-    and that specialist's answer budget. An engine error fails the whole run: a score with
-    answers missing would mislead."""
+    """Outcomes of every suite, each task served with the adapter of the specialist it names,
+    the context ``harness`` builds for it and that specialist's answer budget. An engine error
+    fails the whole run: a score with answers missing would mislead."""
     missing = sorted(set(contract.specialists()) - adapters.keys())
     if missing:
         raise ValueError(f"no adapter given for specialists: {', '.join(missing)}")
     served = [
         (task, adapters[task.specialist]) for tasks in contract.suites.values() for task in tasks
     ]
-    outcomes = await _run(engine, contract, served, seed)
+    outcomes = await _run(engine, contract, served, harness, seed)
     results: dict[str, list[bool]] = {}
     start = 0
     for suite, tasks in contract.suites.items():
@@ -277,13 +279,17 @@ async def run_contract(
 
 
 async def _run(
-    engine: Engine, contract: Contract, served: list[tuple[Task, str | None]], seed: int
+    engine: Engine,
+    contract: Contract,
+    served: list[tuple[Task, str | None]],
+    harness: HarnessVersion,
+    seed: int,
 ) -> list[bool]:
     """Generate every answer first, then check them: checks block, and would stall the engine."""
     slots = asyncio.Semaphore(CONCURRENCY)
 
     async def answer(task: Task, adapter: str | None) -> str:
-        messages = build_context(task.specialist, [], task.prompt).messages()
+        messages = build_context(harness, task.specialist, [], task.prompt).messages()
         request = GenerationRequest(
             request_id=f"contract-{task.id}",
             prompt=engine.chat_prompt(messages),

@@ -36,6 +36,7 @@ from infra.postgres.registry import (
     active_release,
     adapter_ref,
     adapter_version,
+    harness_by_name,
     next_adapter_version,
     record_successor,
     register_adapter,
@@ -301,7 +302,7 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
     )
     decision = decide(candidate_outcomes, parent_outcomes, specialist, contract.rule)
     cand_scores, parent_scores = _scores(candidate_outcomes), _scores(parent_outcomes)
-    successor = release.successor(specialist, candidate) if decision.passed else None
+    successor = release.successor(adapters={specialist: candidate}) if decision.passed else None
     evaluation_id = _step_id(run_id, "evaluated")
     with rt.pool.connection() as conn, conn.transaction():
         record_evaluation(
@@ -344,13 +345,16 @@ def _contract_outcomes(
     candidates = {**parents, specialist: candidate.name}
     with rt.pool.connection() as conn:
         parent_outcomes = recorded_outcomes(conn, release.release_id, contract)
+        harness = harness_by_name(conn, release.harness_version)
     engine = rt.contract_engine()
     try:
         for ref in [*release.adapters.values(), candidate]:
             engine.load_adapter(ref.name, str(rt.store.verified_path(ref.sha256, ref.path)))
         if parent_outcomes is None:
-            parent_outcomes = asyncio.run(run_contract(engine, parents, contract))
-        candidate_outcomes = asyncio.run(run_contract(engine, candidates, contract))
+            parent_outcomes = asyncio.run(run_contract(engine, parents, contract, harness=harness))
+        candidate_outcomes = asyncio.run(
+            run_contract(engine, candidates, contract, harness=harness)
+        )
     finally:
         engine.close()
     return candidate_outcomes, parent_outcomes

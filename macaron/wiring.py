@@ -126,11 +126,11 @@ def chat_server(
         router_version=router.version,
         specialists=router.specialists,
     )
-    load_release(engine, store, release)
+    harness = load_release(engine, store, db, release)
     limits = ChatLimits(
         turns_per_minute=settings.turns_per_minute, max_new_tokens=settings.max_new_tokens
     )
-    chat = ChatService(log, engine, router, release, limits=limits)
+    chat = ChatService(log, engine, router, release, harness, limits=limits)
     gate = Gate(db, max_connections_per_tenant=settings.max_connections_per_tenant)
     listener = PromotionListener(chat, db, store, log)
     return Server(create_app(chat, gate, listener), chat, engine, log, db)

@@ -46,6 +46,8 @@ STATUS: dict[type[errors.MacaronError], int] = {
     errors.TooManyConnections: 429,
     errors.ReleaseNotFound: 404,
     errors.AdapterNotFound: 404,
+    errors.GrammarInvalid: 422,
+    errors.ConstraintUnsupported: 501,
     errors.PromotionInProgress: 409,
     errors.PromotionFailed: 409,
     errors.EngineOverloaded: 503,

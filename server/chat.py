@@ -16,7 +16,9 @@ from uuid import UUID
 from core.auth import Principal
 from core.conversation import Conversation, Turn
 from core.engine import Engine
+from core.errors import HarnessInvalid
 from core.events import utc_now
+from core.harness.artifact import HarnessVersion, harness_number
 from core.log import EventLog
 from core.release import Release
 from server import protocol as wire
@@ -36,6 +38,7 @@ class ChatService:
         engine: Engine,
         router: Router,
         release: Release,
+        harness: HarnessVersion,
         *,
         limits: ChatLimits | None = None,
         clock: Callable[[], datetime] = utc_now,
@@ -45,7 +48,7 @@ class ChatService:
         self.router = router
         self.limits = limits or ChatLimits()  # replaceable at run time: the parts read it per turn
         self.store = ConversationStore(log, clock, lambda: self.limits.max_cached_conversations)
-        self._tracker = ReleaseTracker(engine, release)
+        self._tracker = ReleaseTracker(engine, release, harness)
         self._rate = TurnRateLimiter(lambda: self.limits.turns_per_minute)
         agent = AgentLoop(engine, self.store, lambda: self.limits, clock)
         self._pipeline = TurnPipeline(self.store, self._tracker, router, agent)
@@ -57,14 +60,24 @@ class ChatService:
         return self._tracker.release
 
     @property
+    def harness(self) -> HarnessVersion:
+        """The harness new turns are answered with (the one ``release`` names)."""
+        return self._tracker.harness
+
+    @property
     def serving_since(self) -> float:
         """The wall-clock moment ``release`` began to be served."""
         return self._tracker.serving_since
 
-    def serve(self, release: Release) -> None:
-        """Answer new turns with ``release``. A turn keeps the release it began with to its end;
-        an adapter the new release does not serve is unloaded once no turn in flight uses it."""
-        self._tracker.serve(release)
+    def serve(self, release: Release, harness: HarnessVersion) -> None:
+        """Answer new turns with ``release`` and the ``harness`` it names, in one step. A turn
+        keeps the release and harness it began with to its end; an adapter the new release does
+        not serve is unloaded once no turn in flight uses it."""
+        if harness_number(release.harness_version) != harness.version:
+            raise HarnessInvalid(
+                f"release {release.release_id} names {release.harness_version}, not {harness.name}"
+            )
+        self._tracker.serve(release, harness)
 
     async def conversation(self, principal: Principal, conversation_id: UUID) -> Conversation:
         """A conversation of this tenant (from memory, or rebuilt from the log)."""

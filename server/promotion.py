@@ -1,13 +1,15 @@
 """The promotion listener: the serving process carries out promotions and rollbacks, because
 it owns the engine.
 
-For a pending request it loads the release's adapters (each checked against its content
-address), sends a canary request through every adapter that is new, and flips the active
-release in one transaction with the promotion record; then it appends ``ReleasePromoted`` (or
-``ReleaseRolledBack``) and swaps the release its chat service serves: turns in flight finish on
-the release they began with, and the chat service unloads the adapters no longer served when
-the last of those turns ends. Any failure before the flip unloads what was loaded, keeps the old
-release active and records why. A server that sees another replica's flip follows it.
+For a pending request it loads the release's harness from the registry (checked against its
+address, and its tools, GenUI catalogue and HCP version against what this server serves) and
+the release's adapters (each checked against its content address), sends a canary request
+through every adapter that is new, and flips the active release in one transaction with the
+promotion record; then it appends ``ReleasePromoted`` (or ``ReleaseRolledBack``) and swaps the
+release and its harness in one step: turns in flight finish on the release and harness they
+began with, and the chat service unloads the adapters no longer served when the last of those
+turns ends. Any failure before the flip unloads what was loaded, keeps the old release active
+and records why. A server that sees another replica's flip follows it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 from core.engine import GenerationRequest, SamplingParams
 from core.errors import MacaronError, PromotionFailed
 from core.events import NewEvent, PromotionRejected, ReleasePromoted, ReleaseRolledBack
+from core.harness.artifact import HarnessVersion
 from core.ids import derived_id
 from core.log import EventLog
 from core.release import Release
@@ -31,7 +34,12 @@ from infra.postgres.promotions import (
     pending_request,
     record_promotion,
 )
-from infra.postgres.registry import activate_release, active_release, release_by_id
+from infra.postgres.registry import (
+    activate_release,
+    active_release,
+    harness_by_name,
+    release_by_id,
+)
 from server.chat import ChatService
 from server.releases import RELEASES_KEY, SYSTEM_TENANT
 
@@ -61,18 +69,19 @@ class PromotionListener:
         if request is not None:
             await self._carry_out(request)
             return
-        active = await asyncio.to_thread(self._active)
+        active, harness = await asyncio.to_thread(self._active)
         if active.release_id != self.chat.release.release_id:
             await self._load(active)
-            self.chat.serve(active)
+            self.chat.serve(active, harness)
 
     def _pending(self) -> dict[str, Any] | None:
         with self.pool.connection() as conn:
             return pending_request(conn)
 
-    def _active(self) -> Release:
+    def _active(self) -> tuple[Release, HarnessVersion]:
         with self.pool.connection() as conn:
-            return active_release(conn)
+            release = active_release(conn)
+            return release, harness_by_name(conn, release.harness_version)
 
     async def _carry_out(self, request: dict[str, Any]) -> None:
         with observe.tracer.start_as_current_span(
@@ -94,6 +103,7 @@ class PromotionListener:
         try:
             with self.pool.connection() as conn:
                 release = release_by_id(conn, request["release_id"])
+                harness = harness_by_name(conn, release.harness_version)
             if request["kind"] == "promote" and release.parent_release_id != old.release_id:
                 raise PromotionFailed(
                     f"{release.release_id} was evaluated against {release.parent_release_id}, "
@@ -111,7 +121,7 @@ class PromotionListener:
                 self.chat.engine.unload_adapter(name)
             await asyncio.to_thread(self._refuse, request, old, exc.message)
             return "refused"
-        self.chat.serve(release)
+        self.chat.serve(release, harness)
         return "done"
 
     async def _load(self, release: Release) -> list[str]:

@@ -1,8 +1,9 @@
 """The serving release: the root release made on first start, and loading a release's adapters
-into an engine.
+into an engine and its harness from the registry.
 
 The root release holds a version-0 adapter per specialist that computes exactly the base model
-(``B = 0``), so every request names an adapter and the first successor has a parent.
+(``B = 0``), so every request names an adapter and the first successor has a parent, and
+``harness@0`` (``root_harness()``: the prompts the server had before harnesses were data).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from pathlib import Path
 from core.engine import Engine
 from core.errors import NoActiveRelease
 from core.events import NewEvent, ReleasePromoted
-from core.harness.hcp import HARNESS_VERSION, HCP_VERSION
+from core.harness.artifact import HarnessVersion, root_harness
 from core.log import EventLog
 from core.release import AdapterRef, Release, release_id_for
 from infra import observe
@@ -24,8 +25,10 @@ from infra.postgres.registry import (
     active_release,
     create_release,
     ensure_specialists,
+    harness_by_name,
     lock_releases,
     register_adapter,
+    register_harness,
 )
 
 ROOT_RANK = 16
@@ -43,8 +46,11 @@ def ensure_root_release(
     router_version: str,
     specialists: tuple[str, ...],
 ) -> Release:
-    """The active release; on first start, the root release is made, recorded and activated."""
+    """The active release; on first start, the root release is made, recorded and activated.
+    ``harness@0`` is registered either way: a database whose releases predate harness versions
+    names it ``harness-1``, read as ``harness@0``."""
     with pool.connection() as conn:
+        harness = register_harness(conn, root_harness(), parent=None)
         try:
             return active_release(conn)
         except NoActiveRelease:
@@ -54,8 +60,8 @@ def ensure_root_release(
         None,
         base_model,
         router_version,
-        HARNESS_VERSION,
-        HCP_VERSION,
+        harness.name,
+        harness.spec.hcp_version,
         {name: sha for name, (sha, _) in stored.items()},
     )
     with pool.connection() as conn, conn.transaction():
@@ -74,8 +80,8 @@ def ensure_root_release(
             parent_release_id=None,
             base_model=base_model,
             router_version=router_version,
-            harness_version=HARNESS_VERSION,
-            hcp_version=HCP_VERSION,
+            harness_version=harness.name,
+            hcp_version=harness.spec.hcp_version,
             adapters=adapters,
         )
         create_release(conn, release, active=True)
@@ -125,9 +131,16 @@ def _register_root_adapter(
     )
 
 
-def load_release(engine: Engine, store: ArtifactStore, release: Release) -> None:
-    """Make every adapter of ``release`` servable, each checked against its content address."""
+def load_release(
+    engine: Engine, store: ArtifactStore, pool: Pool, release: Release
+) -> HarnessVersion:
+    """Make every adapter of ``release`` servable, each checked against its content address;
+    returns the release's harness from the registry (checked against its address, and that
+    this server can serve it)."""
+    with pool.connection() as conn:
+        harness = harness_by_name(conn, release.harness_version)
     for adapter in release.adapters.values():
         folder = store.verified_path(adapter.sha256, adapter.path)
         engine.load_adapter(adapter.name, str(folder))
     observe.adapters_loaded.set(len(engine.loaded_adapters()))
+    return harness

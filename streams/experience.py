@@ -17,12 +17,14 @@ re-derives the same events. The join state lives in PostgreSQL (``infra.postgres
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 from uuid import UUID
 
 from pydantic import JsonValue
 
+from core.errors import HarnessNotFound
 from core.events import (
     ChatMessage,
     ConversationStarted,
@@ -42,6 +44,8 @@ from core.log import RecordedEvent
 from infra.postgres import experience as store
 from infra.postgres.db import DictConnection
 from infra.postgres.experience import JoinedTurn
+
+_log = logging.getLogger(__name__)
 
 Kind = Literal["sft", "preference", "trajectory"]
 
@@ -66,6 +70,7 @@ class ExperienceBuilder:
                     tenant_id=env.tenant_id,
                     position=env.sequence,
                     content=p.content,
+                    harness_version=None if p.harness is None else p.harness.harness_version,
                 )
             case RouterDecided():
                 store.record_route(conn, p.turn_id, p.specialist, p.adapter_version)
@@ -83,7 +88,11 @@ class ExperienceBuilder:
 
     @staticmethod
     def _derive(conn: DictConnection, event: RecordedEvent, turn_id: UUID) -> list[NewEvent]:
-        turn = store.joined_turn(conn, turn_id, HISTORY_TURNS)
+        try:
+            turn = store.joined_turn(conn, turn_id, HISTORY_TURNS)
+        except HarnessNotFound as exc:  # its context cannot be rebuilt: nothing to learn from
+            _log.warning("turn %s gives no experience: %s", turn_id, exc.message)
+            return []
         return [] if turn is None else experience_from(turn, event)
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:
@@ -101,12 +110,13 @@ def experience_from(turn: JoinedTurn, event: RecordedEvent) -> list[NewEvent]:
 
 
 def context_messages(turn: JoinedTurn) -> list[dict[str, str]]:
-    """The context the model had: the specialist's HCP context, history as it was."""
+    """The context the model had: the specialist's HCP context under the harness the turn ran
+    under, history as it was."""
     history = list(turn.seed_history)
     for content, response in turn.earlier:
         history.append(ChatMessage(role="user", content=content))
         history.append(ChatMessage(role="assistant", content=response or ""))
-    return build_context(turn.specialist, history, turn.content).messages()
+    return build_context(turn.harness, turn.specialist, history, turn.content).messages()
 
 
 def first_step(turn: JoinedTurn) -> str:

@@ -16,12 +16,13 @@ import uvicorn
 from websockets.sync.client import ClientConnection, connect
 
 from core.engine import Engine
+from core.harness.artifact import HarnessSpec
 from core.release import AdapterRef, Release
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
 from infra.local_stack import LocalStack, free_port
 from infra.postgres.keys import create_key
-from infra.postgres.registry import create_release, register_adapter
+from infra.postgres.registry import create_release, register_adapter, register_harness
 from macaron import wiring
 from server.turns.request import Router
 from streams.host import ProcessorHost
@@ -160,6 +161,17 @@ def successor(served: Running, folder: Path, rank: int, specialist: str = "codin
             rank=rank,
             base_model=release.base_model,
         )
-        child = release.successor(specialist, ref)
+        child = release.successor(adapters={specialist: ref})
+        create_release(conn, child, active=False)
+    return child
+
+
+def harness_successor(served: Running, spec: HarnessSpec) -> Release:
+    """A child of the active release with only its harness changed to ``spec`` (registered as
+    the next harness version), recorded, not active."""
+    release = served.server.chat.release
+    with served.server.pool.connection() as conn, conn.transaction():
+        harness = register_harness(conn, spec, parent=served.server.chat.harness)
+        child = release.successor(harness=harness)
         create_release(conn, child, active=False)
     return child

@@ -14,38 +14,15 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from core.events import ChatMessage, HarnessStamp
-from core.harness.actions import TOOLS, ToolCall, ToolSpec
-from core.harness.genui import CATALOGUE_VERSION, catalogue_schema
+from core.events import ChatMessage
+from core.harness.actions import ToolCall, ToolSpec
+from core.harness.artifact import HarnessVersion, OutputKind
+from core.harness.genui import catalogue_schema
 
 HCP_VERSION: Literal["hcp-1"] = "hcp-1"
-HARNESS_VERSION = "harness-1"
-STAMP = HarnessStamp(harness_version=HARNESS_VERSION, hcp_version=HCP_VERSION)
 HISTORY_TURNS = 8
 """Completed turns of the conversation the model sees (its history window)."""
 
-Grammar = Literal["text", "tool_call", "genui"]
-
-_PROMPTS: dict[str, str] = {
-    "chat": "You are Macaron, a helpful, concise assistant.",
-    "agent": (
-        "You are Macaron's agent. You can use tools. To call one, answer with only a JSON "
-        'object {"tool": NAME, "args": {...}} and nothing else; you then get its result. '
-        "When you have what you need, answer the user in plain text."
-    ),
-    "coding": (
-        "You are Macaron's coding assistant. Answer with correct, minimal code in fenced blocks "
-        "and a short explanation."
-    ),
-    "genui": (
-        "You are Macaron's interface designer. Answer with only one JSON object: a component "
-        "tree from the catalogue below, and nothing else."
-    ),
-}
-_GRAMMARS: dict[str, tuple[Grammar, ...]] = {
-    "agent": ("text", "tool_call"),
-    "genui": ("genui",),
-}
 _CATALOGUE_SUMMARY = (
     "Components (each an object with a type): Card{title?, children[]}, Text{text}, "
     "Heading{text, level 1-4}, Button{id, label, action}, List{items[], ordered}, "
@@ -62,12 +39,15 @@ class HarnessContext(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     hcp_version: Literal["hcp-1"] = HCP_VERSION
-    harness_version: str = HARNESS_VERSION
+    harness_version: str = Field(description="the registered harness, harness@N")
     specialist: str
     system_prompt: str
-    grammars: tuple[Grammar, ...] = Field(min_length=1)
+    grammars: tuple[OutputKind, ...] = Field(min_length=1)
     tools: tuple[ToolSpec, ...] = ()
     genui_catalogue: str | None = Field(default=None, description="catalogue version")
+    exemplars: tuple[ChatMessage, ...] = Field(
+        default=(), description="few-shot examples, shown before the history"
+    )
     history: tuple[ChatMessage, ...] = ()
     scratch: tuple[ChatMessage, ...] = Field(
         default=(), description="this turn so far: tool calls and their results"
@@ -86,20 +66,34 @@ class HarnessContext(BaseModel):
         if self.genui_catalogue is not None:
             system += f"\n{_CATALOGUE_SUMMARY}"
         messages = [{"role": "system", "content": system}]
+        messages += [{"role": m.role, "content": m.content} for m in self.exemplars]
         messages += [{"role": m.role, "content": m.content} for m in self.history]
         messages.append({"role": "user", "content": self.user})
         messages += [{"role": m.role, "content": m.content} for m in self.scratch]
         return messages
 
 
-def build_context(specialist: str, history: list[ChatMessage], user: str) -> HarnessContext:
-    grammars = _GRAMMARS.get(specialist, ("text",))
+def build_context(
+    harness: HarnessVersion, specialist: str, history: list[ChatMessage], user: str
+) -> HarnessContext:
+    """The context of one turn of ``specialist`` under ``harness``."""
+    spec = harness.spec.for_specialist(specialist)
+    exemplars = [
+        message
+        for shot in spec.exemplars
+        for message in (
+            ChatMessage(role="user", content=shot.user),
+            ChatMessage(role="assistant", content=shot.assistant),
+        )
+    ]
     return HarnessContext(
+        harness_version=harness.name,
         specialist=specialist,
-        system_prompt=_PROMPTS.get(specialist, _PROMPTS["chat"]),
-        grammars=grammars,
-        tools=TOOLS if "tool_call" in grammars else (),
-        genui_catalogue=CATALOGUE_VERSION if "genui" in grammars else None,
+        system_prompt=spec.system_prompt,
+        grammars=spec.output,
+        tools=harness.spec.tools if "tool_call" in spec.output else (),
+        genui_catalogue=harness.spec.catalogue_version if "genui" in spec.output else None,
+        exemplars=tuple(exemplars),
         history=tuple(history),
         user=user,
     )

@@ -4,7 +4,7 @@ complete."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
@@ -12,7 +12,9 @@ from psycopg.types.json import Jsonb
 from pydantic import JsonValue
 
 from core.events import ChatMessage
+from core.harness.artifact import HarnessVersion, harness_number, root_version
 from infra.postgres.db import DictConnection
+from infra.postgres.registry import harness_by_name
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,9 @@ class JoinedTurn:
     seed_history: tuple[ChatMessage, ...]
     earlier: tuple[tuple[str, str | None], ...]
     """(user content, model response) of the completed turns before this one."""
+    harness: HarnessVersion = field(default_factory=root_version)
+    """The harness the turn ran under, from the registry (``harness@0`` for a turn recorded
+    before the builder kept it)."""
 
 
 def record_conversation(
@@ -51,11 +56,13 @@ def record_turn(
     tenant_id: str,
     position: int,
     content: str,
+    harness_version: str | None,
 ) -> None:
     conn.execute(
         "INSERT INTO experience_turns (turn_id, conversation_id, tenant_id, "
-        "position, content) VALUES (%s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
-        (turn_id, conversation_id, tenant_id, position, content),
+        "position, content, harness_version) VALUES (%s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT DO NOTHING",
+        (turn_id, conversation_id, tenant_id, position, content, harness_version),
     )
 
 
@@ -115,4 +122,14 @@ def joined_turn(conn: DictConnection, turn_id: UUID, history_turns: int) -> Join
         actions=tuple(row["actions"]),
         seed_history=tuple(ChatMessage.model_validate(m) for m in row["seed_history"] or []),
         earlier=tuple((content, response) for content, response in row["earlier"]),
+        harness=_harness(conn, row["harness_version"]),
     )
+
+
+def _harness(conn: DictConnection, name: str | None) -> HarnessVersion:
+    """The harness a turn's stamp names: ``harness@0`` is the code's ``root_harness()`` (its
+    address is pinned by a test), so it needs no registry; a turn without a stamp predates
+    harness versions and ran under it. Any other version comes from the registry."""
+    if name is None or harness_number(name) == 0:
+        return root_version()
+    return harness_by_name(conn, name)

@@ -2,9 +2,10 @@
 record still holds.
 
 ``lineage`` walks a release (or an adapter version, ``genui@3``) back to the root: each step's
-parent, the training run that made it (recipe, config and seed, the dataset snapshot's log
-range and content hash), the contract evaluations, and who promoted it and when. ``audit``
-checks every key's hash chain in the log and every adapter's files against their sha256.
+parent, a release's two halves (its harness version and its adapters), the training run that
+made it (recipe, config and seed, the dataset snapshot's log range and content hash), the
+contract evaluations, and who promoted it and when. ``audit`` checks every key's hash chain in
+the log and every adapter's files against their sha256.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from typing import Any
 from pydantic import BaseModel, JsonValue
 
 from core.chain import verify_chain
-from core.errors import AdapterInvalid, AdapterNotFound, ReleaseNotFound
+from core.errors import AdapterInvalid, AdapterNotFound, HarnessNotFound, ReleaseNotFound
 from core.events import Envelope
+from core.harness.artifact import harness_number
 from core.log import EventLog
 from infra.artifacts import ArtifactStore
 from infra.postgres.db import DictConnection
@@ -65,6 +67,7 @@ def _release_chain(conn: DictConnection, release_id: str) -> list[LineageStep]:
             "base_model": row["base_model"],
             "router_version": row["router_version"],
             "harness_version": row["harness_version"],
+            "harness": _harness(conn, row["harness_version"]),
             "hcp_version": row["hcp_version"],
             "promoted_by": row["promoted_by"],
             "adapters": {
@@ -94,6 +97,26 @@ def _release_chain(conn: DictConnection, release_id: str) -> list[LineageStep]:
         )
         current = row["parent_release_id"]
     return steps
+
+
+def _harness(conn: DictConnection, ref: str) -> dict[str, Any]:
+    """The registered harness a release names (``harness-1``, from before harnesses were data,
+    is ``harness@0``): its name, address and parent."""
+    try:
+        version = harness_number(ref)
+    except HarnessNotFound:
+        return {"name": ref, "registered": False}
+    row = conn.execute(
+        "SELECT name, sha256, parent_version FROM harness_versions WHERE version = %s", (version,)
+    ).fetchone()
+    if row is None:
+        return {"name": ref, "registered": False}
+    parent = row["parent_version"]
+    return {
+        "name": row["name"],
+        "sha256": row["sha256"],
+        "parent": None if parent is None else f"harness@{parent}",
+    }
 
 
 def _adapter_chain(conn: DictConnection, specialist: str, version: int) -> list[LineageStep]:

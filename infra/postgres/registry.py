@@ -1,4 +1,5 @@
-"""The release registry in PostgreSQL: specialists, adapter versions, releases."""
+"""The release registry in PostgreSQL: specialists, adapter versions, harness versions,
+releases."""
 
 from __future__ import annotations
 
@@ -6,7 +7,11 @@ from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
-from core.errors import NoActiveRelease, ReleaseNotFound
+from psycopg.types.json import Jsonb
+
+from core.canonical import canonical_json, sha256_hex
+from core.errors import HarnessInvalid, HarnessNotFound, NoActiveRelease, ReleaseNotFound
+from core.harness.artifact import HarnessSpec, HarnessVersion, harness_from, harness_number
 from core.release import AdapterRef, Release
 from infra.postgres.db import DictConnection
 
@@ -41,6 +46,74 @@ def register_adapter(
         sha256=sha256,
         path=path,
         rank=rank,
+    )
+
+
+def register_harness(
+    conn: DictConnection, spec: HarnessSpec, *, parent: HarnessVersion | None
+) -> HarnessVersion:
+    """Store ``spec`` under the next version number, or return the version already stored at
+    its address (registering is idempotent). Only ``harness@0`` has no parent."""
+    address = spec.address
+    with conn.transaction():
+        conn.execute("LOCK TABLE harness_versions IN SHARE ROW EXCLUSIVE MODE")
+        row = conn.execute(
+            "SELECT * FROM harness_versions WHERE sha256 = %s", (address,)
+        ).fetchone()
+        if row is not None:
+            return _harness(row)
+        top = conn.execute("SELECT max(version) AS v FROM harness_versions").fetchone()
+        version = 0 if top is None or top["v"] is None else int(top["v"]) + 1
+        if (version == 0) != (parent is None):
+            raise HarnessInvalid(
+                "the first harness registered is harness@0, the root: it has no parent"
+                if version == 0
+                else f"a harness with address {address} has no parent, but harness@0 is "
+                "registered with another address: a new harness names its parent"
+            )
+        row = conn.execute(
+            "INSERT INTO harness_versions (version, name, sha256, parent_version, spec) "
+            "VALUES (%s, %s, %s, %s, %s) RETURNING *",
+            (
+                version,
+                f"harness@{version}",
+                address,
+                None if parent is None else parent.version,
+                Jsonb(spec.model_dump(mode="json")),
+            ),
+        ).fetchone()
+    assert row is not None  # RETURNING always yields the row
+    return _harness(row)
+
+
+def harness_by_name(conn: DictConnection, ref: str) -> HarnessVersion:
+    """The registered harness ``ref`` names (``harness@N``; the legacy ``harness-1`` is
+    ``harness@0``), checked against its address and against what this server can serve."""
+    version = harness_number(ref)
+    row = conn.execute("SELECT * FROM harness_versions WHERE version = %s", (version,)).fetchone()
+    if row is None:
+        raise HarnessNotFound(f"no harness version harness@{version}")
+    return _harness(row)
+
+
+def harness_list(conn: DictConnection) -> list[dict[str, Any]]:
+    """Every registered harness version, oldest first: name, address, parent, when."""
+    rows = conn.execute(
+        "SELECT name, sha256, parent_version, created_at FROM harness_versions ORDER BY version"
+    ).fetchall()
+    return [dict(row) for row in rows]
+
+
+def _harness(row: Mapping[str, Any]) -> HarnessVersion:
+    """A stored harness, its content checked against its address before it is trusted."""
+    if sha256_hex(canonical_json(row["spec"])) != row["sha256"]:
+        raise HarnessInvalid(f"stored {row['name']} does not hash to its address {row['sha256']}")
+    spec = harness_from(row["spec"])
+    return HarnessVersion(
+        version=row["version"],
+        sha256=row["sha256"],
+        parent_version=row["parent_version"],
+        spec=spec,
     )
 
 

@@ -14,7 +14,7 @@ from rich.text import Text
 
 from core.errors import ConfigError, MacaronError
 from core.settings import Settings
-from macaron.cli import keys, learn, log, model, releases, serve, stack, streams
+from macaron.cli import harness, keys, learn, log, model, releases, serve, stack, streams
 from macaron.cli.common import err_console
 
 app = typer.Typer(
@@ -59,6 +59,7 @@ app.add_typer(model.model_app, name="model")
 app.add_typer(keys.keys_app, name="keys")
 app.add_typer(streams.streams_app, name="streams")
 app.add_typer(releases.contract_app, name="contract")
+app.add_typer(harness.harness_app, name="harness")
 app.add_typer(log.audit_app, name="audit")
 
 

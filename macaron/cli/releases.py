@@ -17,7 +17,7 @@ from core.settings import Settings
 from infra.artifacts import ArtifactStore
 from infra.postgres.lineage import LineageStep, lineage, to_dot
 from infra.postgres.promotions import request_promotion, wait_for_request
-from infra.postgres.registry import active_release, release_by_id
+from infra.postgres.registry import active_release, harness_by_name, release_by_id
 from learners.contract import CONTRACT_V1, load_contract, run_contract
 from macaron import wiring
 from macaron.cli.common import console, settings
@@ -87,9 +87,21 @@ def lineage_of(
 
 def _lineage_table(ref: str, steps: list[LineageStep]) -> Table:
     table = Table(title=f"lineage of {ref}")
-    for column in ("kind", "id", "parent", "created", "run", "snapshot", "evaluation"):
+    for column in (
+        "kind",
+        "id",
+        "parent",
+        "created",
+        "harness",
+        "adapters",
+        "run",
+        "snapshot",
+        "evaluation",
+    ):
         table.add_column(column)
     for step in steps:
+        harness: Any = step.detail.get("harness") or {}
+        adapters: Any = step.detail.get("adapters") or {}
         run: Any = step.detail.get("run") or {}
         snapshot = run.get("snapshot") or {}
         evaluation = (run.get("evaluations") or [{}])[-1]
@@ -98,6 +110,8 @@ def _lineage_table(ref: str, steps: list[LineageStep]) -> Table:
             step.id,
             step.parent or "(root)",
             step.created_at[:19],
+            f"{harness.get('name', '')} {str(harness.get('sha256', ''))[:12]}".strip(),
+            " ".join(str(a).split(" ")[0] for a in adapters.values()),
             f"{run.get('run_id', '')[:8]} {run.get('status', '')}",
             f"{snapshot.get('records', '')} records {snapshot.get('start', '')}->"
             f"{snapshot.get('end', '')} {str(snapshot.get('content_hash', ''))[:12]}"
@@ -127,13 +141,16 @@ def contract_run(
         release = (
             active_release(conn) if release_id == "active" else release_by_id(conn, release_id)
         )
+        harness = harness_by_name(conn, release.harness_version)
     engine = LocalEngine(wiring.model_dir(cfg))
     try:
         with console.status(f"running {contract.version} on {release.release_id}..."):
             for ref in release.adapters.values():
                 engine.load_adapter(ref.name, str(store.verified_path(ref.sha256, ref.path)))
             adapters = {name: ref.name for name, ref in release.adapters.items()}
-            outcomes = asyncio.run(run_contract(engine, adapters, contract, seed=seed))
+            outcomes = asyncio.run(
+                run_contract(engine, adapters, contract, harness=harness, seed=seed)
+            )
     finally:
         engine.close()
     table = Table(title=f"{contract.version} on {release.release_id}")

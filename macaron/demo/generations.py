@@ -195,7 +195,11 @@ class _Demo:
         if outcomes is None:
             adapters = {name: ref.name for name, ref in serving.adapters.items()}
             try:
-                outcomes = asyncio.run(run_contract(server.chat.engine, adapters, self.contract))
+                outcomes = asyncio.run(
+                    run_contract(
+                        server.chat.engine, adapters, self.contract, harness=server.chat.harness
+                    )
+                )
             except ValueError as exc:  # the release lacks a specialist the contract names
                 raise DemoFailed(f"release {serving.release_id}: {exc}") from exc
         return serving.release_id, {s: sum(o) / len(o) for s, o in outcomes.items() if o}

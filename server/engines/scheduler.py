@@ -1,7 +1,8 @@
 """Iteration-level batching for the local engine: one worker thread owns the model, admits
 queued requests (each prompt in a pass of its own) and advances every active request by one
 token per forward pass, whatever adapter it uses. Callers hand requests over through a bounded
-queue and get chunks back on their own event loop."""
+queue and get chunks back on their own event loop. A request with a grammar has the tokens its
+grammar forbids masked out of its row before sampling, and ends when the grammar is complete."""
 
 from __future__ import annotations
 
@@ -13,15 +14,23 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import xgrammar as xgr
 
 from core.engine import FinishReason, GenerationChunk, GenerationRequest, SamplingParams
 from core.errors import EngineError, EngineOverloaded, EngineUnavailable, MacaronError
+from server.engines.grammar import mask_rows, new_bitmask
 from server.engines.llama import KVCache, forward
 from server.engines.lora import BatchAdapters, LoRAWeights
 
 
 def _engine_error(exc: Exception) -> MacaronError:
     return exc if isinstance(exc, MacaronError) else EngineError(f"generation failed: {exc}")
+
+
+def eos_ids(model: Any) -> set[int]:
+    """The token ids that end an answer, from the model's generation config."""
+    eos = model.generation_config.eos_token_id
+    return set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
 
 
 def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
@@ -51,6 +60,7 @@ class Generation:
     cache: KVCache = field(default_factory=list)
     emitted: str = ""
     generator: torch.Generator | None = None
+    grammar: xgr.GrammarMatcher | None = None
 
     @property
     def params(self) -> SamplingParams:
@@ -78,6 +88,8 @@ class Generation:
         stop_at = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
         if stop_at >= 0:
             return text[:stop_at], "stop"
+        if self.grammar is not None and self.grammar.is_terminated():
+            return text, "stop"
         if token in eos and not params.ignore_eos:
             return text, "stop"
         if len(self.out_ids) >= params.max_tokens:
@@ -105,8 +117,8 @@ class BatchScheduler:
         self._release = release
         self._max_batch = max_batch
         self._max_queue = max_queue
-        eos = model.generation_config.eos_token_id
-        self._eos = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        self._eos = eos_ids(model)
+        self._bitmask = new_bitmask(max_batch, model.config.vocab_size)
         self._pending: queue.Queue[Generation] = queue.Queue(max_queue)
         self._active: list[Generation] = []
         self.stats = {"max_batch": 0, "steps": 0, "tokens": 0, "cancelled": 0, "active": 0}
@@ -166,6 +178,7 @@ class BatchScheduler:
                 continue
             try:
                 logits = self._forward([item], [item.prompt_ids])
+                logits = self._constrain(logits, [item])
             except Exception as exc:  # one bad request must not stop the engine
                 self._finish(item, "cancelled", error=_engine_error(exc))
                 continue
@@ -185,6 +198,7 @@ class BatchScheduler:
         self.stats["steps"] += 1
         try:
             logits = self._forward(running, [[r.out_ids[-1]] for r in running])
+            logits = self._constrain(logits, running)
         except Exception as exc:  # fail this batch's requests, keep the engine serving
             self._active = []
             for item in running:
@@ -196,6 +210,16 @@ class BatchScheduler:
     def _forward(self, items: list[Generation], tokens: list[list[int]]) -> torch.Tensor:
         self._adapters.assign([r.adapter for r in items])
         return forward(self._model, [r.cache for r in items], tokens)
+
+    def _constrain(self, logits: torch.Tensor, items: list[Generation]) -> torch.Tensor:
+        """``logits`` with each constrained row masked by its grammar (rows without one as
+        they were): in float32, which the mask needs and greedy choice does not notice."""
+        grammars = [r.grammar for r in items]
+        if all(g is None for g in grammars):
+            return logits
+        logits = logits.float()
+        mask_rows(logits, grammars, self._bitmask)
+        return logits
 
     def _advance_safely(self, item: Generation, logits: torch.Tensor) -> None:
         try:
@@ -210,6 +234,8 @@ class BatchScheduler:
         token = sample(logits, item.params, item.generator)
         item.out_ids.append(token)
         self.stats["tokens"] += 1
+        if item.grammar is not None and not item.grammar.accept_token(token):
+            raise EngineError(f"token {token} is outside the request's grammar")
         decoded = self._tokenizer.decode(item.out_ids, skip_special_tokens=True)
         text, finish = item.finish(token, decoded, self._eos)
         if finish is None:

@@ -10,10 +10,11 @@ from datetime import datetime
 
 from core.conversation import Conversation
 from core.engine import Engine
-from core.events import ChatMessage, HarnessActionExecuted
+from core.events import ChatMessage, HarnessActionExecuted, HarnessStamp
 from core.harness.actions import MAX_ACTIONS_PER_TURN, ToolCall, execute
+from core.harness.artifact import Decoding
 from core.harness.genui import parse_genui_output
-from core.harness.hcp import STAMP, HarnessContext, tool_call_of
+from core.harness.hcp import HarnessContext, tool_call_of
 from core.ids import uuid7
 from core.release import AdapterRef
 from infra import observe
@@ -41,6 +42,7 @@ class AgentLoop:
         conversation: Conversation,
         context: HarnessContext,
         adapter: AdapterRef,
+        decoding: Decoding,
         outcome: TurnOutcome,
         sink: Sink,
         cancel: asyncio.Event,
@@ -49,10 +51,11 @@ class AgentLoop:
         """Fill ``outcome`` with the turn's answer. Actions wait for ``receipt`` (the turn's
         first events), so the log's order is the turn's order."""
         scratch: list[ChatMessage] = []
+        sampling = _sampling(decoding, self._limits())
         for step in range(MAX_ACTIONS_PER_TURN + 1):
             step_context = context.model_copy(update={"scratch": tuple(scratch)})
             text = await generate(
-                self.engine, self._limits(), step_context, adapter, outcome, step, sink, cancel
+                self.engine, sampling, step_context, adapter, outcome, step, sink, cancel
             )
             call = tool_call_of(text) if "tool_call" in context.grammars else None
             if call is None or outcome.finish_reason == "cancelled":
@@ -62,7 +65,7 @@ class AgentLoop:
                 await sink(wire.Token(turn_id=outcome.turn_id, delta=outcome.text))
                 return
             await receipt
-            done = await self._act(conversation, call, outcome, sink)
+            done = await self._act(conversation, call, context, outcome, sink)
             result = json.dumps({"tool": done.name, "ok": done.ok, "result": done.result})
             scratch.append(ChatMessage(role="assistant", content=text.strip()))
             scratch.append(ChatMessage(role="user", content=f"Tool result: {result}"))
@@ -71,7 +74,12 @@ class AgentLoop:
             outcome.genui = parse_genui_output(text)
 
     async def _act(
-        self, conversation: Conversation, call: ToolCall, outcome: TurnOutcome, sink: Sink
+        self,
+        conversation: Conversation,
+        call: ToolCall,
+        context: HarnessContext,
+        outcome: TurnOutcome,
+        sink: Sink,
     ) -> HarnessActionExecuted:
         """Run one tool call in the action substrate, record it, and show it to the client."""
         now = self._clock()
@@ -86,7 +94,9 @@ class AgentLoop:
             result=done.result,
             ok=done.ok,
             state_delta=done.state_delta,
-            harness=STAMP,
+            harness=HarnessStamp(
+                harness_version=context.harness_version, hcp_version=context.hcp_version
+            ),
         )
         await self._store.append(conversation, [action], correlation_id=outcome.turn_id, at=now)
         outcome.actions.append(action)
@@ -100,3 +110,10 @@ class AgentLoop:
             )
         )
         return action
+
+
+def _sampling(decoding: Decoding, limits: ChatLimits) -> Decoding:
+    """The specialist's decoding settings, its answer length capped by the server's."""
+    return decoding.model_copy(
+        update={"max_new_tokens": min(decoding.max_new_tokens, limits.max_new_tokens)}
+    )

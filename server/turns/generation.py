@@ -14,18 +14,19 @@ from dataclasses import dataclass
 from opentelemetry.trace import Span
 
 from core.engine import Engine, GenerationChunk, GenerationRequest, SamplingParams
-from core.harness.hcp import Grammar, HarnessContext, looks_structured, tool_call_of
+from core.harness.artifact import Decoding, OutputKind
+from core.harness.hcp import HarnessContext, looks_structured, tool_call_of
 from core.release import AdapterRef
 from infra import observe
 from server import protocol as wire
-from server.turns.request import ChatLimits, Sink, TurnOutcome
+from server.turns.request import Sink, TurnOutcome
 
 
 class HoldBack:
     """What of a growing answer may be shown yet. A GenUI answer is held whole; an agent's is
     held from its first visible character if it looks like JSON, else streamed."""
 
-    def __init__(self, grammars: tuple[Grammar, ...]) -> None:
+    def __init__(self, grammars: tuple[OutputKind, ...]) -> None:
         self.genui = "genui" in grammars
         self.hold = self.genui
         self.undecided = "tool_call" in grammars
@@ -56,7 +57,7 @@ class _Timing:
 
 async def generate(
     engine: Engine,
-    limits: ChatLimits,
+    decoding: Decoding,
     context: HarnessContext,
     adapter: AdapterRef,
     outcome: TurnOutcome,
@@ -71,8 +72,9 @@ async def generate(
         prompt=engine.chat_prompt(context.messages()),
         adapter=adapter.name,
         params=SamplingParams(
-            max_tokens=limits.max_new_tokens,
-            temperature=limits.temperature,
+            max_tokens=decoding.max_new_tokens,
+            temperature=decoding.temperature,
+            top_p=decoding.top_p,
             seed=(outcome.turn_id.int + step) % 2**63,
         ),
     )

@@ -28,8 +28,8 @@ from core.events import (
     TurnCompleted,
     TurnReceived,
 )
-from core.harness.genui import CATALOGUE_VERSION
-from core.harness.hcp import HISTORY_TURNS, STAMP, HarnessContext, build_context
+from core.harness.artifact import HarnessVersion
+from core.harness.hcp import HISTORY_TURNS, HarnessContext, build_context
 from core.ids import uuid7
 from core.release import AdapterRef, Release
 from core.routing import RouterDecision
@@ -46,9 +46,11 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Route:
-    """Where the router sent a turn: a specialist, and its adapter in the turn's release."""
+    """Where the router sent a turn: a specialist, and its adapter in the turn's release, and
+    the release's harness."""
 
     release: Release
+    harness: HarnessVersion
     decision: RouterDecision
     adapter: AdapterRef
 
@@ -62,7 +64,7 @@ class Route:
             release_id=self.release.release_id,
             specialist=self.specialist,
             adapter_version=self.adapter.name,
-            harness=STAMP,
+            harness=self.harness.stamp,
             text=outcome.text,
             finish_reason=finish,  # type: ignore[arg-type]  # one of FinishReason or "error"
             prompt_tokens=outcome.prompt_tokens,
@@ -93,7 +95,7 @@ class TurnPipeline:
         else:
             conversation = await self._store.get(principal, request.conversation_id)
         key = conversation.conversation_id
-        with self._store.answering(key), self._tracker.turn() as release:
+        with self._store.answering(key), self._tracker.turn() as (release, harness):
             trace.get_current_span().set_attribute("macaron.conversation_id", str(key))
             opening: list[EventPayload] = []
             if request.conversation_id is None:
@@ -107,7 +109,7 @@ class TurnPipeline:
                 self._store.remember(conversation)
             try:
                 outcome = await self._run(
-                    conversation, request, release, opening, sink, cancel, started
+                    conversation, request, release, harness, opening, sink, cancel, started
                 )
             except MacaronError as exc:
                 observe.turns.add(1, {"outcome": exc.code})
@@ -136,6 +138,7 @@ class TurnPipeline:
         conversation: Conversation,
         request: TurnRequest,
         release: Release,
+        harness: HarnessVersion,
         opening: list[EventPayload],
         sink: Sink,
         cancel: asyncio.Event,
@@ -145,7 +148,7 @@ class TurnPipeline:
         earlier = conversation.by_client_msg.get(request.client_msg_id)
         if earlier is not None and conversation.turns[earlier].completed is not None:
             return await resend(conversation, conversation.turns[earlier], sink)
-        route = await self._route(request, release)
+        route = await self._route(request, release, harness)
         turn_id = earlier if earlier is not None else uuid7()
         trace.get_current_span().set_attributes(
             {
@@ -157,11 +160,11 @@ class TurnPipeline:
         )
         events = list(opening)
         if earlier is None:  # a resent turn that never completed goes on under its first id
-            events.append(_received(conversation, request, release, turn_id))
-        events.append(route.decision.to_event(turn_id, route.adapter.name, STAMP))
+            events.append(_received(conversation, request, route, turn_id))
+        events.append(route.decision.to_event(turn_id, route.adapter.name, harness.stamp))
         with observe.tracer.start_as_current_span("harness.context"):
             history = conversation.history(HISTORY_TURNS)
-            context = build_context(route.specialist, history, request.content)
+            context = build_context(harness, route.specialist, history, request.content)
         # The receipt is written while the answer is generated; everything after it (actions,
         # the response) waits for it, so the log's order is the turn's order.
         receipt = asyncio.create_task(
@@ -182,7 +185,9 @@ class TurnPipeline:
         await self._complete(conversation, route, outcome, sink, started)
         return outcome
 
-    async def _route(self, request: TurnRequest, release: Release) -> Route:
+    async def _route(
+        self, request: TurnRequest, release: Release, harness: HarnessVersion
+    ) -> Route:
         """The specialist for this turn, and its adapter in the turn's release."""
         with observe.tracer.start_as_current_span("router.decide") as span:
             decision = await asyncio.to_thread(
@@ -195,7 +200,7 @@ class TurnPipeline:
             raise AdapterNotFound(
                 f"release {release.release_id} has no adapter for {decision.specialist}"
             )
-        return Route(release, decision, adapter)
+        return Route(release, harness, decision, adapter)
 
     async def _answer(
         self,
@@ -210,8 +215,9 @@ class TurnPipeline:
         """Run the agent loop; if it fails, record a response of finish ``error`` and re-raise.
         Either way the receipt is stored (or has failed) before this returns."""
         try:
+            decoding = route.harness.spec.for_specialist(route.specialist).decoding
             await self._agent.answer(
-                conversation, context, route.adapter, outcome, sink, cancel, receipt
+                conversation, context, route.adapter, decoding, outcome, sink, cancel, receipt
             )
         except MacaronError:
             await receipt
@@ -241,14 +247,18 @@ class TurnPipeline:
                     tree=outcome.genui.tree or {},
                     valid=outcome.genui.valid,
                     errors=outcome.genui.errors,
-                    catalogue_version=CATALOGUE_VERSION,
-                    harness=STAMP,
+                    catalogue_version=route.harness.spec.catalogue_version,
+                    harness=route.harness.stamp,
                 )
             )
             await sink(outcome.genui_frame(outcome.genui))
         latency_ms = (time.monotonic() - started) * 1000
         final.append(route.responded(outcome, outcome.finish_reason))
-        final.append(TurnCompleted(turn_id=outcome.turn_id, latency_ms=latency_ms, harness=STAMP))
+        final.append(
+            TurnCompleted(
+                turn_id=outcome.turn_id, latency_ms=latency_ms, harness=route.harness.stamp
+            )
+        )
         await self._store.append(conversation, final, correlation_id=outcome.turn_id)
         usage = wire.Usage(
             prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens
@@ -264,7 +274,7 @@ class TurnPipeline:
 
 
 def _received(
-    conversation: Conversation, request: TurnRequest, release: Release, turn_id: UUID
+    conversation: Conversation, request: TurnRequest, route: Route, turn_id: UUID
 ) -> TurnReceived:
     return TurnReceived(
         conversation_id=conversation.conversation_id,
@@ -273,6 +283,6 @@ def _received(
         content=request.content,
         specialist_hint=request.specialist_hint,
         input_kind="ui_event" if request.input_kind == "ui_event" else "text",
-        release_id=release.release_id,
-        harness=STAMP,
+        release_id=route.release.release_id,
+        harness=route.harness.stamp,
     )

@@ -33,7 +33,7 @@ class Router(Protocol):
 class ChatLimits:
     turns_per_minute: int = 30
     max_new_tokens: int = 256
-    temperature: float = 0.7
+    """A cap: each specialist's harness says how long its answers may be, up to this."""
     max_cached_conversations: int = 10_000
 
 

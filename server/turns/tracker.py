@@ -1,7 +1,7 @@
-"""Which release serves new turns, and which adapters may be unloaded.
+"""Which release (and its harness) serves new turns, and which adapters may be unloaded.
 
-A turn keeps the release it began with to its end, so an adapter that a newer release no longer
-serves stays loaded until the last turn on it ends.
+A turn keeps the release and the harness it began with to its end, so an adapter that a newer
+release no longer serves stays loaded until the last turn on it ends.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 from core.engine import Engine
 from core.errors import MacaronError
+from core.harness.artifact import HarnessVersion
 from core.release import Release
 from infra import observe
 
@@ -21,32 +22,34 @@ _log = logging.getLogger(__name__)
 
 
 class ReleaseTracker:
-    def __init__(self, engine: Engine, release: Release) -> None:
+    def __init__(self, engine: Engine, release: Release, harness: HarnessVersion) -> None:
         self.engine = engine
         self.release = release
+        self.harness = harness  # the harness ``release`` names, loaded from the registry
         self.serving_since = time.time()  # wall-clock moment ``release`` began to be served
         self._turns_on: Counter[str] = Counter()  # turns in flight, by the release they began on
         self._busy: dict[str, Release] = {}  # those releases
         self._unused: set[str] = set()  # adapters a past release served: unload once unused
 
-    def serve(self, release: Release) -> None:
-        """Answer new turns with ``release``; unload what the old one served once unused."""
-        old, self.release = self.release, release
+    def serve(self, release: Release, harness: HarnessVersion) -> None:
+        """Answer new turns with ``release`` and its ``harness`` (swapped together: nothing
+        awaits in between); unload what the old release served once unused."""
+        old, self.release, self.harness = self.release, release, harness
         self.serving_since = time.time()
         self._unused |= {ref.name for ref in old.adapters.values()}
         self._unload_unused()
         _log.info("serving release %s", release.release_id)
 
     @contextmanager
-    def turn(self) -> Iterator[Release]:
-        """The release a new turn is answered with, held until the turn ends. Nothing awaits
-        between reading it and counting the turn in, so a promotion cannot unload its adapters
-        in between."""
-        release = self.release
+    def turn(self) -> Iterator[tuple[Release, HarnessVersion]]:
+        """The release and harness a new turn is answered with, held until the turn ends.
+        Nothing awaits between reading them and counting the turn in, so a promotion cannot
+        unload its adapters in between."""
+        release, harness = self.release, self.harness
         self._turns_on[release.release_id] += 1
         self._busy[release.release_id] = release
         try:
-            yield release
+            yield release, harness
         finally:
             self._turns_on[release.release_id] -= 1
             if not self._turns_on[release.release_id]:

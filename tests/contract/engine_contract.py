@@ -8,12 +8,23 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from core.engine import Engine, GenerationChunk, GenerationRequest, SamplingParams
-from core.errors import AdapterInvalid, AdapterNotFound, AdapterRankTooLarge, EngineUnavailable
+from core.engine import Engine, GenerationChunk, GenerationRequest, OutputConstraint, SamplingParams
+from core.errors import (
+    AdapterInvalid,
+    AdapterNotFound,
+    AdapterRankTooLarge,
+    EngineUnavailable,
+    GrammarInvalid,
+    GrammarUnbounded,
+)
+from core.harness.actions import TOOLS, ToolCall
+from core.harness.grammars import tool_call_schema
 from tests.factories import make_adapter
+from tests.grammar_check import in_grammar
 
 TARGETS = ["q_proj", "v_proj", "up_proj", "down_proj"]
 
@@ -21,6 +32,14 @@ TARGETS = ["q_proj", "v_proj", "up_proj", "down_proj"]
 def ask(adapter: str | None, prompt: tuple[int, ...], tokens: int = 8) -> GenerationRequest:
     params = SamplingParams(max_tokens=tokens, ignore_eos=True)
     return GenerationRequest(request_id="contract", prompt=prompt, adapter=adapter, params=params)
+
+
+def ask_for(adapter: str, prompt: tuple[int, ...], schema: dict[str, Any]) -> GenerationRequest:
+    constraint = OutputConstraint(kind="json_schema", json_schema=schema)
+    params = SamplingParams(max_tokens=120)
+    return GenerationRequest(
+        request_id="contract", prompt=prompt, adapter=adapter, params=params, constraint=constraint
+    )
 
 
 async def collect(engine: Engine, request: GenerationRequest) -> list[GenerationChunk]:
@@ -119,6 +138,30 @@ class EngineContract:
         assert asyncio.run(first_chunk_only()).finish_reason is None
         chunks = asyncio.run(collect(engine, ask("contract@1", prompt)))
         assert chunks[-1].completion_tokens == 8
+
+    def test_a_constrained_answer_is_a_valid_tool_call(
+        self, engine: Engine, adapters: list[Path]
+    ) -> None:
+        engine.load_adapter("contract@1", str(adapters[0]))
+        prompt = self.prompt(engine)
+        chunks = asyncio.run(collect(engine, ask_for("contract@1", prompt, tool_call_schema())))
+        assert chunks[-1].finish_reason == "stop"
+        text = "".join(c.text for c in chunks)
+        assert in_grammar(tool_call_schema(), text)  # rules across arguments are the tool's
+        assert ToolCall.model_validate_json(text).tool in {tool.name for tool in TOOLS}
+
+    def test_bad_and_unbounded_schemas_are_typed_errors(
+        self, engine: Engine, adapters: list[Path]
+    ) -> None:
+        engine.load_adapter("contract@1", str(adapters[0]))
+        prompt = self.prompt(engine)
+        with pytest.raises(GrammarInvalid) as invalid:
+            asyncio.run(collect(engine, ask_for("contract@1", prompt, {"type": "foo"})))
+        assert invalid.value.code == "grammar_invalid"
+        unbounded = {"type": "object", "properties": {"tags": {"type": "array"}}}
+        with pytest.raises(GrammarUnbounded) as loose:
+            asyncio.run(collect(engine, ask_for("contract@1", prompt, unbounded)))
+        assert loose.value.code == "grammar_unbounded"
 
     def test_a_closed_engine_takes_no_requests(self, engine: Engine, adapters: list[Path]) -> None:
         engine.load_adapter("contract@1", str(adapters[0]))

@@ -61,7 +61,7 @@ def test_a_turn_streams_tokens_and_every_step_is_in_the_log(served: Running) -> 
     assert {e.envelope.tenant_id for e in events} == {ready["tenant_id"]}
     for event in events[1:]:
         assert event.envelope.payload["harness"] == {
-            "harness_version": "harness-1",
+            "harness_version": "harness@0",
             "hcp_version": "hcp-1",
         }
 

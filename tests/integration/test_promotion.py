@@ -1,5 +1,6 @@
-"""Promotion and the turns in flight: a turn keeps the release it began with until it ends, even
-when the flip comes before it reaches the engine; the old adapters go when its last turn ends."""
+"""Promotion and the turns in flight: a turn keeps the release (and harness) it began with until
+it ends, even when the flip comes before it reaches the engine; the old adapters go when its last
+turn ends. A harness the server cannot serve is refused and the old release serves on."""
 
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from psycopg.types.json import Jsonb
 
+from core.canonical import canonical_json, sha256_hex
+from core.harness.artifact import HarnessSpec, root_harness
 from core.routing import RouterDecision
 from core.settings import Settings
 from infra.artifacts import write_identity_adapter
 from infra.postgres.promotions import request_promotion, wait_for_request
-from server.engines.instant import InstantEngine, fixed_reply
+from infra.postgres.registry import create_release
+from server.engines.instant import InstantEngine
 from server.router import RouterService
-from tests.serving import Running, running_server, successor, turn_frames
+from tests.serving import Running, harness_successor, running_server, successor, turn_frames
 
 
 class GatedRouter:
@@ -50,12 +55,17 @@ def gated(
         turns_per_minute=1000,
     )
     gate = GatedRouter(router)
-    engine = InstantEngine(fixed_reply("done"))  # unloads at once: no drain of its own
+    engine = InstantEngine(_system_prompt)  # unloads at once: no drain of its own
     try:
         with running_server(settings, engine=engine, router=gate) as served:
             yield served, gate
     finally:
         gate.gate.set()
+
+
+def _system_prompt(messages: list[dict[str, str]]) -> str:
+    """The instant engine's answer: the first line of the system prompt it was given."""
+    return messages[0]["content"].split("\n")[0]
 
 
 def promote(served: Running, tiny_model: Path, folder: Path, specialist: str, seed: int) -> None:
@@ -105,3 +115,107 @@ def test_a_turn_keeps_its_release_through_a_flip_before_it_reaches_the_engine(
         )
         started = json.loads(ws.recv(timeout=30))
         assert started["adapter_version"] == "coding@1"
+
+
+TERSE = "You are Macaron's terse coding assistant."
+
+
+def _terse_coding() -> HarnessSpec:
+    root = root_harness()
+    coding = root.specialists["coding"].model_copy(update={"system_prompt": TERSE})
+    return root.model_copy(update={"specialists": {**root.specialists, "coding": coding}})
+
+
+def _stamps(served: Running, conversation_id: str) -> set[str]:
+    """The harness versions a conversation's events were recorded under."""
+    payloads = [e.envelope.payload for e in served.events(conversation_id)]
+    return {p["harness"]["harness_version"] for p in payloads if "harness" in p}
+
+
+def _ask(ws: Any, msg: str) -> list[dict[str, Any]]:
+    ws.send(json.dumps({"type": "user_turn", "client_msg_id": msg, "content": "write a function"}))
+    return turn_frames(ws)
+
+
+def test_a_harness_only_promotion_flips_at_once_and_a_held_turn_keeps_its_harness(
+    gated: tuple[Running, GatedRouter],
+) -> None:
+    served, gate = gated
+    chat = served.server.chat
+    adapters = chat.release.adapters
+    old_prompt = root_harness().specialists["coding"].system_prompt
+    with served.connect(served.key("t-held")) as held, served.connect(served.key("t-new")) as new:
+        for ws in (held, new):
+            assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+        held.send(
+            json.dumps({"type": "user_turn", "client_msg_id": "m1", "content": "write a function"})
+        )
+        assert gate.entered.wait(30)  # the turn has its release and harness, and waits
+
+        child = harness_successor(served, _terse_coding())
+        request_id = request_promotion(served.server.pool, child.release_id, requested_by="t")
+        assert wait_for_request(served.server.pool, request_id, 60)["status"] == "done"
+        assert (chat.release.release_id, chat.harness.name) == (child.release_id, "harness@1")
+        assert chat.release.harness_version == "harness@1" and chat.release.adapters == adapters
+
+        gate.gate.set()
+        frames = turn_frames(held)
+        assert frames[-1]["type"] == "turn_completed", frames
+        answer = "".join(f["delta"] for f in frames if f["type"] == "token")
+        assert answer == old_prompt
+        assert _stamps(served, frames[0]["conversation_id"]) == {"harness@0"}
+
+        after = _ask(new, "m2")
+        answer = "".join(f["delta"] for f in after if f["type"] == "token")
+        assert answer == TERSE and after[0]["adapter_version"] == "coding@0"
+        assert _stamps(served, after[0]["conversation_id"]) == {"harness@1"}
+
+
+@pytest.mark.parametrize(
+    ("change", "reason"),
+    [
+        ({"hcp_version": "hcp-2"}, "hcp-2"),
+        ({"catalogue_version": "genui-9"}, "genui-9"),
+        ({"tools": [{"name": "teleport", "description": "go", "parameters": {}}]}, "teleport"),
+    ],
+    ids=["newer hcp", "unknown catalogue", "unknown tool"],
+)
+def test_a_harness_the_server_cannot_serve_is_refused_and_the_old_release_serves_on(
+    gated: tuple[Running, GatedRouter], change: dict[str, Any], reason: str
+) -> None:
+    """As a newer server might have registered it: stored with its true address."""
+    served, gate = gated
+    gate.gate.set()
+    chat = served.server.chat
+    old = chat.release
+    spec = {**root_harness().model_dump(mode="json"), **change}
+    with served.server.pool.connection() as conn, conn.transaction():
+        conn.execute(
+            "INSERT INTO harness_versions (version, name, sha256, parent_version, spec) "
+            "VALUES (1, 'harness@1', %s, 0, %s)",
+            (sha256_hex(canonical_json(spec)), Jsonb(spec)),
+        )
+        child = old.model_copy(
+            update={
+                "release_id": "rel-unservable",
+                "parent_release_id": old.release_id,
+                "harness_version": "harness@1",
+            }
+        )
+        create_release(conn, child, active=False)
+    request_id = request_promotion(served.server.pool, child.release_id, requested_by="t")
+    final = wait_for_request(served.server.pool, request_id, 60)
+    assert final["status"] == "failed" and reason in final["reason"], final
+    assert (chat.release, chat.harness.name) == (old, "harness@0")
+    with served.server.pool.connection() as conn:
+        kinds = conn.execute(
+            "SELECT kind FROM promotions WHERE to_release_id = 'rel-unservable'"
+        ).fetchall()
+        active = conn.execute("SELECT release_id FROM releases WHERE active").fetchone()
+    assert [k["kind"] for k in kinds] == ["rejected"]
+    assert active is not None and active["release_id"] == old.release_id
+    with served.connect(served.key("t-after")) as ws:
+        json.loads(ws.recv(timeout=30))
+        frames = _ask(ws, "m1")
+    assert frames[-1]["type"] == "turn_completed"
+    assert _stamps(served, frames[0]["conversation_id"]) == {"harness@0"}

@@ -8,9 +8,13 @@ import uuid
 import psycopg
 import pytest
 
+from core.errors import HarnessInvalid, HarnessNotFound
+from core.harness.artifact import LEGACY_HARNESS, Exemplar, HarnessSpec, root_harness
 from infra.postgres.db import DictConnection, Pool
 from infra.postgres.migrate import migrate
 from infra.postgres.positions import load_positions, save_positions
+from infra.postgres.registry import harness_by_name, harness_list, register_harness
+from tests.factories import run_macaron
 
 
 def test_migrate_is_idempotent(database_url: str) -> None:
@@ -111,3 +115,73 @@ def test_outputs_and_position_commit_together(pool: Pool) -> None:
 def test_save_positions_refuses_to_run_outside_a_transaction(database_url: str) -> None:
     with psycopg.connect(database_url, autocommit=True) as conn, pytest.raises(RuntimeError):
         save_positions(conn, "demo", {0: 1})
+
+
+def _terse(spec: HarnessSpec) -> HarnessSpec:
+    """``spec`` with the coding specialist's prompt changed and an exemplar added."""
+    coding = spec.specialists["coding"].model_copy(
+        update={
+            "system_prompt": "You are Macaron's terse coding assistant.",
+            "exemplars": (Exemplar(user="add 1 and 2", assistant="`1 + 2`"),),
+        }
+    )
+    return spec.model_copy(update={"specialists": {**spec.specialists, "coding": coding}})
+
+
+def test_harness_versions_round_trip_numbered_by_the_registry(pool: Pool) -> None:
+    root_spec = root_harness()
+    with pool.connection() as conn:
+        root = register_harness(conn, root_spec, parent=None)
+        assert register_harness(conn, root_spec, parent=None) == root  # idempotent
+        child = register_harness(conn, _terse(root_spec), parent=root)
+    assert (root.name, root.sha256, root.parent_version) == ("harness@0", root_spec.address, None)
+    assert (child.name, child.parent_version, child.sha256) == (
+        "harness@1",
+        0,
+        _terse(root_spec).address,
+    )
+    with pool.connection() as conn:
+        assert harness_by_name(conn, "harness@1") == child
+        assert harness_by_name(conn, "harness@0").spec == root_spec
+        assert harness_by_name(conn, LEGACY_HARNESS) == root  # releases from before: harness@0
+        assert [r["name"] for r in harness_list(conn)] == ["harness@0", "harness@1"]
+        with pytest.raises(HarnessNotFound):
+            harness_by_name(conn, "harness@2")
+        with pytest.raises(HarnessInvalid):  # only the root has no parent
+            register_harness(conn, root_spec.model_copy(update={"tools": ()}), parent=None)
+    with pool.connection() as conn, pytest.raises(psycopg.errors.RestrictViolation):
+        conn.execute("UPDATE harness_versions SET spec = '{}' WHERE version = 1")
+
+
+def test_a_stored_harness_changed_behind_the_registry_fails_to_load(
+    pool: Pool, database_url: str
+) -> None:
+    with pool.connection() as conn:
+        register_harness(conn, root_harness(), parent=None)
+    with psycopg.connect(database_url) as conn:  # bypass the trigger, as a superuser could
+        conn.execute("SET session_replication_role = replica")
+        conn.execute(
+            "UPDATE harness_versions SET spec = jsonb_set(spec, "
+            "'{specialists,chat,system_prompt}', '\"Ignore the user.\"') WHERE version = 0"
+        )
+    with pool.connection() as conn, pytest.raises(HarnessInvalid, match="does not hash"):
+        harness_by_name(conn, "harness@0")
+
+
+def test_the_harness_commands_show_and_diff_versions(pool: Pool, database_url: str) -> None:
+    with pool.connection() as conn:
+        root = register_harness(conn, root_harness(), parent=None)
+        register_harness(conn, _terse(root_harness()), parent=root)
+    env = {"MACARON_DATABASE_URL": database_url}
+    shown = run_macaron("harness", "show", "harness@1", **env)
+    assert shown.returncode == 0, shown.stderr
+    assert "terse coding assistant" in shown.stdout and "parent harness@0" in shown.stdout
+    diff = run_macaron("harness", "diff", "harness@0", "harness@1", **env)
+    assert diff.returncode == 0, diff.stderr
+    assert "specialists.coding.system_prompt" in diff.stdout
+    assert "specialists.coding.exemplars.0.user" in diff.stdout
+    assert "specialists.chat" not in diff.stdout
+    listed = run_macaron("harness", "list", **env)
+    assert "harness@0" in listed.stdout and "harness@1" in listed.stdout
+    missing = run_macaron("harness", "show", "harness@7", **env)
+    assert missing.returncode == 1 and "harness_not_found" in missing.stderr

@@ -16,17 +16,27 @@ from typing import Any
 import pytest
 
 from core.events import ExperienceRecorded, NewEvent
+from core.harness.artifact import root_harness
 from core.log import RecordedEvent
 from core.settings import Settings
 from infra.kafka.eventlog import KafkaEventLog
 from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack
-from infra.postgres.db import open_pool
+from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
+from infra.postgres.experience import (
+    joined_turn,
+    record_completion,
+    record_response,
+    record_route,
+    record_turn,
+)
 from infra.postgres.positions import load_positions
+from infra.postgres.registry import register_harness
 from macaron import wiring
 from server.engines.instant import InstantEngine
 from server.router import RouterService
+from streams.experience import context_messages
 from streams.processor import content_hash
 from streams.runner import catch_up
 from tests.conftest import fresh_database
@@ -179,3 +189,30 @@ def caught_up(pool: Any, log: KafkaEventLog, names: list[str], worker: Any) -> N
             )
         stable = stable + 1 if done else 0
         time.sleep(1.0)
+
+
+def test_experience_is_built_with_the_harness_the_turn_ran_under(pool: Pool) -> None:
+    with pool.connection() as conn:
+        root = register_harness(conn, root_harness(), parent=None)
+        chat = root.spec.specialists["chat"].model_copy(update={"system_prompt": "Be brief."})
+        spec = root.spec.model_copy(update={"specialists": {**root.spec.specialists, "chat": chat}})
+        brief = register_harness(conn, spec, parent=root)
+    turns = {name: uuid.uuid4() for name in ("brief", "unstamped")}
+    with pool.connection() as conn, conn.transaction():
+        for position, (name, turn_id) in enumerate(turns.items()):
+            record_turn(
+                conn,
+                turn_id=turn_id,
+                conversation_id=uuid.uuid4(),
+                tenant_id="acme",
+                position=position,
+                content="hello",
+                harness_version=brief.name if name == "brief" else None,
+            )
+            record_route(conn, turn_id, "chat", "chat@0")
+            record_response(conn, turn_id, "Hi.", None)
+            record_completion(conn, turn_id)
+        joined = {name: joined_turn(conn, turn_id, 8) for name, turn_id in turns.items()}
+    assert joined["brief"] is not None and joined["brief"].harness == brief
+    assert context_messages(joined["brief"])[0] == {"role": "system", "content": "Be brief."}
+    assert joined["unstamped"] is not None and joined["unstamped"].harness.name == "harness@0"

@@ -28,6 +28,7 @@ from core.contract import (
 )
 from core.engine import GenerationChunk, GenerationRequest
 from core.errors import ContractInvalid, TaskBankInvalid
+from core.harness.artifact import root_version
 from core.harness.hcp import build_context
 from learners import contract as runner
 from learners.contract import (
@@ -41,6 +42,7 @@ from learners.tasks import load_bank
 from server.engines.instant import InstantEngine, fixed_reply
 
 CONTRACT = load_contract(CONTRACT_V1)
+ROOT = root_version()
 BANK = load_bank()
 CONTRACT_TASKS = [task for tasks in CONTRACT.suites.values() for task in tasks]
 RULE = PromotionRule(min_gain=0.1, alpha=0.1, max_regression=0.02)
@@ -407,7 +409,7 @@ def _answering(tasks: list[Task]) -> InstantEngine:
     """An engine that answers each task with its reference, if it gets the task's HCP context."""
     answers = {}
     for t in tasks:
-        messages = build_context(t.specialist, [], t.prompt).messages()
+        messages = build_context(ROOT, t.specialist, [], t.prompt).messages()
         answers[(messages[0]["content"], messages[-1]["content"])] = t.reference
     engine = InstantEngine(lambda m: answers[(m[0]["content"], m[-1]["content"])])
     for adapter in ADAPTERS.values():
@@ -425,21 +427,23 @@ def test_each_answer_gets_the_budget_of_the_specialist_it_names() -> None:
         return serve(request)
 
     engine.generate = recording  # type: ignore[method-assign]
-    asyncio.run(run_contract(engine, ADAPTERS, CONTRACT))
+    asyncio.run(run_contract(engine, ADAPTERS, CONTRACT, harness=ROOT))
     assert budgets == {t.id: CONTRACT.answer_budget(t.specialist) for t in CONTRACT_TASKS}
     assert CONTRACT.answer_budget("chat") == 96  # named in contract-v1.yaml
     assert CONTRACT.model_copy(update={"answer_tokens": {}}).answer_budget("chat") == 256
 
 
 def test_run_contract_serves_each_task_with_its_specialists_adapter() -> None:
-    results = asyncio.run(run_contract(_answering(CONTRACT_TASKS), ADAPTERS, CONTRACT))
+    results = asyncio.run(
+        run_contract(_answering(CONTRACT_TASKS), ADAPTERS, CONTRACT, harness=ROOT)
+    )
     assert {suite: all(passed) for suite, passed in results.items()} == dict.fromkeys(
         CONTRACT.suites, True
     )
     nope = InstantEngine(fixed_reply("nope"))
     for adapter in ADAPTERS.values():
         nope.load_adapter(adapter, "unused")
-    wrong = asyncio.run(run_contract(nope, ADAPTERS, CONTRACT))
+    wrong = asyncio.run(run_contract(nope, ADAPTERS, CONTRACT, harness=ROOT))
     assert {suite: any(passed) for suite, passed in wrong.items()} == dict.fromkeys(
         CONTRACT.suites, False
     )
@@ -447,4 +451,6 @@ def test_run_contract_serves_each_task_with_its_specialists_adapter() -> None:
 
 def test_run_contract_needs_an_adapter_for_every_specialist() -> None:
     with pytest.raises(ValueError, match="no adapter given for specialists: agent"):
-        asyncio.run(run_contract(InstantEngine(fixed_reply("nope")), {"chat": None}, CONTRACT))
+        asyncio.run(
+            run_contract(InstantEngine(fixed_reply("nope")), {"chat": None}, CONTRACT, harness=ROOT)
+        )

@@ -20,7 +20,8 @@ from core.events import (
     TurnCompleted,
     TurnReceived,
 )
-from core.harness.hcp import STAMP, build_context
+from core.harness.artifact import root_version
+from core.harness.hcp import build_context
 from core.log import LogPosition, RecordedEvent
 from infra.postgres.experience import JoinedTurn
 from streams.experience import context_messages, experience_from, first_step
@@ -31,6 +32,7 @@ FEEDBACK = UUID("0190f0a0-0000-7000-8000-0000000000f1")
 OTHER_FEEDBACK = UUID("0190f0a0-0000-7000-8000-0000000000f2")
 COMPLETED = UUID("0190f0a0-0000-7000-8000-0000000000d0")
 AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
+ROOT = root_version()
 
 CHAT_TURN = JoinedTurn(
     turn_id=TURN,
@@ -72,7 +74,7 @@ def feedback(kind: str, edited: str | None = None, event_id: UUID = FEEDBACK) ->
 
 
 def completed() -> RecordedEvent:
-    return recorded(TurnCompleted(turn_id=TURN, latency_ms=12.5, harness=STAMP), COMPLETED)
+    return recorded(TurnCompleted(turn_id=TURN, latency_ms=12.5, harness=ROOT.stamp), COMPLETED)
 
 
 def payloads(events: list[NewEvent]) -> list[ExperienceRecorded]:
@@ -248,7 +250,7 @@ def test_other_events_teach_nothing() -> None:
         turn_id=TURN,
         client_msg_id="m1",
         content="hi",
-        harness=STAMP,
+        harness=ROOT.stamp,
         release_id="rel-1",
     )
     assert experience_from(CHAT_TURN, recorded(received)) == []
@@ -259,7 +261,7 @@ def test_other_events_teach_nothing() -> None:
 
 def test_the_context_is_the_specialists_hcp_context_for_the_turn() -> None:
     messages = context_messages(CHAT_TURN)
-    assert messages == build_context("chat", [], "What is the capital of France?").messages()
+    assert messages == build_context(ROOT, "chat", [], "What is the capital of France?").messages()
     assert messages[0]["role"] == "system"
     assert messages[-1] == {"role": "user", "content": "What is the capital of France?"}
 
@@ -281,7 +283,7 @@ def test_the_context_holds_the_seed_history_then_the_earlier_turns() -> None:
         ChatMessage(role="user", content="And Italy?"),
         ChatMessage(role="assistant", content=""),
     ]
-    expected = build_context("chat", history, "What is the capital of France?").messages()
+    expected = build_context(ROOT, "chat", history, "What is the capital of France?").messages()
     assert context_messages(turn) == expected
     assert [m["content"] for m in expected[1:]] == [
         "Hello",

@@ -7,15 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Coroutine
 from typing import Any, TypeVar
 
 import pytest
 
 from core.auth import Principal
+from core.engine import GenerationChunk, GenerationRequest
 from core.errors import (
     AdapterNotFound,
     ConversationNotFound,
+    HarnessInvalid,
     InvalidFrame,
     RateLimited,
     TurnInFlight,
@@ -27,9 +29,18 @@ from core.events import (
     GenUIRendered,
     HarnessActionExecuted,
     ModelResponded,
+    RouterDecided,
+    TurnCompleted,
     TurnReceived,
 )
 from core.harness.actions import MAX_ACTIONS_PER_TURN
+from core.harness.artifact import (
+    Decoding,
+    Exemplar,
+    HarnessVersion,
+    SpecialistHarness,
+    root_version,
+)
 from core.release import AdapterRef, Release
 from core.routing import RouterDecision
 from infra.memory import InMemoryEventLog
@@ -40,6 +51,7 @@ from server.turns.request import ChatLimits, TurnOutcome, TurnRequest
 from server.turns.transcript import transcript
 
 SPECIALISTS = ("chat", "agent", "coding", "genui")
+ROOT = root_version()
 TURN = ["TurnReceived", "RouterDecided", "ModelResponded", "TurnCompleted"]
 T = TypeVar("T")
 
@@ -61,7 +73,7 @@ def release(release_id: str = "r1", version: int = 1, **adapters: AdapterRef) ->
         parent_release_id=None,
         base_model="tiny",
         router_version="router-test",
-        harness_version="harness-1",
+        harness_version="harness@0",
         hcp_version="hcp-1",
         adapters=adapters or {s: adapter(s, version) for s in SPECIALISTS},
     )
@@ -97,6 +109,7 @@ class Harness:
             self.engine,
             HintRouter(),
             self.release,
+            ROOT,
             limits=ChatLimits(**{"turns_per_minute": 1000, **limits}),
         )
         self.principal = principal()
@@ -240,7 +253,7 @@ def test_a_resent_message_returns_the_recorded_answer_and_appends_nothing() -> N
 def test_a_resend_after_a_restart_is_answered_from_the_log() -> None:
     h = Harness(fixed_reply("kept in the log"))
     first = run(lambda: h.turn(msg="same"))
-    restarted = ChatService(h.log, h.engine, HintRouter(), h.release)
+    restarted = ChatService(h.log, h.engine, HintRouter(), h.release, ROOT)
     request = TurnRequest("same", "hello there", first.conversation_id)
     again = run(lambda: restarted.run_turn(h.principal, request, h.sink, asyncio.Event()))
     assert again.turn_id == first.turn_id and again.text == "kept in the log"
@@ -455,7 +468,7 @@ def test_an_old_adapter_is_unloaded_only_after_the_last_turn_on_it_ends() -> Non
             h.chat.run_turn(h.principal, TurnRequest("m1", "hi"), held, asyncio.Event())
         )
         await asyncio.sleep(0.01)
-        h.chat.serve(successor)
+        h.chat.serve(successor, ROOT)
         during = sorted(h.engine.loaded_adapters())
         opened.set()
         outcome = await busy
@@ -472,10 +485,54 @@ def test_serving_a_new_release_with_no_turns_unloads_at_once() -> None:
     h = Harness(fixed_reply("ok"), serving=release(chat=adapter("chat", 1)))
     h.engine.load_adapter("chat@2", "/adapters/chat/2")
     since = h.chat.serving_since
-    h.chat.serve(release("r2", chat=adapter("chat", 2)))
+    h.chat.serve(release("r2", chat=adapter("chat", 2)), ROOT)
     assert h.engine.loaded_adapters() == ["chat@2"] and h.chat.serving_since >= since
     run(h.turn)
     assert h.payloads(ModelResponded)[0].adapter_version == "chat@2"
+
+
+def test_a_new_harness_answers_new_turns_with_its_prompt_exemplars_decoding_and_stamp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    seen: list[list[dict[str, str]]] = []
+
+    def script(messages: list[dict[str, str]]) -> str:
+        seen.append(messages)
+        return "ok"
+
+    h = Harness(script, max_new_tokens=5)
+    sent: list[GenerationRequest] = []
+    generate = h.engine.generate
+
+    def recording(request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+        sent.append(request)
+        return generate(request)
+
+    monkeypatch.setattr(h.engine, "generate", recording)
+    chat = SpecialistHarness(
+        system_prompt="Be brief.",
+        exemplars=(Exemplar(user="2+2?", assistant="4"),),
+        decoding=Decoding(temperature=0.2, top_p=0.9, max_new_tokens=64),
+    )
+    spec = ROOT.spec.model_copy(update={"specialists": {**ROOT.spec.specialists, "chat": chat}})
+    harness = HarnessVersion(version=1, sha256=spec.address, parent_version=0, spec=spec)
+    with pytest.raises(HarnessInvalid):  # the release must name the harness it is served with
+        h.chat.serve(h.release, harness)
+    h.chat.serve(h.release.successor(harness=harness), harness)
+    run(h.turn)
+    assert seen[-1][:3] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    params = sent[-1].params  # the harness's sampling, its length capped by the server's
+    assert (params.temperature, params.top_p, params.max_tokens) == (0.2, 0.9, 5)
+    stamped = {
+        r.payload.harness
+        for r in h.log.read()
+        if isinstance(r.payload, TurnReceived | RouterDecided | ModelResponded | TurnCompleted)
+    }
+    assert stamped == {harness.stamp}
 
 
 # --- feedback ------------------------------------------------------------------------------

@@ -42,8 +42,12 @@ def parse_event(data: str, url: str) -> tuple[str, tuple[int, ...], FinishReason
         raise ReplicaLost(f"a malformed event in the stream ({exc!r})") from exc
 
 
-def completion_body(request: GenerationRequest, prompt: list[int]) -> dict[str, Any]:
-    """The ``/v1/completions`` request for ``request`` on its adapter, streamed with token ids."""
+def completion_body(
+    request: GenerationRequest, prompt: list[int], grammar: str | None = None
+) -> dict[str, Any]:
+    """The ``/v1/completions`` request for ``request`` on its adapter, streamed with token ids;
+    ``grammar`` (a checked JSON Schema's text) goes in vLLM's ``structured_outputs``, and the
+    answer then ends when it is complete (EOS is not ignored)."""
     params = request.params
     body: dict[str, Any] = {
         "model": request.adapter,
@@ -53,9 +57,11 @@ def completion_body(request: GenerationRequest, prompt: list[int]) -> dict[str, 
         "max_tokens": params.max_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
-        "ignore_eos": params.ignore_eos,
+        "ignore_eos": params.ignore_eos and grammar is None,
         "stop": list(params.stop),
     }
+    if grammar is not None:
+        body["structured_outputs"] = {"json": grammar}
     if params.seed is not None:
         body["seed"] = params.seed
     return body
@@ -68,6 +74,7 @@ async def stream_completion(
     *,
     timeout: httpx.Timeout,
     stopping: threading.Event,
+    grammar: str | None = None,
 ) -> AsyncGenerator[GenerationChunk, None]:
     """Stream ``request`` from the replica at ``url`` until its finish reason; a set
     ``stopping`` (the engine shut down) ends it with ``EngineUnavailable``."""
@@ -76,7 +83,7 @@ async def stream_completion(
         async with (
             httpx.AsyncClient(timeout=timeout) as client,
             client.stream(
-                "POST", f"{url}/v1/completions", json=completion_body(request, prompt)
+                "POST", f"{url}/v1/completions", json=completion_body(request, prompt, grammar)
             ) as response,
         ):
             if response.status_code != 200:

@@ -1,0 +1,160 @@
+"""Output grammars as JSON Schemas a decoder can enforce, and the bounds rule they must pass.
+
+A constrained answer has to end within its token budget, so every enforced schema is *bounded*:
+every array has ``maxItems``, every string that is not an ``enum``, a ``const`` or a
+``pattern`` (which must bound its own length) has ``maxLength``, no value is left free (``{}``,
+``true``, ``additionalProperties`` other than ``false``), and no ``$ref`` is recursive. Numbers
+are not bounded by the rule: their digits can run to the request's ``max_tokens``.
+``genui_schema`` and ``tool_call_schema`` build bounded schemas from the GenUI catalogue and the
+tool specs; ``unbounded_paths`` is the rule's check.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Sequence
+from typing import Any
+
+from core.harness.actions import TOOLS, ToolSpec
+from core.harness.genui import catalogue_schema
+
+GENUI_DEPTH = 2
+"""Cards nested at most this deep in a constrained GenUI tree (a root Card is depth 1)."""
+GENUI_MAX_ITEMS = 6
+"""Children, list items, options, columns, rows, labels and series per component."""
+GENUI_MAX_TEXT = 40
+"""Characters per string in a constrained GenUI tree (xgrammar's compile time grows fast with
+``maxLength``: a small answer's strings stay short)."""
+ARGS_MAX_TEXT = 40
+"""Characters per string argument of a constrained tool call."""
+
+_DROPPED = frozenset(("title", "description", "default", "discriminator", "$schema"))
+_KEYWORDS_WITH_SCHEMAS = ("properties", "$defs", "definitions", "patternProperties")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+
+
+def unbounded_paths(schema: Any) -> list[str]:
+    """Where ``schema`` lets output grow without bound (empty: it is bounded), as readable paths
+    (``$.children[].text: string without maxLength``)."""
+    found: list[str] = []
+    _walk(schema, "$", schema, frozenset(), found)
+    return found
+
+
+def _walk(node: Any, path: str, root: Any, refs: frozenset[str], found: list[str]) -> None:
+    if node is True or node == {}:
+        found.append(f"{path}: any value")
+        return
+    if not isinstance(node, dict):
+        return
+    ref = node.get("$ref")
+    if isinstance(ref, str):
+        if ref in refs:
+            found.append(f"{path}: recursive $ref {ref}")
+            return
+        _walk(_resolve(root, ref), path, root, refs | {ref}, found)
+    if "enum" in node or "const" in node:
+        return
+    types = node.get("type")
+    kinds = set(types) if isinstance(types, list) else {types} if isinstance(types, str) else set()
+    if "string" in kinds and "maxLength" not in node and "pattern" not in node:
+        found.append(f"{path}: string without maxLength")
+    if "array" in kinds and "maxItems" not in node:
+        found.append(f"{path}: array without maxItems")
+    extra = node.get("additionalProperties", False)
+    if "object" in kinds and extra is not False:
+        found.append(f"{path}: additionalProperties other than false")
+    for key, sub in (node.get("properties") or {}).items():
+        _walk(sub, f"{path}.{key}", root, refs, found)
+    if isinstance(node.get("items"), dict):
+        _walk(node["items"], f"{path}[]", root, refs, found)
+    for keyword in _SCHEMA_LISTS:
+        for index, sub in enumerate(node.get(keyword) or ()):
+            _walk(sub, f"{path}<{keyword} {index}>", root, refs, found)
+
+
+def _resolve(root: Any, ref: str) -> Any:
+    """The local target of ``ref`` (``#/$defs/Card``), or ``None`` when it points elsewhere."""
+    if not ref.startswith("#"):
+        return None
+    target = root
+    for part in ref[1:].split("/")[1:]:
+        if not isinstance(target, dict):
+            return None
+        target = target.get(part.replace("~1", "/").replace("~0", "~"))
+    return target
+
+
+def genui_schema() -> dict[str, Any]:
+    """The GenUI catalogue as a bounded schema: Cards unrolled to ``GENUI_DEPTH`` levels (a
+    Card at the last level has no Card children), arrays and strings cut short."""
+    catalogue = catalogue_schema()
+    leaves = {
+        name: _bounded(spec, GENUI_MAX_ITEMS, GENUI_MAX_TEXT)
+        for name, spec in catalogue["$defs"].items()
+        if name != "Card"
+    }
+    defs: dict[str, Any] = dict(leaves)
+    card = _bounded(catalogue["$defs"]["Card"], GENUI_MAX_ITEMS, GENUI_MAX_TEXT)
+    components = [name for name in _one_of_names(catalogue) if name != "Card"]
+    for level in range(GENUI_DEPTH, 0, -1):
+        deeper = components if level == GENUI_DEPTH else [f"Card{level + 1}", *components]
+        level_card = copy.deepcopy(card)
+        level_card["properties"]["children"]["items"] = _refs(deeper)
+        defs[f"Card{level}"] = level_card
+    return {"$defs": defs, **_refs(["Card1", *components])}
+
+
+def _one_of_names(catalogue: dict[str, Any]) -> list[str]:
+    return [str(entry["$ref"]).rsplit("/", 1)[-1] for entry in catalogue["oneOf"]]
+
+
+def _refs(names: Sequence[str]) -> dict[str, Any]:
+    return {"anyOf": [{"$ref": f"#/$defs/{name}"} for name in names]}
+
+
+def tool_call_schema(tools: Sequence[ToolSpec] = TOOLS) -> dict[str, Any]:
+    """One call of one of ``tools``: ``{"tool": <its name>, "args": <its parameters>}``, the
+    arguments bounded like any enforced schema."""
+    calls = [
+        {
+            "type": "object",
+            "properties": {
+                "tool": {"const": tool.name},
+                "args": _bounded(dict(tool.parameters), GENUI_MAX_ITEMS, ARGS_MAX_TEXT),
+            },
+            "required": ["tool", "args"],
+            "additionalProperties": False,
+        }
+        for tool in tools
+    ]
+    return {"anyOf": calls}
+
+
+def _bounded(node: Any, max_items: int, max_text: int) -> Any:
+    """A copy of ``node`` with every array at most ``max_items`` long, every free string at
+    most ``max_text`` characters, the keywords that only describe dropped, and ``oneOf`` as
+    ``anyOf`` (the catalogue's and the calls' branches differ by a constant; xgrammar cannot
+    prove that and warns)."""
+    if isinstance(node, list):
+        return [_bounded(item, max_items, max_text) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out: dict[str, Any] = {}
+    for key, value in node.items():
+        if key in _DROPPED:
+            continue
+        if key in _KEYWORDS_WITH_SCHEMAS and isinstance(value, dict):
+            out[key] = {k: _bounded(v, max_items, max_text) for k, v in value.items()}
+        elif key == "oneOf" and "anyOf" not in node:
+            out["anyOf"] = _bounded(value, max_items, max_text)
+        else:
+            out[key] = _bounded(value, max_items, max_text)
+    kinds = out.get("type")
+    kinds = set(kinds) if isinstance(kinds, list) else {kinds}
+    if "array" in kinds:
+        out["maxItems"] = min(int(out.get("maxItems", max_items)), max_items)
+        out["minItems"] = min(int(out.get("minItems", 0)), out["maxItems"])
+    if "string" in kinds and not {"enum", "const", "pattern"} & out.keys():
+        out["maxLength"] = min(int(out.get("maxLength", max_text)), max_text)
+    return out
