@@ -90,12 +90,37 @@ class Task(_Frozen):
     reference: str = Field(min_length=1)
 
 
+class NonInferiority(_Frozen):
+    """The forgetting guard as a test: on every suite but the candidate's own, a paired
+    one-sided test of H0 "the candidate passes at least ``margin`` fewer of its tasks than the
+    parent", rejected at level ``alpha`` (Tango's score test, ``non_inferiority_p_value``).
+    ``margins`` sets the margin of named suites (a small suite cannot show a small margin)."""
+
+    margin: float = Field(gt=0.0, lt=1.0)
+    alpha: float = Field(gt=0.0, lt=1.0)
+    margins: dict[str, Annotated[float, Field(gt=0.0, lt=1.0)]] = Field(default_factory=dict)
+
+    def margin_for(self, suite: str) -> float:
+        return self.margins.get(suite, self.margin)
+
+
 class PromotionRule(_Frozen):
-    """Gains and drops are fractions of a suite's tasks: 0.05 is 5 points on the 0..1 scale."""
+    """Gains and drops are fractions of a suite's tasks: 0.05 is 5 points on the 0..1 scale.
+
+    The own suite must gain at least ``min_gain`` with the sign test at ``alpha``. Other suites
+    are guarded either by ``max_regression`` (contract v1: no suite may drop more than that) or
+    by ``non_inferiority`` (contract v2: a test, not a threshold); exactly one is given."""
 
     min_gain: float = Field(ge=0.0, le=1.0)
     alpha: float = Field(gt=0.0, le=1.0)
-    max_regression: float = Field(ge=0.0, le=1.0)
+    max_regression: float | None = Field(default=None, ge=0.0, le=1.0)
+    non_inferiority: NonInferiority | None = None
+
+    @model_validator(mode="after")
+    def _one_guard(self) -> PromotionRule:
+        if (self.max_regression is None) == (self.non_inferiority is None):
+            raise ValueError("the rule needs exactly one of max_regression and non_inferiority")
+        return self
 
 
 DEFAULT_ANSWER_TOKENS = 256
@@ -145,7 +170,8 @@ class Decision(_Frozen):
     """The rule applied to one candidate: ``reasons`` names every condition that failed.
 
     ``regressions`` maps each other suite to the parent's score minus the candidate's (negative
-    when the candidate is better there).
+    when the candidate is better there); ``guard_p_values`` each other suite's non-inferiority
+    p-value (empty under a ``max_regression`` rule).
     """
 
     passed: bool
@@ -153,6 +179,7 @@ class Decision(_Frozen):
     p_value: float
     regressions: dict[str, float]
     reasons: list[str]
+    guard_p_values: dict[str, float] = Field(default_factory=dict)
 
 
 def sign_test_p_value(wins: int, losses: int) -> float:
@@ -167,6 +194,26 @@ def sign_test_p_value(wins: int, losses: int) -> float:
     if pairs == 0:
         return 1.0
     return sum(math.comb(pairs, k) for k in range(wins, pairs + 1)) / (1 << pairs)
+
+
+def non_inferiority_p_value(wins: int, losses: int, pairs: int, margin: float) -> float:
+    """One-sided p-value of H0 "the candidate's pass rate is at most the parent's minus
+    ``margin``" from ``pairs`` paired outcomes, ``wins`` of them passed by the candidate only and
+    ``losses`` by the parent only: Tango's (1998) score test for paired proportions. The
+    variance is taken at the restricted maximum-likelihood estimate of the loss-cell probability
+    under H0, so it holds with no discordant pairs at all (where a Wald test cannot be used)."""
+    if min(wins, losses) < 0 or wins + losses > pairs or pairs < 1:
+        raise ValueError("need 0 <= wins, losses and wins + losses <= pairs, pairs >= 1")
+    if not 0.0 < margin < 1.0:
+        raise ValueError("the margin must be in (0, 1)")
+    b, c, n, d0 = wins, losses, pairs, -margin
+    # The loss-cell probability q maximising the likelihood under H0 (win cell q + d0) is the
+    # root of 2n q^2 + B q + C = 0 that keeps both cells in [0, 1].
+    big_b = -(b + c) + (2 * n - b + c) * d0
+    big_c = -c * d0 * (1 - d0)
+    q = (-big_b + math.sqrt(big_b * big_b - 8 * n * big_c)) / (4 * n)
+    z = (b - c - n * d0) / math.sqrt(n * (2 * q + d0 - d0 * d0))
+    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def decide(
@@ -200,18 +247,46 @@ def decide(
             f"({wins} wins, {losses} losses) > alpha = {rule.alpha}"
         )
     regressions: dict[str, float] = {}
+    guard_p_values: dict[str, float] = {}
     for suite in sorted(candidate):
         if suite == specialist:
             continue
         drop = _difference(parent[suite], candidate[suite])
         regressions[suite] = drop
-        if drop > rule.max_regression:
+        if rule.non_inferiority is not None:
+            guard = _non_inferior(suite, candidate[suite], parent[suite], rule.non_inferiority)
+            guard_p_values[suite], reason = guard
+            if reason:
+                reasons.append(reason)
+        elif rule.max_regression is not None and drop > rule.max_regression:
             reasons.append(
                 f"{suite} drops by {_points(drop)} points; "
                 f"at most {_points(rule.max_regression)} are allowed"
             )
     return Decision(
-        passed=not reasons, gain=gain, p_value=p_value, regressions=regressions, reasons=reasons
+        passed=not reasons,
+        gain=gain,
+        p_value=p_value,
+        regressions=regressions,
+        reasons=reasons,
+        guard_p_values=guard_p_values,
+    )
+
+
+def _non_inferior(
+    suite: str, candidate: list[bool], parent: list[bool], guard: NonInferiority
+) -> tuple[float, str]:
+    """The guard's p-value on one suite, and why it failed (empty when it passed)."""
+    wins = sum(c and not p for c, p in zip(candidate, parent, strict=True))
+    losses = sum(p and not c for c, p in zip(candidate, parent, strict=True))
+    margin = guard.margin_for(suite)
+    p_value = non_inferiority_p_value(wins, losses, len(candidate), margin)
+    if p_value <= guard.alpha:
+        return p_value, ""
+    return p_value, (
+        f"{suite} is not shown within {_points(margin)} points of the parent: non-inferiority "
+        f"p = {p_value:.4f} > alpha = {guard.alpha} ({wins} wins, {losses} losses "
+        f"of {len(candidate)} tasks)"
     )
 
 

@@ -34,7 +34,9 @@ class SamplingParams(BaseModel):
 
 class OutputConstraint(BaseModel):
     """What a constrained answer must be, enforced token by token while decoding: a JSON value
-    valid against ``json_schema`` (``kind="json_schema"``), or any JSON value (``kind="json"``).
+    valid against ``json_schema`` (``kind="json_schema"``), or any JSON value (``kind="json"``);
+    with ``or_text``, plain text instead is allowed too, if it does not begin with ``{`` or
+    whitespace (an agent answers in text or calls a tool, and a call is always well-formed).
 
     A schema must be bounded (``core.harness.grammars.unbounded_paths``); plain ``json`` is
     bounded only by ``max_tokens``, so its answer may be cut at the limit (finish ``length``).
@@ -44,6 +46,7 @@ class OutputConstraint(BaseModel):
 
     kind: Literal["json_schema", "json"]
     json_schema: dict[str, Any] | None = None
+    or_text: bool = False
 
     @model_validator(mode="after")
     def _schema_for_its_kind(self) -> OutputConstraint:

@@ -354,6 +354,19 @@ class CandidateTrained(EventPayload):
     metrics: dict[str, float] = Field(default_factory=dict)
 
 
+class HarnessProposed(EventPayload):
+    """A run proposed a harness successor (``change``: grammar, exemplars or prompt) for one
+    specialist; the contract judges it next, as it judges a trained adapter."""
+
+    event_type = "HarnessProposed"
+    run_id: UUID
+    specialist: str
+    harness_version: str
+    parent_harness_version: str
+    change: str
+    sha256: str = Field(pattern=_HASH)
+
+
 class ContractEvaluated(EventPayload):
     event_type = "ContractEvaluated"
     evaluation_id: UUID
@@ -397,6 +410,7 @@ CATALOGUE: dict[str, type[EventPayload]] = {
         ExperienceRecorded,
         TrainingRequested,
         CandidateTrained,
+        HarnessProposed,
         ContractEvaluated,
         ReleasePromoted,
         PromotionRejected,

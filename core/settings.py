@@ -61,6 +61,11 @@ class Settings(BaseSettings):
     train_threshold: int = Field(
         default=32, ge=1, le=1_000_000, description="new experience records that start a run"
     )
+    harness_proposals: bool = Field(
+        default=True,
+        description="after each adapter run is decided, propose a harness successor for its "
+        "specialist (grammar, exemplars or prompt), judged by the same contract",
+    )
     task_visibility_timeout: int = Field(
         default=900,
         ge=5,

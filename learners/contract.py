@@ -22,6 +22,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, TypeVar, assert_never
@@ -44,15 +45,18 @@ from core.errors import ContractInvalid, MacaronError
 from core.harness.actions import TOOLS, execute
 from core.harness.artifact import HarnessVersion
 from core.harness.genui import parse_genui_output
+from core.harness.grammars import output_constraint
 from core.harness.hcp import build_context, tool_call_of
 
 CONTRACT_V1 = Path(__file__).with_name("contract-v1.yaml")
+CONTRACT_V2 = Path(__file__).with_name("contract-v2.yaml")
 PYTHON_TIMEOUT_S = 10.0
 PYTHON_MEMORY_BYTES = 512 * 2**20
 PYTHON_FILE_BYTES = 16 * 2**20
 """Largest file the tested code may write, its output included."""
-CONCURRENCY = 8
-"""Requests in flight at once: the local engine batches concurrent requests."""
+CONCURRENCY = 16
+"""Requests in flight at once per contract run (the local engine's batch): the engine batches
+concurrent requests, mixed adapters and all, and the loop runs parent and candidate at once."""
 
 _log = logging.getLogger(__name__)
 _M = TypeVar("_M", bound=BaseModel)
@@ -252,6 +256,52 @@ def _kill_group(process: subprocess.Popen[bytes]) -> None:
 # --- running --------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class ContractRun:
+    """Per suite, per task: whether the answer passed its checker, and whether it was
+    well-formed (a GenUI tree that validates, a tool call that parses; ``None`` where the task
+    asks for no format). Format and content are apart, so a grammar's gain is never taken for
+    the model's."""
+
+    passed: dict[str, list[bool]]
+    well_formed: dict[str, list[bool | None]]
+
+    def scores(self) -> dict[str, float]:
+        """Each suite's share of tasks passed."""
+        return {suite: sum(done) / len(done) for suite, done in self.passed.items() if done}
+
+    def format_scores(self) -> dict[str, float]:
+        """Each suite's share of well-formed answers, over its tasks that ask for a format."""
+        rates = {}
+        for suite, formed in self.well_formed.items():
+            asked = [ok for ok in formed if ok is not None]
+            if asked:
+                rates[suite] = sum(asked) / len(asked)
+        return rates
+
+
+def well_formed(task: Task, output: str) -> bool | None:
+    """Whether ``output`` has the form ``task`` asks for, right or wrong: a GenUI tree that
+    renders, a tool call that parses, Python code that compiles (``None``: no form asked)."""
+    checker = task.checker
+    if isinstance(checker, GenUIChecker):
+        return parse_genui_output(output).valid
+    if isinstance(checker, ToolCallChecker):
+        return tool_call_of(output) is not None
+    if isinstance(checker, PythonTestsChecker):
+        return _compiles(code_of(output))
+    return None
+
+
+def _compiles(code: str) -> bool:
+    """Whether ``code`` is Python the interpreter accepts (compiled only, never run here)."""
+    try:
+        compile(code, "<answer>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError):  # ValueError: a NUL byte in the source
+        return False
+    return True
+
+
 async def run_contract(
     engine: Engine,
     adapters: Mapping[str, str | None],
@@ -259,33 +309,36 @@ async def run_contract(
     *,
     harness: HarnessVersion,
     seed: int = 0,
-) -> dict[str, list[bool]]:
+) -> ContractRun:
     """Outcomes of every suite, each task served with the adapter of the specialist it names,
-    the context ``harness`` builds for it and that specialist's answer budget. An engine error
-    fails the whole run: a score with answers missing would mislead."""
+    the context ``harness`` builds for it, the grammar it enforces and that specialist's answer
+    budget. An engine error fails the whole run: a score with answers missing would mislead."""
     missing = sorted(set(contract.specialists()) - adapters.keys())
     if missing:
         raise ValueError(f"no adapter given for specialists: {', '.join(missing)}")
     served = [
         (task, adapters[task.specialist]) for tasks in contract.suites.values() for task in tasks
     ]
-    outcomes = await _run(engine, contract, served, harness, seed)
-    results: dict[str, list[bool]] = {}
+    outputs = await _answers(engine, contract, served, harness, seed)
+    passed = [check(task, output) for (task, _), output in zip(served, outputs, strict=True)]
+    formed = [well_formed(task, output) for (task, _), output in zip(served, outputs, strict=True)]
+    run = ContractRun({}, {})
     start = 0
     for suite, tasks in contract.suites.items():
-        results[suite] = outcomes[start : start + len(tasks)]
+        run.passed[suite] = passed[start : start + len(tasks)]
+        run.well_formed[suite] = formed[start : start + len(tasks)]
         start += len(tasks)
-    return results
+    return run
 
 
-async def _run(
+async def _answers(
     engine: Engine,
     contract: Contract,
     served: list[tuple[Task, str | None]],
     harness: HarnessVersion,
     seed: int,
-) -> list[bool]:
-    """Generate every answer first, then check them: checks block, and would stall the engine."""
+) -> list[str]:
+    """Generate every answer before any is checked: checks block, and would stall the engine."""
     slots = asyncio.Semaphore(CONCURRENCY)
 
     async def answer(task: Task, adapter: str | None) -> str:
@@ -297,9 +350,9 @@ async def _run(
             params=SamplingParams(
                 temperature=0.0, seed=seed, max_tokens=contract.answer_budget(task.specialist)
             ),
+            constraint=output_constraint(harness.spec, task.specialist),
         )
         async with slots:
             return "".join([chunk.text async for chunk in engine.generate(request)])
 
-    outputs = await asyncio.gather(*(answer(task, adapter) for task, adapter in served))
-    return [check(task, output) for (task, _), output in zip(served, outputs, strict=True)]
+    return list(await asyncio.gather(*(answer(task, adapter) for task, adapter in served)))

@@ -23,8 +23,17 @@ from pydantic import TypeAdapter, ValidationError
 from core.contract import Contract, Decision, decide
 from core.engine import Engine
 from core.errors import MacaronError
-from core.events import CandidateTrained, ContractEvaluated, NewEvent, PromotionRejected
+from core.events import (
+    CandidateTrained,
+    ContractEvaluated,
+    HarnessProposed,
+    NewEvent,
+    PromotionRejected,
+    TrainingRequested,
+)
 from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record, experience_key
+from core.harness.artifact import HarnessVersion, harness_name
+from core.harness.proposals import RECIPE_PREFIX, changes, exemplar_of, next_change, propose
 from core.ids import derived_id
 from core.log import EventLog
 from core.release import AdapterRef, Release
@@ -40,6 +49,7 @@ from infra.postgres.registry import (
     next_adapter_version,
     record_successor,
     register_adapter,
+    register_harness,
 )
 from infra.postgres.runs import (
     claim_run,
@@ -47,12 +57,14 @@ from infra.postgres.runs import (
     evaluated_outcomes,
     fail_run,
     finish_run,
+    queue_run,
     record_evaluation,
     renew_lease,
     run_result,
+    runs_with_recipe_prefix,
     training_run,
 )
-from learners.contract import load_contract, run_contract
+from learners.contract import ContractRun, load_contract, run_contract
 from learners.recipes.lora import (
     PreferencePair,
     SFTExample,
@@ -100,6 +112,8 @@ def train_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -> st
                 raise RunFailed(f"no training run {run_id}")
             if done["status"] == "running":
                 raise RunBusy(f"run {run_id} is being trained by a worker whose lease is live")
+            if done["harness_version"] is not None:
+                return harness_name(done["harness_version"])
             return (
                 f"{done['specialist']}@{done['version']}"
                 if done["version"] is not None
@@ -110,6 +124,8 @@ def train_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -> st
     try:
         if snapshot is None or parent is None:
             raise RunFailed(f"run {run_id} lacks its dataset snapshot or its parent adapter")
+        if str(run["recipe"]).startswith(RECIPE_PREFIX):
+            return _propose(rt, run, snapshot)
         return _train(rt, run, snapshot, parent, _renewing(rt, run_id, progress))
     except Exception as exc:
         with rt.pool.connection() as conn, conn.transaction():
@@ -215,6 +231,108 @@ def _train(
     return adapter.name
 
 
+def _propose(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) -> str:
+    """Register the harness successor a ``harness.<change>`` run proposes for its specialist
+    (exemplars come from the snapshot's verified records); when that change has nothing to
+    make, the next one in turn is made. Returns its name."""
+    specialist = str(run["specialist"])
+    with rt.pool.connection() as conn:
+        parent = harness_by_name(conn, active_release(conn).harness_version)
+        attempt = runs_with_recipe_prefix(conn, specialist, RECIPE_PREFIX)
+    records, _ = materialize(rt, snapshot)
+    examples = [
+        exemplar
+        for r in records
+        if r.kind == "sft"
+        and (exemplar := exemplar_of(parent.spec, specialist, _asked(r.record), r.record["target"]))
+    ]
+    options = changes(parent.spec, specialist)
+    first = next((n for n, c in enumerate(options) if RECIPE_PREFIX + c == run["recipe"]), 0)
+    for change in options[first:] + options[:first]:
+        spec = propose(parent.spec, specialist, change, examples=examples, attempt=attempt)
+        if spec is not None:
+            break
+    else:
+        raise RunFailed(f"no harness change to propose for {specialist}")
+    with rt.pool.connection() as conn, conn.transaction():
+        harness = register_harness(conn, spec, parent=parent)
+        metrics = {"exemplars_found": float(len(examples))}
+        config = {"change": change}
+        finish_run(
+            conn, run["run_id"], harness_version=harness.version, config=config, metrics=metrics
+        )
+    proposed = HarnessProposed(
+        run_id=run["run_id"],
+        specialist=specialist,
+        harness_version=harness.name,
+        parent_harness_version=parent.name,
+        change=change,
+        sha256=harness.sha256,
+    )
+    rt.log.append(
+        [
+            NewEvent(
+                payload=proposed,
+                tenant_id="system",
+                key=f"training.{specialist}",
+                event_id=_step_id(run["run_id"], "proposed"),
+            )
+        ]
+    )
+    return harness.name
+
+
+def _asked(record: dict[str, Any]) -> str:
+    """The user's message a record's answer replies to (its last user message)."""
+    users = [m["content"] for m in record["messages"] if m.get("role") == "user"]
+    return str(users[-1]) if users else ""
+
+
+def harness_run_id(run_id: UUID) -> UUID:
+    """The id of the harness proposal that follows the adapter run ``run_id``."""
+    return derived_id("run", run_id, "harness")
+
+
+def _queue_harness_run(
+    conn: DictConnection, settings: Settings, run: dict[str, Any], adapter: AdapterRef
+) -> NewEvent | None:
+    """Queue, in the transaction that decides the adapter run ``run``, the harness proposal
+    for its specialist (on the same snapshot; ``adapter`` is the specialist's adapter once the
+    decision takes effect); its ``TrainingRequested`` event, or ``None`` when proposals are off,
+    ``run`` proposed a harness itself, or another run of the specialist is in flight. The worker
+    starts it once the decision took effect."""
+    if not settings.harness_proposals or str(run["recipe"]).startswith(RECIPE_PREFIX):
+        return None
+    specialist = str(run["specialist"])
+    harness = harness_by_name(conn, active_release(conn).harness_version)
+    proposed_before = runs_with_recipe_prefix(conn, specialist, RECIPE_PREFIX)
+    recipe = RECIPE_PREFIX + next_change(harness.spec, specialist, proposed_before)
+    run_id = harness_run_id(run["run_id"])
+    queued = queue_run(
+        conn,
+        run_id=run_id,
+        specialist=specialist,
+        parent_adapter_id=adapter.adapter_version_id,
+        snapshot_id=run["snapshot_id"],
+        recipe=recipe,
+    )
+    if not queued and training_run(conn, run_id) is None:
+        return None  # a newer adapter run of the specialist is in flight: it proposes later
+    requested = TrainingRequested(
+        run_id=run_id,
+        specialist=specialist,
+        parent_adapter_version=adapter.name,
+        snapshot_id=run["snapshot_id"],
+        recipe=recipe,
+    )
+    return NewEvent(
+        payload=requested,
+        tenant_id="system",
+        key=f"training.{specialist}",
+        event_id=_step_id(run_id, "requested"),
+    )
+
+
 def _examples(
     records: list[Any], older: list[Any]
 ) -> tuple[list[SFTExample], list[PreferencePair], list[SFTExample]]:
@@ -283,81 +401,121 @@ class Evaluation:
     parent: dict[str, float]
     reasons: list[str]
     release_id: str | None
+    proposal: UUID | None
+    """The harness run queued to follow this adapter run, started once the decision took
+    effect (at once after a rejection, after the promotion otherwise)."""
 
 
 def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
-    """Run the contract on the candidate and its parent (same engine, same seed; the parent's
-    outcomes are reused when recorded), store both, apply the rule; a pass defines the successor
-    release (not yet active)."""
+    """Run the contract on the candidate (a trained adapter or a proposed harness, in the
+    active release) and on the active release (same seed; the parent's outcomes are reused when
+    recorded), store both, apply the rule; a pass defines the successor release (not yet
+    active). After an adapter run, the harness proposal for its specialist is queued."""
     with rt.pool.connection() as conn:
         run = training_run(conn, run_id)
         if run is None or run["status"] != "succeeded":
             raise RunFailed(f"run {run_id} has no trained candidate to evaluate")
         release = active_release(conn)
-        candidate = _adapter(conn, run["result_adapter_id"])
+        served = harness_by_name(conn, release.harness_version)
+        successor, harness = _candidate(conn, run, release, served)
     contract = load_contract(rt.contract_path)
     specialist = str(run["specialist"])
-    candidate_outcomes, parent_outcomes = _contract_outcomes(
-        rt, contract, release, specialist, candidate
-    )
-    decision = decide(candidate_outcomes, parent_outcomes, specialist, contract.rule)
-    cand_scores, parent_scores = _scores(candidate_outcomes), _scores(parent_outcomes)
-    successor = release.successor(adapters={specialist: candidate}) if decision.passed else None
+    parent, candidate = _contract_runs(rt, contract, (release, served), (successor, harness))
+    decision = decide(candidate.passed, parent.passed, specialist, contract.rule)
     evaluation_id = _step_id(run_id, "evaluated")
+    events = _evaluation_events(
+        run_id, specialist, evaluation_id, contract, decision, candidate, parent
+    )
     with rt.pool.connection() as conn, conn.transaction():
         record_evaluation(
             conn,
             evaluation_id=evaluation_id,
             run_id=run_id,
-            adapter_version_id=candidate.adapter_version_id,
+            adapter_version_id=run["result_adapter_id"],
             contract_version=contract.version,
-            scores={
-                "candidate": cand_scores,
-                "parent": parent_scores,
-                "outcomes": {"candidate": candidate_outcomes, "parent": parent_outcomes},
-                "parent_release_id": release.release_id,
-                "reasons": decision.reasons,
-                "p_value": decision.p_value,
-            },
+            scores=_evaluation_record(candidate, parent, release, decision),
             passed=decision.passed,
         )
-        if successor is not None:
+        if decision.passed:
             record_successor(conn, successor, run_id)
-    rt.log.append(
-        _evaluation_events(
-            run_id, specialist, evaluation_id, contract, decision, cand_scores, parent_scores
-        )
-    )
+        adapter = (successor if decision.passed else release).adapter_for(specialist)
+        follow_up = None if adapter is None else _queue_harness_run(conn, rt.settings, run, adapter)
+    rt.log.append(events if follow_up is None else [*events, follow_up])
     return Evaluation(
         decision.passed,
-        cand_scores,
-        parent_scores,
+        candidate.scores(),
+        parent.scores(),
         decision.reasons,
-        None if successor is None else successor.release_id,
+        successor.release_id if decision.passed else None,
+        None if follow_up is None else harness_run_id(run_id),
     )
 
 
-def _contract_outcomes(
-    rt: Runtime, contract: Contract, release: Release, specialist: str, candidate: AdapterRef
-) -> tuple[dict[str, list[bool]], dict[str, list[bool]]]:
-    """The contract's per-task outcomes on the candidate and on the active release."""
-    parents = {name: ref.name for name, ref in release.adapters.items()}
-    candidates = {**parents, specialist: candidate.name}
+def _candidate(
+    conn: DictConnection, run: dict[str, Any], release: Release, served: HarnessVersion
+) -> tuple[Release, HarnessVersion]:
+    """The release a run's candidate would make (the active one with the run's adapter or
+    harness in place) and the harness that release names."""
+    if run["result_harness_version"] is not None:
+        harness = harness_by_name(conn, harness_name(run["result_harness_version"]))
+        return release.successor(harness=harness), harness
+    adapter = _adapter(conn, run["result_adapter_id"])
+    return release.successor(adapters={str(run["specialist"]): adapter}), served
+
+
+def _evaluation_record(
+    candidate: ContractRun, parent: ContractRun, release: Release, decision: Decision
+) -> dict[str, Any]:
+    """What an evaluation stores: scores (content) and format scores apart, per task too."""
+    return {
+        "candidate": candidate.scores(),
+        "parent": parent.scores(),
+        "formats": {"candidate": candidate.format_scores(), "parent": parent.format_scores()},
+        "outcomes": {"candidate": candidate.passed, "parent": parent.passed},
+        "well_formed": {"candidate": candidate.well_formed, "parent": parent.well_formed},
+        "parent_release_id": release.release_id,
+        "reasons": decision.reasons,
+        "p_value": decision.p_value,
+    }
+
+
+def _contract_runs(
+    rt: Runtime,
+    contract: Contract,
+    parent: tuple[Release, HarnessVersion],
+    candidate: tuple[Release, HarnessVersion],
+) -> tuple[ContractRun, ContractRun]:
+    """The contract's per-task outcomes on the parent release (as an earlier evaluation recorded
+    them, if one did) and on the candidate, each served with its harness. What must run runs on
+    one engine at once, so the parent's and the candidate's tasks share batches."""
     with rt.pool.connection() as conn:
-        parent_outcomes = recorded_outcomes(conn, release.release_id, contract)
-        harness = harness_by_name(conn, release.harness_version)
+        recorded = recorded_outcomes(conn, parent[0].release_id, contract)
+    sides = [candidate] if recorded is not None else [parent, candidate]
     engine = rt.contract_engine()
     try:
-        for ref in [*release.adapters.values(), candidate]:
-            engine.load_adapter(ref.name, str(rt.store.verified_path(ref.sha256, ref.path)))
-        if parent_outcomes is None:
-            parent_outcomes = asyncio.run(run_contract(engine, parents, contract, harness=harness))
-        candidate_outcomes = asyncio.run(
-            run_contract(engine, candidates, contract, harness=harness)
-        )
+        for release, _ in sides:
+            for ref in release.adapters.values():
+                if ref.name not in engine.loaded_adapters():
+                    path = rt.store.verified_path(ref.sha256, ref.path)
+                    engine.load_adapter(ref.name, str(path))
+
+        async def run_all() -> list[ContractRun]:
+            return await asyncio.gather(
+                *(
+                    run_contract(
+                        engine,
+                        {name: ref.name for name, ref in release.adapters.items()},
+                        contract,
+                        harness=harness,
+                    )
+                    for release, harness in sides
+                )
+            )
+
+        runs = asyncio.run(run_all())
     finally:
         engine.close()
-    return candidate_outcomes, parent_outcomes
+    return (recorded if recorded is not None else runs[0], runs[-1])
 
 
 def _evaluation_events(
@@ -366,8 +524,8 @@ def _evaluation_events(
     evaluation_id: UUID,
     contract: Contract,
     decision: Decision,
-    cand_scores: dict[str, float],
-    parent_scores: dict[str, float],
+    candidate: ContractRun,
+    parent: ContractRun,
 ) -> list[NewEvent]:
     """``ContractEvaluated``, and ``PromotionRejected`` when the rule did not pass."""
     events = [
@@ -377,8 +535,10 @@ def _evaluation_events(
                 run_id=run_id,
                 contract_version=contract.version,
                 scores={
-                    **{f"candidate.{k}": v for k, v in cand_scores.items()},
-                    **{f"parent.{k}": v for k, v in parent_scores.items()},
+                    **{f"candidate.{k}": v for k, v in candidate.scores().items()},
+                    **{f"parent.{k}": v for k, v in parent.scores().items()},
+                    **{f"candidate.format.{k}": v for k, v in candidate.format_scores().items()},
+                    **{f"parent.format.{k}": v for k, v in parent.format_scores().items()},
                 },
                 passed=decision.passed,
             ),
@@ -399,17 +559,13 @@ def _evaluation_events(
     return events
 
 
-def _scores(outcomes: dict[str, list[bool]]) -> dict[str, float]:
-    """Each suite's share of tasks passed."""
-    return {suite: sum(done) / len(done) for suite, done in outcomes.items() if done}
-
-
-_OUTCOMES = TypeAdapter(dict[str, list[bool]])
+_PASSED = TypeAdapter(dict[str, list[bool]])
+_FORMED = TypeAdapter(dict[str, list[bool | None]])
 
 
 def recorded_outcomes(
     conn: DictConnection, release_id: str, contract: Contract
-) -> dict[str, list[bool]] | None:
+) -> ContractRun | None:
     """The contract's per-task outcomes on a release, from an earlier evaluation under the same
     contract version (as the candidate of the run that made the release, or as the parent of a
     run), or ``None``. Greedy decoding with the same seed and budgets gives the same answers, so
@@ -417,11 +573,17 @@ def recorded_outcomes(
     sizes = {suite: len(tasks) for suite, tasks in contract.suites.items()}
     for stored in evaluated_outcomes(conn, release_id, contract.version):
         try:
-            outcomes = _OUTCOMES.validate_python(stored)
+            run = ContractRun(
+                _PASSED.validate_python(stored["outcomes"]),
+                _FORMED.validate_python(stored["well_formed"]),
+            )
         except ValidationError:
             continue
-        if {suite: len(done) for suite, done in outcomes.items()} == sizes:
-            return outcomes
+        if all(
+            {suite: len(done) for suite, done in outcomes.items()} == sizes
+            for outcomes in (run.passed, run.well_formed)
+        ):
+            return run
     return None
 
 

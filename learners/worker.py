@@ -1,5 +1,7 @@
 """The Celery app and its tasks: ``train_successor`` (queue ``train``, GPU workers with
-concurrency 1), ``evaluate_candidate`` (``eval``) and ``promote`` (``default``).
+concurrency 1; a ``harness.*`` run proposes a harness instead), ``evaluate_candidate``
+(``eval``) and ``promote`` (``default``). The evaluation of an adapter run queues a harness
+proposal for its specialist, started once the decision took effect.
 
 Redis is broker and result backend. Tasks are acknowledged late and rejected when their worker
 is lost, so a killed worker's task is given to another after ``task_visibility_timeout``; every
@@ -171,10 +173,15 @@ def evaluate_candidate(self: Task, run_id: str) -> dict[str, Any]:
         span.set_attributes(
             {"macaron.passed": result.passed, "macaron.release_id": result.release_id or ""}
         )
+        proposal = None if result.proposal is None else str(result.proposal)
         if result.passed and result.release_id is not None:
             promote.apply_async(
-                (run_id, result.release_id), task_id=f"{run_id}.promote", headers=observe.carrier()
+                (run_id, result.release_id, proposal),
+                task_id=f"{run_id}.promote",
+                headers=observe.carrier(),
             )
+        elif result.proposal is not None:
+            enqueue_training(result.proposal)
     return {
         "passed": result.passed,
         "candidate": result.candidate,
@@ -185,11 +192,17 @@ def evaluate_candidate(self: Task, run_id: str) -> dict[str, Any]:
 
 
 @app.task(bind=True, name="macaron.promote")
-def promote(self: Task, run_id: str, release_id: str) -> dict[str, Any]:
+def promote(
+    self: Task, run_id: str, release_id: str, proposal: str | None = None
+) -> dict[str, Any]:
+    """Ask the serving process to promote the run's release and wait for its answer; then
+    start ``proposal`` (the harness run queued to follow), against the release then active."""
     with _step(self, "promote", run_id) as span:
         span.set_attribute("macaron.release_id", release_id)
         outcome = _promote(run_id, release_id)
         span.set_attribute("macaron.promotion", str(outcome["status"]))
+        if proposal is not None:
+            enqueue_training(uuid.UUID(proposal))
     return outcome
 
 

@@ -16,7 +16,16 @@ import re
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from core.canonical import canonical_json, sha256_hex
 from core.errors import HarnessInvalid, HarnessNotFound, HcpUnsupported
@@ -36,6 +45,7 @@ FALLBACK_SPECIALIST = "chat"
 """A specialist the harness does not name is served with this one's harness."""
 
 OutputKind = Literal["text", "tool_call", "genui"]
+ToolChoice = Literal["auto", "required"]
 _REF = re.compile(r"harness@([0-9]{1,9})")
 
 
@@ -65,6 +75,11 @@ class SpecialistHarness(BaseModel):
     exemplars: tuple[Exemplar, ...] = Field(default=(), max_length=MAX_EXEMPLARS)
     output: tuple[OutputKind, ...] = Field(default=("text",), min_length=1, max_length=3)
     enforce_grammar: bool = Field(default=False, description="constrain decoding to the output")
+    tool_choice: ToolChoice = Field(
+        default="auto",
+        description="'required': a turn's first step must call a tool (by construction when the "
+        "grammar is enforced); later steps, after a tool result, may answer in text",
+    )
     decoding: Decoding = Decoding()
 
     @field_validator("output")
@@ -73,6 +88,21 @@ class SpecialistHarness(BaseModel):
         if len(set(value)) != len(value):
             raise ValueError("output kinds must be distinct")
         return value
+
+    @model_validator(mode="after")
+    def _calls_if_required(self) -> SpecialistHarness:
+        if self.tool_choice == "required" and "tool_call" not in self.output:
+            raise ValueError("tool_choice 'required' needs the output kind tool_call")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _omit_defaults_added_later(self, handler: SerializerFunctionWrapHandler) -> Any:
+        """Fields added after harness@0 was stored are left out at their default, so the
+        content, and the address, of every stored version stays what it was."""
+        data = handler(self)
+        if isinstance(data, dict) and data.get("tool_choice") == "auto":
+            del data["tool_choice"]
+        return data
 
 
 class HarnessSpec(BaseModel):

@@ -35,7 +35,8 @@ MAX_ERRORS = 20
 FALLBACK_CHARS = 2000
 """Most characters of the answer that ``text_fallback`` shows."""
 
-ComponentId = Annotated[str, Field(pattern=r"^[A-Za-z][A-Za-z0-9_-]{0,63}$")]
+ID_PATTERN = r"^[A-Za-z][A-Za-z0-9_-]{0,63}$"
+ComponentId = Annotated[str, Field(pattern=ID_PATTERN)]
 Label = Annotated[str, Field(min_length=1, max_length=200)]
 
 

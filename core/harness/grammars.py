@@ -2,21 +2,27 @@
 
 A constrained answer has to end within its token budget, so every enforced schema is *bounded*:
 every array has ``maxItems``, every string that is not an ``enum``, a ``const`` or a
-``pattern`` (which must bound its own length) has ``maxLength``, no value is left free (``{}``,
-``true``, ``additionalProperties`` other than ``false``), and no ``$ref`` is recursive. Numbers
-are not bounded by the rule: their digits can run to the request's ``max_tokens``.
+``pattern`` (which must bound its own length) has ``maxLength``, every number has ``minimum`` and
+``maximum`` (xgrammar then bounds its digits, and a number's fraction to 6 digits), no value is
+left free (``{}``, ``true``, ``additionalProperties`` other than ``false``), and no ``$ref`` is
+recursive.
 ``genui_schema`` and ``tool_call_schema`` build bounded schemas from the GenUI catalogue and the
-tool specs; ``unbounded_paths`` is the rule's check.
+tool specs; ``unbounded_paths`` is the rule's check; ``output_constraint`` is what a harness
+enforces on a specialist's answers.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+import json
 from collections.abc import Sequence
 from typing import Any
 
+from core.engine import OutputConstraint
 from core.harness.actions import TOOLS, ToolSpec
-from core.harness.genui import catalogue_schema
+from core.harness.artifact import HarnessSpec, OutputKind
+from core.harness.genui import ID_PATTERN, catalogue_schema
 
 GENUI_DEPTH = 2
 """Cards nested at most this deep in a constrained GenUI tree (a root Card is depth 1)."""
@@ -25,7 +31,13 @@ GENUI_MAX_ITEMS = 6
 GENUI_MAX_TEXT = 40
 """Characters per string in a constrained GenUI tree (xgrammar's compile time grows fast with
 ``maxLength``: a small answer's strings stay short)."""
+GENUI_ID = r"^[A-Za-z][A-Za-z0-9_-]{0,23}$"
+"""Component ids in a constrained tree: at most 24 characters (the catalogue allows 64; a long
+id spent a small answer's budget before its tree was complete)."""
 ARGS_MAX_TEXT = 40
+NUMBER_LIMIT = 10**6
+"""The range a number in a constrained answer keeps where its schema names none (a random
+model wrote a todo id of 60 digits and ran out of tokens)."""
 """Characters per string argument of a constrained tool call."""
 
 _DROPPED = frozenset(("title", "description", "default", "discriminator", "$schema"))
@@ -61,6 +73,8 @@ def _walk(node: Any, path: str, root: Any, refs: frozenset[str], found: list[str
         found.append(f"{path}: string without maxLength")
     if "array" in kinds and "maxItems" not in node:
         found.append(f"{path}: array without maxItems")
+    if kinds & {"integer", "number"} and not ({"minimum", "maximum"} <= node.keys()):
+        found.append(f"{path}: number without minimum and maximum")
     extra = node.get("additionalProperties", False)
     if "object" in kinds and extra is not False:
         found.append(f"{path}: additionalProperties other than false")
@@ -87,7 +101,7 @@ def _resolve(root: Any, ref: str) -> Any:
 
 def genui_schema() -> dict[str, Any]:
     """The GenUI catalogue as a bounded schema: Cards unrolled to ``GENUI_DEPTH`` levels (a
-    Card at the last level has no Card children), arrays and strings cut short."""
+    Card at the last level has no Card children), arrays, strings and ids cut short."""
     catalogue = catalogue_schema()
     leaves = {
         name: _bounded(spec, GENUI_MAX_ITEMS, GENUI_MAX_TEXT)
@@ -102,7 +116,19 @@ def genui_schema() -> dict[str, Any]:
         level_card = copy.deepcopy(card)
         level_card["properties"]["children"]["items"] = _refs(deeper)
         defs[f"Card{level}"] = level_card
-    return {"$defs": defs, **_refs(["Card1", *components])}
+    return {"$defs": _short_ids(defs), **_refs(["Card1", *components])}
+
+
+def _short_ids(node: Any) -> Any:
+    """``node`` with every component id pattern of the catalogue replaced by ``GENUI_ID``."""
+    if isinstance(node, list):
+        return [_short_ids(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    return {
+        key: GENUI_ID if key == "pattern" and value == ID_PATTERN else _short_ids(value)
+        for key, value in node.items()
+    }
 
 
 def _one_of_names(catalogue: dict[str, Any]) -> list[str]:
@@ -133,7 +159,8 @@ def tool_call_schema(tools: Sequence[ToolSpec] = TOOLS) -> dict[str, Any]:
 
 def _bounded(node: Any, max_items: int, max_text: int) -> Any:
     """A copy of ``node`` with every array at most ``max_items`` long, every free string at
-    most ``max_text`` characters, the keywords that only describe dropped, and ``oneOf`` as
+    most ``max_text`` characters, every number within ``NUMBER_LIMIT`` unless its schema
+    bounds it, the keywords that only describe dropped, and ``oneOf`` as
     ``anyOf`` (the catalogue's and the calls' branches differ by a constant; xgrammar cannot
     prove that and warns)."""
     if isinstance(node, list):
@@ -157,4 +184,39 @@ def _bounded(node: Any, max_items: int, max_text: int) -> Any:
         out["minItems"] = min(int(out.get("minItems", 0)), out["maxItems"])
     if "string" in kinds and not {"enum", "const", "pattern"} & out.keys():
         out["maxLength"] = min(int(out.get("maxLength", max_text)), max_text)
+    if kinds & {"integer", "number"} and not {"enum", "const"} & out.keys():
+        out.setdefault("minimum", -NUMBER_LIMIT)
+        out.setdefault("maximum", NUMBER_LIMIT)
     return out
+
+
+def output_constraint(
+    harness: HarnessSpec, specialist: str, *, first_step: bool = True
+) -> OutputConstraint | None:
+    """What ``harness`` enforces while decoding a step of ``specialist``'s answer: ``None``
+    unless its grammar is enforced and the step may be a tool call or a GenUI tree; text beside
+    those is allowed as ``or_text``, except on a turn's first step when the specialist's
+    ``tool_choice`` is ``required`` (a tool call, nothing else). Built once per output kinds
+    and tools."""
+    spec = harness.for_specialist(specialist)
+    kinds = set(spec.output)
+    if first_step and spec.tool_choice == "required":
+        kinds = {"tool_call"}
+    if not spec.enforce_grammar or kinds == {"text"}:
+        return None
+    tools = json.dumps([tool.model_dump(mode="json") for tool in harness.tools])  # keys in order
+    return _constraint(tuple(sorted(kinds)), tools)
+
+
+@functools.lru_cache(maxsize=32)
+def _constraint(kinds: tuple[OutputKind, ...], tools: str) -> OutputConstraint:
+    anyof: list[Any] = []
+    defs: dict[str, Any] = {}
+    if "genui" in kinds:
+        genui = genui_schema()
+        defs, anyof = genui["$defs"], genui["anyOf"]
+    if "tool_call" in kinds:
+        specs = tuple(ToolSpec.model_validate(tool) for tool in json.loads(tools))
+        anyof = [*anyof, *tool_call_schema(specs)["anyOf"]]
+    schema = {"$defs": defs, "anyOf": anyof} if defs else {"anyOf": anyof}
+    return OutputConstraint(kind="json_schema", json_schema=schema, or_text="text" in kinds)

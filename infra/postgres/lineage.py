@@ -168,7 +168,8 @@ def _run(conn: DictConnection, run_id: Any) -> dict[str, Any]:
     assert run is not None  # the foreign key holds
     evaluations = conn.execute(
         "SELECT contract_version, passed, scores->'candidate' AS candidate, "
-        "scores->'parent' AS parent, scores->'reasons' AS reasons, created_at "
+        "scores->'parent' AS parent, scores->'formats' AS formats, "
+        "scores->'reasons' AS reasons, created_at "
         "FROM evaluations WHERE run_id = %s ORDER BY created_at",
         (run_id,),
     ).fetchall()
@@ -176,6 +177,9 @@ def _run(conn: DictConnection, run_id: Any) -> dict[str, Any]:
         "run_id": str(run["run_id"]),
         "status": run["status"],
         "recipe": run["recipe"],
+        "proposed_harness": None
+        if run["result_harness_version"] is None
+        else f"harness@{run['result_harness_version']}",
         "config": run["config"],
         "metrics": run["metrics"],
         "snapshot": {
@@ -192,6 +196,7 @@ def _run(conn: DictConnection, run_id: Any) -> dict[str, Any]:
                 "passed": e["passed"],
                 "candidate": e["candidate"],
                 "parent": e["parent"],
+                "well_formed": e["formats"],
                 "reasons": e["reasons"],
             }
             for e in evaluations

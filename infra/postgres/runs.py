@@ -64,12 +64,16 @@ def queue_run(
     parent_adapter_id: int,
     snapshot_id: UUID,
     recipe: str,
-) -> None:
-    conn.execute(
+) -> bool:
+    """Queue the run; ``False`` when it was not (it exists, or a run of the specialist is in
+    flight)."""
+    inserted = conn.execute(
         "INSERT INTO training_runs (run_id, specialist, parent_adapter_id, snapshot_id, "
-        "recipe, status) VALUES (%s, %s, %s, %s, %s, 'queued') ON CONFLICT DO NOTHING",
+        "recipe, status) VALUES (%s, %s, %s, %s, %s, 'queued') ON CONFLICT DO NOTHING "
+        "RETURNING run_id",
         (run_id, specialist, parent_adapter_id, snapshot_id, recipe),
-    )
+    ).fetchone()
+    return inserted is not None
 
 
 def run_in_flight(conn: DictConnection, specialist: str) -> bool:
@@ -105,9 +109,11 @@ def claim_run(
 
 
 def run_result(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
-    """The run's status and, once it succeeded, its adapter's specialist and version."""
+    """The run's status and, once it succeeded, its adapter's specialist and version, or the
+    harness version it proposed (``harness_version``)."""
     row = conn.execute(
-        "SELECT r.status, a.specialist, a.version FROM training_runs r LEFT JOIN "
+        "SELECT r.status, a.specialist, a.version, r.result_harness_version AS harness_version "
+        "FROM training_runs r LEFT JOIN "
         "adapter_versions a ON a.adapter_version_id = r.result_adapter_id "
         "WHERE r.run_id = %s",
         (run_id,),
@@ -134,16 +140,27 @@ def finish_run(
     conn: DictConnection,
     run_id: UUID,
     *,
-    adapter_version_id: int,
+    adapter_version_id: int | None = None,
+    harness_version: int | None = None,
     config: dict[str, Any],
     metrics: dict[str, float],
 ) -> None:
+    """Mark the run succeeded with its result: a trained adapter or a proposed harness."""
     conn.execute(
         "UPDATE training_runs SET status = 'succeeded', result_adapter_id = %s, "
-        "config = %s, metrics = %s, finished_at = now(), lease_until = NULL "
-        "WHERE run_id = %s",
-        (adapter_version_id, Jsonb(config), Jsonb(metrics), run_id),
+        "result_harness_version = %s, config = %s, metrics = %s, finished_at = now(), "
+        "lease_until = NULL WHERE run_id = %s",
+        (adapter_version_id, harness_version, Jsonb(config), Jsonb(metrics), run_id),
     )
+
+
+def runs_with_recipe_prefix(conn: DictConnection, specialist: str, prefix: str) -> int:
+    """How many runs of ``specialist`` had a recipe starting with ``prefix``."""
+    row = conn.execute(
+        "SELECT count(*) AS n FROM training_runs WHERE specialist = %s AND starts_with(recipe, %s)",
+        (specialist, prefix),
+    ).fetchone()
+    return 0 if row is None else int(row["n"])
 
 
 def record_evaluation(
@@ -151,7 +168,7 @@ def record_evaluation(
     *,
     evaluation_id: UUID,
     run_id: UUID,
-    adapter_version_id: int,
+    adapter_version_id: int | None,
     contract_version: str,
     scores: dict[str, Any],
     passed: bool,
@@ -165,15 +182,20 @@ def record_evaluation(
     )
 
 
-def evaluated_outcomes(conn: DictConnection, release_id: str, contract_version: str) -> list[Any]:
-    """Every per-task outcome record of ``release_id`` under ``contract_version``, as the
-    candidate of the run that made it or as the parent of a run (JSON, not validated)."""
+def evaluated_outcomes(
+    conn: DictConnection, release_id: str, contract_version: str
+) -> list[dict[str, Any]]:
+    """Every per-task record of ``release_id`` under ``contract_version``, as the candidate of
+    the run that made it or as the parent of a run: ``outcomes`` (passed) and ``well_formed``
+    per suite (JSON, not validated)."""
     rows = conn.execute(
-        "SELECT e.scores -> 'outcomes' -> 'candidate' AS outcomes FROM releases r "
+        "SELECT e.scores -> 'outcomes' -> 'candidate' AS outcomes, "
+        "e.scores -> 'well_formed' -> 'candidate' AS well_formed FROM releases r "
         "JOIN evaluations e ON e.run_id = r.run_id "
         "WHERE r.release_id = %(release)s AND e.contract_version = %(version)s "
-        "UNION ALL SELECT scores -> 'outcomes' -> 'parent' FROM evaluations "
+        "UNION ALL SELECT scores -> 'outcomes' -> 'parent', scores -> 'well_formed' -> 'parent' "
+        "FROM evaluations "
         "WHERE scores ->> 'parent_release_id' = %(release)s AND contract_version = %(version)s",
         {"release": release_id, "version": contract_version},
     ).fetchall()
-    return [r["outcomes"] for r in rows]
+    return [dict(r) for r in rows]

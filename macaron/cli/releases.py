@@ -132,8 +132,8 @@ def contract_run(
     ] = "active",
     seed: Annotated[int, typer.Option(help="Sampling seed (greedy decoding either way).")] = 0,
 ) -> None:
-    """Run the contract (MACARON_CONTRACT_PATH, default contract v1) on a release's adapters
-    and print each suite's score."""
+    """Run the contract (MACARON_CONTRACT_PATH, default contract v1) on a release (its adapters
+    and its harness) and print each suite's score and share of well-formed answers."""
     cfg = settings(ctx)
     contract = load_contract(cfg.contract_path or CONTRACT_V1)
     store = ArtifactStore(cfg.home / "adapters")
@@ -153,9 +153,14 @@ def contract_run(
             )
     finally:
         engine.close()
-    table = Table(title=f"{contract.version} on {release.release_id}")
-    for column in ("suite", "tasks", "passed", "score"):
+    table = Table(
+        title=f"{contract.version} on {release.release_id} ({release.harness_version})",
+        caption="well-formed: answers in the form their task asks for (GenUI tree, tool call)",
+    )
+    for column in ("suite", "tasks", "well-formed", "passed", "score"):
         table.add_column(column, justify="left" if column == "suite" else "right")
-    for suite, done in outcomes.items():
-        table.add_row(suite, str(len(done)), str(sum(done)), f"{sum(done) / len(done):.1%}")
+    formats = outcomes.format_scores()
+    for suite, done in outcomes.passed.items():
+        formed = f"{formats[suite]:.1%}" if suite in formats else "-"
+        table.add_row(suite, str(len(done)), formed, str(sum(done)), f"{sum(done) / len(done):.1%}")
     console.print(table)

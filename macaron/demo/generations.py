@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -97,7 +98,7 @@ def run_demo(
     with running_loop(settings, out_dir, step, router=router) as stage:
         demo = _Demo(stage, contract, plays, step, settings.train_threshold)
         step("generation 0: measuring the contract on the active release")
-        keep(GenerationRecord(0, *demo.measure()))
+        keep(demo.measure())
         for n in range(1, generations + 1):
             keep(demo.generation(n, turns_per_generation, concurrency, run_timeout_s))
     return report
@@ -125,9 +126,11 @@ class _Demo:
         report = self.simulate(n, turns, concurrency)
         runs = self.settle(n, run_timeout_s)
         self.step(f"generation {n}: measuring the contract on the active release")
-        release_id, scores = self.measure()
+        measured = self.measure()
         rates = {name: s.pass_rate for name, s in report.by_specialist().items()}
-        return GenerationRecord(n, release_id, scores, len(report.turns), rates, runs)
+        return replace(
+            measured, generation=n, turns=len(report.turns), simulated_pass_rate=rates, runs=runs
+        )
 
     def simulate(self, n: int, turns: int, concurrency: int) -> SimulationReport:
         """Play until the trigger has queued a run (checked after every few turns), at most
@@ -174,9 +177,10 @@ class _Demo:
             self.step(f"generation {n}: run {pending[0]} {progress}")
             time.sleep(POLL_S)
 
-    def measure(self) -> tuple[str, dict[str, float]]:
-        """The contract's score per suite on the active release, once the server serves it: as
-        its evaluation recorded it, or else by running the contract on the serving engine."""
+    def measure(self) -> GenerationRecord:
+        """Generation 0's record: the contract's score and share of well-formed answers per
+        suite on the active release, once the server serves it (as its evaluation recorded
+        them, or else by running the contract on the serving engine)."""
         server = self.stage.server
         deadline = time.monotonic() + SERVER_START_S
         while True:
@@ -202,7 +206,13 @@ class _Demo:
                 )
             except ValueError as exc:  # the release lacks a specialist the contract names
                 raise DemoFailed(f"release {serving.release_id}: {exc}") from exc
-        return serving.release_id, {s: sum(o) / len(o) for s, o in outcomes.items() if o}
+        return GenerationRecord(
+            0,
+            serving.release_id,
+            serving.harness_version,
+            outcomes.scores(),
+            outcomes.format_scores(),
+        )
 
     def _run_ids(self) -> list[UUID]:
         with self.stage.server.pool.connection() as conn:

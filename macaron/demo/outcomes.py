@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from core.harness.proposals import RECIPE_PREFIX
 from infra.postgres.db import Pool
 from infra.postgres.lookups import run_verdicts
 from infra.postgres.runs import training_run
@@ -22,16 +23,23 @@ def run_outcome(pool: Pool, run_id: UUID) -> RunRecord | None:
     scores: dict[str, Any] = row["scores"] or {}
     seconds = row["metrics"].get("seconds")
 
+    formats: dict[str, Any] = scores.get("formats", {})
+    recipe = str(row["recipe"])
+
     def decided(outcome: str, reasons: list[str]) -> RunRecord:
         return RunRecord(
             str(run_id),
             row["specialist"],
+            "harness" if recipe.startswith(RECIPE_PREFIX) else "adapter",
+            recipe,
             outcome,
             bool(row["passed"]),
             None if seconds is None else float(seconds),
             scores.get("candidate", {}),
             scores.get("parent", {}),
             reasons,
+            formats.get("candidate", {}),
+            formats.get("parent", {}),
         )
 
     failure = _task_failure(str(run_id))

@@ -9,7 +9,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from rich.table import Table
 
-from macaron.demo.records import DemoReport, GenerationRecord
+from macaron.demo.records import DemoReport, GenerationRecord, RunRecord
 
 
 def write_outputs(report: DemoReport, out_dir: Path) -> tuple[Path, Path]:
@@ -31,11 +31,11 @@ def plot_scores(report: DemoReport, path: Path) -> None:
         axes.plot(generations, scores, marker="o", label=suite)
     labels = []
     for g in report.generations:
-        promoted = [run.specialist for run in g.runs if run.outcome == "promoted"]
+        promoted = [_changed(run) for run in g.runs if run.outcome == "promoted"]
         labels.append(f"{g.generation}" + (f"\n+{', '.join(promoted)}" if promoted else ""))
     axes.set_xticks(generations, labels)
     axes.set_ylim(-0.03, 1.03)
-    axes.set_xlabel("generation (and the specialists it promoted)")
+    axes.set_xlabel("generation (and what it promoted: a specialist's adapter, or its harness)")
     axes.set_ylabel("contract score (share of tasks passed)")
     axes.set_title(f"Contract score of the active release per suite ({report.contract_version})")
     axes.grid(alpha=0.3)
@@ -44,31 +44,42 @@ def plot_scores(report: DemoReport, path: Path) -> None:
     figure.savefig(path, format="png")
 
 
+def _changed(run: RunRecord) -> str:
+    """What a run changes: ``genui`` (its adapter) or ``genui harness:grammar``."""
+    if run.half == "harness":
+        return f"{run.specialist} harness:{run.recipe.rsplit('.', 1)[-1]}"
+    return run.specialist
+
+
 def _scores_text(scores: dict[str, float]) -> str:
     return " · ".join(f"{suite} {score:.2f}" for suite, score in sorted(scores.items())) or "-"
 
 
 def generation_table(record: GenerationRecord) -> Table:
     """One generation: its runs and the contract score of the release it leaves active."""
-    caption = f"active release {record.release_id}; contract: {_scores_text(record.scores)}"
+    caption = (
+        f"active release {record.release_id} ({record.harness_version}); "
+        f"contract: {_scores_text(record.scores)}; well-formed: {_scores_text(record.formats)}"
+    )
     if record.turns:
         caption += (
             f"\n{record.turns} simulated turns, oracle pass rate: "
             f"{_scores_text(record.simulated_pass_rate)}"
         )
     table = Table(title=f"generation {record.generation}", caption=caption)
-    for column in ("run", "specialist", "training s", "outcome", "candidate", "parent"):
+    columns = ("run", "changes", "training s", "outcome", "candidate", "parent")
+    for column in columns:
         table.add_column(column)
     for run in record.runs:
         seconds = "-" if run.training_seconds is None else f"{run.training_seconds:.0f}"
         outcome = run.outcome if not run.reasons else f"{run.outcome}: {'; '.join(run.reasons)}"
         table.add_row(
             run.run_id,
-            run.specialist,
+            _changed(run),
             seconds,
             outcome,
-            _scores_text(run.candidate),
-            _scores_text(run.parent),
+            f"{_scores_text(run.candidate)}\nwell-formed: {_scores_text(run.candidate_formats)}",
+            f"{_scores_text(run.parent)}\nwell-formed: {_scores_text(run.parent_formats)}",
         )
     return table
 
@@ -77,10 +88,16 @@ def demo_table(report: DemoReport) -> Table:
     """Every generation's contract score per suite, and what its runs became."""
     suites = sorted({suite for g in report.generations for suite in g.scores})
     table = Table(title=f"learning loop under contract {report.contract_version}")
-    for column in ("generation", "release", "runs", *suites):
+    table.caption = "score (share of tasks passed) / well-formed (share in the asked form)"
+    for column in ("generation", "release", "harness", "runs", *suites):
         table.add_column(column, justify="right" if column in suites else "left")
     for g in report.generations:
-        runs = ", ".join(f"{run.specialist} {run.outcome}" for run in g.runs) or "-"
-        scores = (f"{g.scores[s]:.2f}" if s in g.scores else "-" for s in suites)
-        table.add_row(str(g.generation), g.release_id, runs, *scores)
+        runs = ", ".join(f"{_changed(run)} {run.outcome}" for run in g.runs) or "-"
+        scores = (_score_cell(g, s) for s in suites)
+        table.add_row(str(g.generation), g.release_id, g.harness_version, runs, *scores)
     return table
+
+
+def _score_cell(g: GenerationRecord, suite: str) -> str:
+    score = f"{g.scores[suite]:.2f}" if suite in g.scores else "-"
+    return f"{score} / {g.formats[suite]:.2f}" if suite in g.formats else score

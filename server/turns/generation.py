@@ -13,7 +13,13 @@ from dataclasses import dataclass
 
 from opentelemetry.trace import Span
 
-from core.engine import Engine, GenerationChunk, GenerationRequest, SamplingParams
+from core.engine import (
+    Engine,
+    GenerationChunk,
+    GenerationRequest,
+    OutputConstraint,
+    SamplingParams,
+)
 from core.harness.artifact import Decoding, OutputKind
 from core.harness.hcp import HarnessContext, looks_structured, tool_call_of
 from core.release import AdapterRef
@@ -58,6 +64,7 @@ class _Timing:
 async def generate(
     engine: Engine,
     decoding: Decoding,
+    constraint: OutputConstraint | None,
     context: HarnessContext,
     adapter: AdapterRef,
     outcome: TurnOutcome,
@@ -65,8 +72,9 @@ async def generate(
     sink: Sink,
     cancel: asyncio.Event,
 ) -> str:
-    """Run step ``step`` of a turn, streaming what hold-back allows to ``sink``; returns the text.
-    The sampling seed is the turn id and the step, so a rerun of the turn samples alike."""
+    """Run step ``step`` of a turn under ``constraint`` (if any), streaming what hold-back
+    allows to ``sink``; returns the text. The sampling seed is the turn id and the step, so a
+    rerun of the turn samples alike."""
     request = GenerationRequest(
         request_id=f"{outcome.turn_id}.{step}",
         prompt=engine.chat_prompt(context.messages()),
@@ -77,6 +85,7 @@ async def generate(
             top_p=decoding.top_p,
             seed=(outcome.turn_id.int + step) % 2**63,
         ),
+        constraint=constraint,
     )
     holdback = HoldBack(context.grammars)
     timing = _Timing(time.monotonic())

@@ -215,9 +215,16 @@ class TurnPipeline:
         """Run the agent loop; if it fails, record a response of finish ``error`` and re-raise.
         Either way the receipt is stored (or has failed) before this returns."""
         try:
-            decoding = route.harness.spec.for_specialist(route.specialist).decoding
             await self._agent.answer(
-                conversation, context, route.adapter, decoding, outcome, sink, cancel, receipt
+                conversation,
+                context,
+                route.adapter,
+                route.harness.spec,
+                route.specialist,
+                outcome,
+                sink,
+                cancel,
+                receipt,
             )
         except MacaronError:
             await receipt

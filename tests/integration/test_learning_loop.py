@@ -18,7 +18,13 @@ import httpx
 import pytest
 
 from core.contract import Contract
-from core.events import ExperienceRecorded, FeedbackGiven, PromotionRejected, ReleasePromoted
+from core.events import (
+    ExperienceRecorded,
+    FeedbackGiven,
+    HarnessProposed,
+    PromotionRejected,
+    ReleasePromoted,
+)
 from core.settings import Settings
 from infra.postgres.registry import active_release
 from learners.contract import load_contract
@@ -78,6 +84,7 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
         with following(served) as hosts:
             first_turns = teach(served)
             promoted = wait_for_promotion(served, tmp_path, worker)
+            assert_harness_proposed_and_judged(served, tmp_path, worker, loop_settings)
             with served.connect(served.key("learner")) as ws:
                 frames_until(ws, "ready")
                 send(
@@ -116,10 +123,16 @@ def assert_outcomes_recorded(
     """Both releases of the evaluation are scored once: later runs and the demo reuse it."""
     assert promoted.parent_release_id is not None
     with served.server.pool.connection() as conn:
-        [row] = conn.execute("SELECT scores FROM evaluations").fetchall()
+        [row] = conn.execute(
+            "SELECT e.scores FROM evaluations e JOIN releases r ON r.run_id = e.run_id "
+            "WHERE r.release_id = %s",
+            (promoted.release_id,),
+        ).fetchall()
         stored = row["scores"]["outcomes"]
-        assert recorded_outcomes(conn, promoted.release_id, contract) == stored["candidate"]
-        assert recorded_outcomes(conn, promoted.parent_release_id, contract) == stored["parent"]
+        candidate = recorded_outcomes(conn, promoted.release_id, contract)
+        parent = recorded_outcomes(conn, promoted.parent_release_id, contract)
+        assert candidate is not None and candidate.passed == stored["candidate"]
+        assert parent is not None and parent.passed == stored["parent"]
         other = contract.model_copy(update={"version": "another"})
         assert recorded_outcomes(conn, promoted.release_id, other) is None
 
@@ -207,6 +220,47 @@ def wait_for_promotion(served: Running, tmp_path: Path, worker: Any) -> ReleaseP
         f"no promotion: runs {runs}, evaluations {evaluations}\n"
         + (tmp_path / "worker.log").read_text()[-4000:]
     )
+
+
+def assert_harness_proposed_and_judged(
+    served: Running, tmp_path: Path, worker: Any, settings: Settings
+) -> None:
+    """Once the adapter run is promoted, a harness-only successor for genui is proposed on the
+    same snapshot (first change: enforce its grammar), registered as harness@1 with harness@0
+    as parent, and judged by the contract. On the tiny random model the grammar cannot make it
+    write "green", so the rule rejects it and the adapter release serves on."""
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        proposed = [e.payload for e in served.events() if isinstance(e.payload, HarnessProposed)]
+        judged = [e.payload for e in served.events() if isinstance(e.payload, PromotionRejected)]
+        if proposed and judged:
+            break
+        if worker.poll() is not None:
+            break
+        time.sleep(1)
+    else:
+        raise AssertionError((tmp_path / "worker.log").read_text()[-4000:])
+    [harness] = proposed
+    assert (harness.change, harness.harness_version, harness.parent_harness_version) == (
+        "grammar",
+        "harness@1",
+        "harness@0",
+    )
+    assert [r.run_id for r in judged] == [harness.run_id]
+    with served.server.pool.connection() as conn:
+        run = conn.execute(
+            "SELECT r.recipe, r.result_harness_version, r.result_adapter_id, e.scores "
+            "FROM training_runs r JOIN evaluations e USING (run_id) WHERE r.run_id = %s",
+            (harness.run_id,),
+        ).fetchone()
+    assert run is not None and run["recipe"] == "harness.grammar"
+    assert (run["result_harness_version"], run["result_adapter_id"]) == (1, None)
+    assert set(run["scores"]["formats"]) == {"candidate", "parent"}
+    env = {
+        f"MACARON_{k.upper()}": str(v) for k, v in settings.model_dump(exclude_none=True).items()
+    }
+    diff = run_macaron("harness", "diff", "harness@0", "harness@1", **env)
+    assert diff.returncode == 0 and "specialists.genui.enforce_grammar" in diff.stdout
 
 
 def assert_lineage(served: Running, release_id: str, first_turns: set[str]) -> None:

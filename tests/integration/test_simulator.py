@@ -259,16 +259,27 @@ def test_the_demo_runs_a_generation_and_writes_its_record(
     base, first = report.generations
     assert base.runs == [] and set(base.scores) == {"genui", "general"}
     assert 0 < first.turns <= 12 and set(first.simulated_pass_rate) == {"genui"}
-    [run] = first.runs
-    assert run.specialist == "genui" and run.training_seconds is not None
+    # the adapter run, then the harness-only successor proposed after it was decided
+    run, proposal = first.runs
+    assert (run.specialist, run.half) == ("genui", "adapter") and run.training_seconds is not None
+    assert (proposal.specialist, proposal.half, proposal.recipe) == (
+        "genui",
+        "harness",
+        "harness.grammar",
+    )
+    for decided in first.runs:
+        assert decided.outcome in {"promoted", "rejected"}, decided
+        assert set(decided.candidate) == set(decided.parent) == {"genui", "general"}
+    promoted = [r for r in first.runs if r.outcome == "promoted"]
     # the active release is scored as its evaluation recorded it, not a second time
-    assert first.scores == (run.candidate if run.outcome == "promoted" else base.scores)
-    assert run.outcome in {"promoted", "rejected"}, run
-    assert set(run.candidate) == set(run.parent) == {"genui", "general"}
-    assert (first.release_id != base.release_id) == (run.outcome == "promoted")
+    assert first.scores == (promoted[-1].candidate if promoted else base.scores)
+    assert (first.release_id != base.release_id) == bool(promoted)
+    assert first.harness_version == ("harness@1" if proposal in promoted else "harness@0")
+    assert first.formats == base.formats == {}  # contract-e2e asks for no form
     written = json.loads((out / "demo.json").read_text())
     assert [g["generation"] for g in written["generations"]] == [0, 1]
     assert written["contract_version"] == "contract-e2e"
+    assert [r["half"] for r in written["generations"][1]["runs"]] == ["adapter", "harness"]
     assert written["generations"][1]["runs"][0]["run_id"] == run.run_id
     assert (out / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "worker.log").stat().st_size > 0

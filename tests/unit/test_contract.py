@@ -5,6 +5,7 @@ the contract held out from the bank, loading errors, and scoring through an engi
 from __future__ import annotations
 
 import asyncio
+import math
 import re
 import time
 from collections.abc import AsyncGenerator
@@ -18,12 +19,14 @@ from core.contract import (
     Checker,
     ExactChecker,
     GenUIChecker,
+    NonInferiority,
     PromotionRule,
     PythonTestsChecker,
     RegexChecker,
     Task,
     ToolCallChecker,
     decide,
+    non_inferiority_p_value,
     sign_test_p_value,
 )
 from core.engine import GenerationChunk, GenerationRequest
@@ -33,15 +36,19 @@ from core.harness.hcp import build_context
 from learners import contract as runner
 from learners.contract import (
     CONTRACT_V1,
+    CONTRACT_V2,
     check,
     load_contract,
     python_tests_pass,
     run_contract,
+    well_formed,
 )
 from learners.tasks import load_bank
 from server.engines.instant import InstantEngine, fixed_reply
 
 CONTRACT = load_contract(CONTRACT_V1)
+V2 = load_contract(CONTRACT_V2)
+V2_TASKS = [task for tasks in V2.suites.values() for task in tasks]
 ROOT = root_version()
 BANK = load_bank()
 CONTRACT_TASKS = [task for tasks in CONTRACT.suites.values() for task in tasks]
@@ -148,6 +155,129 @@ def test_unpaired_outcomes_are_refused(
         decide(candidate, parent, specialist, RULE)
 
 
+GUARD = PromotionRule(
+    min_gain=0.1,
+    alpha=0.1,
+    non_inferiority=NonInferiority(margin=0.05, alpha=0.05, margins={"chat": 0.1}),
+)
+
+
+def _flipped(passes: int, total: int, wins: int, losses: int) -> tuple[list[bool], list[bool]]:
+    """Paired (candidate, parent) outcomes: ``passes`` tasks passed by both, then ``wins`` by the
+    candidate only and ``losses`` by the parent only, the rest by neither."""
+    rest = total - passes - wins - losses
+    candidate = [True] * passes + [True] * wins + [False] * losses + [False] * rest
+    parent = [True] * passes + [False] * wins + [True] * losses + [False] * rest
+    return candidate, parent
+
+
+def _brute_force_p_value(wins: int, losses: int, pairs: int, margin: float) -> float:
+    """The same score test with the restricted MLE found by a grid search, not the root."""
+    best, at = -math.inf, 0.0
+    for step in range(1, 20000):
+        q = step / 20000
+        win_cell, both_or_neither = q - margin, 1 - 2 * q + margin
+        if win_cell <= 0 or both_or_neither <= 0:
+            continue
+        likelihood = (
+            wins * math.log(win_cell)
+            + losses * math.log(q)
+            + (pairs - wins - losses) * math.log(both_or_neither)
+        )
+        if likelihood > best:
+            best, at = likelihood, q
+    z = (wins - losses + pairs * margin) / math.sqrt(pairs * (2 * at - margin - margin**2))
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+
+@pytest.mark.parametrize(
+    ("wins", "losses", "pairs", "margin"),
+    [(0, 0, 150, 0.05), (3, 5, 150, 0.05), (10, 2, 40, 0.1), (0, 6, 24, 0.1), (2, 9, 150, 0.05)],
+)
+def test_the_non_inferiority_test_takes_the_restricted_mle(
+    wins: int, losses: int, pairs: int, margin: float
+) -> None:
+    assert non_inferiority_p_value(wins, losses, pairs, margin) == pytest.approx(
+        _brute_force_p_value(wins, losses, pairs, margin), abs=1e-3
+    )
+
+
+def test_the_non_inferiority_test_at_its_edges() -> None:
+    # No task flips: 150 tasks show a 5-point margin, 24 cannot (too few to tell).
+    assert non_inferiority_p_value(0, 0, 150, 0.05) < 0.005
+    assert non_inferiority_p_value(0, 0, 24, 0.05) > 0.1
+    # More losses, or a smaller margin, never make it easier to pass.
+    values = [non_inferiority_p_value(2, losses, 150, 0.05) for losses in range(12)]
+    assert values == sorted(values)
+    assert non_inferiority_p_value(2, 4, 150, 0.03) > non_inferiority_p_value(2, 4, 150, 0.05)
+    # Every task lost is as far from non-inferior as it gets.
+    assert non_inferiority_p_value(0, 150, 150, 0.05) == pytest.approx(1.0)
+    for bad in [(-1, 0, 10, 0.05), (6, 6, 10, 0.05), (0, 0, 0, 0.05), (0, 0, 10, 0.0)]:
+        with pytest.raises(ValueError):
+            non_inferiority_p_value(*bad)
+
+
+def test_the_guard_lets_a_few_flips_through_and_stops_a_real_drop() -> None:
+    own_c, own_p = _flipped(20, 40, 10, 0)
+    few_c, few_p = _flipped(100, 150, 3, 4)  # 1 point down: within the 5-point margin
+    drop_c, drop_p = _flipped(100, 150, 1, 15)  # 9.3 points down
+    decision = decide(
+        {"genui": own_c, "general": few_c}, {"genui": own_p, "general": few_p}, "genui", GUARD
+    )
+    assert decision.passed, decision.reasons
+    assert decision.guard_p_values["general"] <= 0.05
+    decision = decide(
+        {"genui": own_c, "general": drop_c}, {"genui": own_p, "general": drop_p}, "genui", GUARD
+    )
+    assert not decision.passed
+    [reason] = decision.reasons
+    assert reason.startswith("general is not shown within 5.0 points of the parent")
+    assert "(1 wins, 15 losses of 150 tasks)" in reason
+
+
+def test_a_suite_may_have_its_own_margin() -> None:
+    own_c, own_p = _flipped(20, 40, 10, 0)
+    same = outcomes(30, 40)  # chat unchanged: 40 tasks show 10 points, not 5
+    decision = decide(
+        {"genui": own_c, "chat": same}, {"genui": own_p, "chat": same}, "genui", GUARD
+    )
+    assert decision.passed, decision.reasons
+    strict = GUARD.model_copy(update={"non_inferiority": NonInferiority(margin=0.05, alpha=0.05)})
+    decision = decide(
+        {"genui": own_c, "chat": same}, {"genui": own_p, "chat": same}, "genui", strict
+    )
+    assert not decision.passed
+
+
+@pytest.mark.parametrize(
+    "rule",
+    [
+        {"min_gain": 0.1, "alpha": 0.1},  # no guard
+        {
+            "min_gain": 0.1,
+            "alpha": 0.1,
+            "max_regression": 0.02,
+            "non_inferiority": {"margin": 0.05, "alpha": 0.05},
+        },
+        {"min_gain": 0.1, "alpha": 0.1, "non_inferiority": {"margin": 0.0, "alpha": 0.05}},
+        {"min_gain": 0.1, "alpha": 0.1, "non_inferiority": {"margin": 1.0, "alpha": 0.05}},
+        {
+            "min_gain": 0.1,
+            "alpha": 0.1,
+            "non_inferiority": {"margin": 0.05, "alpha": 0.05, "margins": {"general": 1.5}},
+        },
+    ],
+)
+def test_a_rule_without_exactly_one_sound_guard_is_refused(
+    rule: dict[str, Any], tmp_path: Path
+) -> None:
+    data = yaml.safe_load(CONTRACT_V1.read_text(encoding="utf-8"))
+    path = tmp_path / "contract.yaml"
+    path.write_text(yaml.safe_dump({**data, "rule": rule}), encoding="utf-8")
+    with pytest.raises(ContractInvalid, match="rule"):
+        load_contract(path)
+
+
 # --- the task files -------------------------------------------------------------------------
 
 
@@ -166,7 +296,7 @@ def test_the_bank_has_every_specialist() -> None:
     assert counts == {"genui": 120, "agent": 120, "coding": 40, "chat": 40}
 
 
-@pytest.mark.parametrize("case", CONTRACT_TASKS + BANK, ids=lambda t: t.id)
+@pytest.mark.parametrize("case", CONTRACT_TASKS + V2_TASKS + BANK, ids=lambda t: t.id)
 def test_every_reference_passes_its_checker(case: Task) -> None:
     assert check(case, case.reference)
 
@@ -185,6 +315,31 @@ def test_the_contract_is_held_out_from_the_bank() -> None:
             a, b = _words(held_out.prompt), _words(trained.prompt)
             similarity = len(a & b) / len(a | b)
             assert similarity < 0.6, (held_out.prompt, trained.prompt)
+
+
+def test_contract_v2_is_held_out_from_the_bank_and_from_v1() -> None:
+    others = BANK + CONTRACT_TASKS
+    assert not {t.id for t in V2_TASKS} & {t.id for t in others}
+    seen = [(_words(t.prompt), t.prompt) for t in others]
+    for held_out in V2_TASKS:
+        a = _words(held_out.prompt)
+        for b, prompt in seen:
+            assert len(a & b) / len(a | b) < 0.6, (held_out.prompt, prompt)
+    assert len({t.prompt for t in V2_TASKS}) == len(V2_TASKS)
+    words = [(_words(t.prompt), t.id) for t in V2_TASKS]
+    for index, (a, first) in enumerate(words):
+        for b, second in words[index + 1 :]:
+            assert len(a & b) / len(a | b) < 0.8, (first, second)
+
+
+def test_contract_v2_has_suites_that_can_tell() -> None:
+    sizes = {suite: len(tasks) for suite, tasks in V2.suites.items()}
+    assert all(sizes[s] >= 40 for s in V2.specialists()) and sizes["general"] >= 150
+    general = {t.specialist for t in V2.suites["general"]}
+    assert general == set(V2.specialists()) == {"chat", "agent", "coding", "genui"}
+    assert V2.rule.non_inferiority is not None and V2.rule.max_regression is None
+    refusals = [t for t in V2.suites["general"] if "refuse" in str(t.checker)]
+    assert len(refusals) >= 12
 
 
 def test_bank_prompts_are_unique() -> None:
@@ -437,16 +592,63 @@ def test_run_contract_serves_each_task_with_its_specialists_adapter() -> None:
     results = asyncio.run(
         run_contract(_answering(CONTRACT_TASKS), ADAPTERS, CONTRACT, harness=ROOT)
     )
-    assert {suite: all(passed) for suite, passed in results.items()} == dict.fromkeys(
+    assert {suite: all(passed) for suite, passed in results.passed.items()} == dict.fromkeys(
         CONTRACT.suites, True
     )
     nope = InstantEngine(fixed_reply("nope"))
     for adapter in ADAPTERS.values():
         nope.load_adapter(adapter, "unused")
     wrong = asyncio.run(run_contract(nope, ADAPTERS, CONTRACT, harness=ROOT))
-    assert {suite: any(passed) for suite, passed in wrong.items()} == dict.fromkeys(
+    assert {suite: any(passed) for suite, passed in wrong.passed.items()} == dict.fromkeys(
         CONTRACT.suites, False
     )
+
+
+def test_code_is_well_formed_when_it_compiles() -> None:
+    coding = next(t for t in CONTRACT_TASKS if isinstance(t.checker, PythonTestsChecker))
+    assert well_formed(coding, "```python\ndef f(x):\n    return x\n```") is True
+    assert well_formed(coding, "```python\ndef f(x) return x\n```") is False
+    assert well_formed(coding, "import os\nos.system('rm -rf /')") is True  # compiled, never run
+    assert well_formed(coding, "x = '\x00'\x00") is False
+
+
+def test_format_and_content_are_scored_apart() -> None:
+    """A well-formed wrong answer counts as well-formed and failed; tasks asking no form have
+    no format score."""
+    answers = {
+        "genui": '{"type": "Text", "text": "nothing asked for"}',
+        "agent": '{"tool": "clock", "args": {}}',
+    }
+    prompts = {name: ROOT.spec.specialists[name].system_prompt for name in answers}
+
+    def reply(messages: list[dict[str, str]]) -> str:
+        for name, prompt in prompts.items():
+            if messages[0]["content"].startswith(prompt):
+                return answers[name]
+        return "plain text"
+
+    engine = InstantEngine(reply)
+    for adapter in ADAPTERS.values():
+        engine.load_adapter(adapter, "unused")
+    run = asyncio.run(run_contract(engine, ADAPTERS, CONTRACT, harness=ROOT))
+    genui = [t for t in CONTRACT_TASKS if isinstance(t.checker, GenUIChecker)]
+    calls = [t for t in CONTRACT_TASKS if isinstance(t.checker, ToolCallChecker)]
+    assert genui and calls
+    for suite, tasks in CONTRACT.suites.items():
+        for task, formed, passed in zip(
+            tasks, run.well_formed[suite], run.passed[suite], strict=True
+        ):
+            if isinstance(task.checker, (GenUIChecker, ToolCallChecker)):
+                assert formed is True, task.id
+            elif isinstance(task.checker, PythonTestsChecker):
+                assert formed is False, task.id  # "plain text" is not Python
+            else:
+                assert formed is None, task.id
+            if isinstance(task.checker, GenUIChecker):
+                assert passed is False, task.id
+    formats = run.format_scores()
+    assert formats["genui"] == 1.0 and formats["coding"] == 0.0 and "chat" not in formats
+    assert run.scores()["genui"] == 0.0
 
 
 def test_run_contract_needs_an_adapter_for_every_specialist() -> None:

@@ -48,6 +48,7 @@ def test_catalogue_names_every_event_of_the_data_flow() -> None:
         "ExperienceRecorded",
         "TrainingRequested",
         "CandidateTrained",
+        "HarnessProposed",
         "ContractEvaluated",
         "ReleasePromoted",
         "PromotionRejected",

@@ -14,14 +14,16 @@ from pydantic import ValidationError
 from core.engine import GenerationChunk, GenerationRequest, OutputConstraint
 from core.errors import ConstraintUnsupported, GrammarInvalid, GrammarUnbounded
 from core.harness.actions import TOOLS, ToolCall
+from core.harness.artifact import HarnessSpec, root_harness
 from core.harness.genui import catalogue_schema, validate_tree
 from core.harness.grammars import (
     GENUI_MAX_ITEMS,
     genui_schema,
+    output_constraint,
     tool_call_schema,
     unbounded_paths,
 )
-from server.engines.grammar import checked_schema
+from server.engines.grammar import checked
 from server.engines.instant import InstantEngine, fixed_reply
 from tests.grammar_check import CHARACTERS, in_grammar, written
 from tests.unit.test_genui import full_tree
@@ -46,6 +48,8 @@ from tests.unit.test_genui import full_tree
             "$[]: recursive $ref #/$defs/n",
         ),
         ({"anyOf": [{"type": "integer"}, {"type": "string"}]}, "$<anyOf 1>: string"),
+        ({"type": "number", "minimum": 0}, "$: number without minimum and maximum"),
+        ({"type": "array", "maxItems": 2, "items": {"type": "integer"}}, "$[]: number without"),
     ],
 )
 def test_unbounded_schemas_name_the_place(schema: dict[str, Any], where: str) -> None:
@@ -61,7 +65,8 @@ def test_bounded_schemas_pass() -> None:
             "tag": {"const": "x"},
             "id": {"type": "string", "pattern": "^[a-z]{1,8}$"},
             "tags": {"type": "array", "maxItems": 3, "items": {"type": "string", "maxLength": 5}},
-            "n": {"type": "integer"},
+            "n": {"type": "integer", "minimum": 0, "maximum": 99},
+            "level": {"enum": [1, 2, 3]},
         },
     }
     assert unbounded_paths(bounded) == []
@@ -84,6 +89,9 @@ def test_a_catalogue_tree_that_fits_the_bounds_is_in_the_genui_grammar() -> None
     cards_four_deep = {"type": "Card", "children": [{"type": "Card", "children": [full_tree()]}]}
     assert validate_tree(cards_four_deep).valid and not in_grammar(schema, written(cards_four_deep))
     assert not in_grammar(schema, written({"type": "Nope", "text": "x"}))
+    long_id = {"type": "Text", "id": "a" * 30, "text": "x"}  # ids: 24 characters at most
+    assert validate_tree(long_id).valid and not in_grammar(schema, written(long_id))
+    assert in_grammar(schema, written({**long_id, "id": "a" * 24}))
 
 
 def test_every_tool_call_shape_is_in_the_tool_call_grammar() -> None:
@@ -108,7 +116,7 @@ def test_a_constraint_names_a_schema_exactly_when_its_kind_needs_one() -> None:
         OutputConstraint(kind="json_schema")
     with pytest.raises(ValidationError):
         OutputConstraint(kind="json", json_schema={"type": "integer"})
-    assert checked_schema(OutputConstraint(kind="json")) == "{}"
+    assert checked(OutputConstraint(kind="json")).schema == "{}"
 
 
 @pytest.mark.parametrize(
@@ -117,14 +125,14 @@ def test_a_constraint_names_a_schema_exactly_when_its_kind_needs_one() -> None:
 )
 def test_a_schema_that_does_not_compile_is_grammar_invalid(schema: dict[str, Any]) -> None:
     with pytest.raises(GrammarInvalid) as refused:
-        checked_schema(OutputConstraint(kind="json_schema", json_schema=schema))
+        checked(OutputConstraint(kind="json_schema", json_schema=schema))
     assert refused.value.code == "grammar_invalid"
 
 
 def test_an_unbounded_schema_is_grammar_unbounded() -> None:
     schema = {"type": "object", "properties": {"tags": {"type": "array"}}}
     with pytest.raises(GrammarUnbounded, match=r"\$\.tags: array without maxItems") as refused:
-        checked_schema(OutputConstraint(kind="json_schema", json_schema=schema))
+        checked(OutputConstraint(kind="json_schema", json_schema=schema))
     assert refused.value.code == "grammar_unbounded"
 
 
@@ -147,11 +155,59 @@ def test_an_engine_that_cannot_constrain_says_so() -> None:
 def test_a_bounded_string_never_holds_a_raw_control_character() -> None:
     """xgrammar 0.2.8 alone lets a ``maxLength`` string hold one; the checked schema does not."""
     raw = {"type": "string", "maxLength": 5}
-    checked = checked_schema(OutputConstraint(kind="json_schema", json_schema=raw))
+    bounded = checked(OutputConstraint(kind="json_schema", json_schema=raw)).schema
     info = xgr.TokenizerInfo([*CHARACTERS, "\x10"], stop_token_ids=[len(CHARACTERS) - 1])
     compiler = xgr.GrammarCompiler(info, cache_enabled=False)
-    for schema, allowed in ((json.dumps(raw), True), (checked, False)):
+    for schema, allowed in ((json.dumps(raw), True), (bounded, False)):
         matcher = xgr.GrammarMatcher(compiler.compile_json_schema(schema, any_whitespace=False))
         assert matcher.accept_string('"a\x10b"') is allowed
-    matcher = xgr.GrammarMatcher(compiler.compile_json_schema(checked, any_whitespace=False))
+    matcher = xgr.GrammarMatcher(compiler.compile_json_schema(bounded, any_whitespace=False))
     assert matcher.accept_string('"abcde"') and not matcher.accept_string("f")
+
+
+def _matcher(constraint: OutputConstraint) -> xgr.GrammarMatcher:
+    info = xgr.TokenizerInfo(CHARACTERS, stop_token_ids=[len(CHARACTERS) - 1])
+    compiler = xgr.GrammarCompiler(info, cache_enabled=False)
+    return xgr.GrammarMatcher(compiler.compile_grammar(checked(constraint).grammar()))
+
+
+def _ends(matcher: xgr.GrammarMatcher, text: str) -> bool:
+    """Whether ``text`` is a whole answer: accepted, then the stop token is too."""
+    return matcher.accept_string(text) and matcher.accept_token(len(CHARACTERS) - 1)
+
+
+def test_an_agent_may_answer_in_text_or_with_a_well_formed_call_and_nothing_else() -> None:
+    constraint = OutputConstraint(kind="json_schema", json_schema=tool_call_schema(), or_text=True)
+    assert _ends(_matcher(constraint), "It is {probably} 3 o'clock.")
+    assert _ends(_matcher(constraint), written({"tool": "clock", "args": {}}))
+    for refused in ('{"tool": "shell"', '{"oops"', " leading space", "\nnewline first"):
+        assert not _matcher(constraint).accept_string(refused), refused
+    assert not _ends(_matcher(constraint), '{"tool":"clock"')  # a started call must finish
+    after_call = _matcher(constraint)
+    assert after_call.accept_string(written({"tool": "clock", "args": {}}))
+    assert not after_call.accept_string(" and more")
+    assert not _ends(_matcher(constraint), "")
+
+
+def test_a_harness_enforces_the_grammar_of_the_outputs_it_names() -> None:
+    root = root_harness()
+    assert all(output_constraint(root, name) is None for name in root.specialists)
+
+    def enforcing(name: str) -> HarnessSpec:
+        own = root.specialists[name].model_copy(update={"enforce_grammar": True})
+        return root.model_copy(update={"specialists": {**root.specialists, name: own}})
+
+    assert output_constraint(enforcing("chat"), "chat") is None  # text: nothing to enforce
+    genui = output_constraint(enforcing("genui"), "genui")
+    assert genui is not None and not genui.or_text and genui.json_schema == genui_schema()
+    agent = output_constraint(enforcing("agent"), "agent")
+    assert agent is not None and agent.or_text
+    assert agent.json_schema == tool_call_schema(root.tools)
+    assert output_constraint(enforcing("agent"), "genui") is None
+    own = root.specialists["agent"].model_copy(
+        update={"enforce_grammar": True, "tool_choice": "required"}
+    )
+    required = root.model_copy(update={"specialists": {**root.specialists, "agent": own}})
+    first = output_constraint(required, "agent")
+    assert first is not None and not first.or_text  # a call, nothing else
+    assert output_constraint(required, "agent", first_step=False) == agent  # then text or a call

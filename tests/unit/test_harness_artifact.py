@@ -119,6 +119,8 @@ def _chat(**change: Any) -> dict[str, Any]:
         (_chat(output=["markdown"]), HarnessInvalid),
         (_chat(decoding={"temperature": 3.0}), HarnessInvalid),
         (_chat(system_prompt=""), HarnessInvalid),
+        (_chat(tool_choice="required"), HarnessInvalid),  # chat has no tool_call output
+        (_chat(tool_choice="always"), HarnessInvalid),
     ],
 )
 def test_a_harness_this_server_cannot_serve_is_a_typed_error(
@@ -134,6 +136,12 @@ def test_a_harness_this_server_cannot_serve_is_a_typed_error(
 
 def test_a_valid_harness_parses_back_to_itself() -> None:
     assert harness_from(root_harness().model_dump(mode="json")) == root_harness()
+    data = _spec()
+    data["specialists"]["agent"]["tool_choice"] = "required"
+    required = harness_from(data)
+    assert required.specialists["agent"].tool_choice == "required"
+    assert harness_from(required.model_dump(mode="json")) == required
+    assert required.address != root_harness().address
 
 
 def test_harness_references() -> None:

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 
 from core.auth import Principal
-from core.engine import GenerationChunk, GenerationRequest
+from core.engine import GenerationChunk, GenerationRequest, OutputConstraint
 from core.errors import (
     AdapterNotFound,
     ConversationNotFound,
@@ -41,6 +41,7 @@ from core.harness.artifact import (
     SpecialistHarness,
     root_version,
 )
+from core.harness.grammars import output_constraint
 from core.release import AdapterRef, Release
 from core.routing import RouterDecision
 from infra.memory import InMemoryEventLog
@@ -533,6 +534,46 @@ def test_a_new_harness_answers_new_turns_with_its_prompt_exemplars_decoding_and_
         if isinstance(r.payload, TurnReceived | RouterDecided | ModelResponded | TurnCompleted)
     }
     assert stamped == {harness.stamp}
+
+
+def test_an_enforcing_harness_constrains_every_step_of_its_structured_specialists(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The instant engine enforces no grammar: the recording engine takes the constraint off
+    after noting it, so this checks what the pipeline sends, not decoding."""
+    agent_script = tool_then("It is noon.", {"tool": "clock", "args": {}})
+
+    def script(messages: list[dict[str, str]]) -> str:
+        if messages[0]["content"].startswith(ROOT.spec.specialists["agent"].system_prompt):
+            return agent_script(messages)
+        return json.dumps(GENUI_TREE) if "interface" in messages[0]["content"] else "hi"
+
+    h = Harness(script)
+    sent: list[tuple[str, OutputConstraint | None]] = []
+    generate = h.engine.generate
+
+    def recording(request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+        sent.append((request.request_id, request.constraint))
+        return generate(request.model_copy(update={"constraint": None}))
+
+    monkeypatch.setattr(h.engine, "generate", recording)
+    enforcing = {
+        name: own.model_copy(update={"enforce_grammar": True})
+        for name, own in ROOT.spec.specialists.items()
+    }
+    spec = ROOT.spec.model_copy(update={"specialists": enforcing})
+    harness = HarnessVersion(version=1, sha256=spec.address, parent_version=0, spec=spec)
+    h.chat.serve(h.release.successor(harness=harness), harness)
+    agent = run(lambda: h.turn("What time is it?", msg="a", hint="agent"))
+    genui = run(lambda: h.turn("Show a card.", msg="g", hint="genui"))
+    run(lambda: h.turn("Hello.", msg="c", hint="chat"))
+    steps = [constraint for _, constraint in sent]
+    assert len(steps) == 4 and agent.text == "It is noon." and genui.genui is not None
+    assert steps[0] == steps[1] == output_constraint(spec, "agent")  # the call, then the answer
+    assert steps[0] is not None and steps[0].or_text
+    assert steps[2] == output_constraint(spec, "genui") and steps[2] is not None
+    assert not steps[2].or_text
+    assert steps[3] is None  # chat answers in text: nothing to enforce
 
 
 # --- feedback ------------------------------------------------------------------------------

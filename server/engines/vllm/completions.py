@@ -43,11 +43,11 @@ def parse_event(data: str, url: str) -> tuple[str, tuple[int, ...], FinishReason
 
 
 def completion_body(
-    request: GenerationRequest, prompt: list[int], grammar: str | None = None
+    request: GenerationRequest, prompt: list[int], structured: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """The ``/v1/completions`` request for ``request`` on its adapter, streamed with token ids;
-    ``grammar`` (a checked JSON Schema's text) goes in vLLM's ``structured_outputs``, and the
-    answer then ends when it is complete (EOS is not ignored)."""
+    ``structured`` (a checked constraint's schema, or its grammar as EBNF) is vLLM's
+    ``structured_outputs``, and the answer then ends when it is complete (EOS is not ignored)."""
     params = request.params
     body: dict[str, Any] = {
         "model": request.adapter,
@@ -57,11 +57,11 @@ def completion_body(
         "max_tokens": params.max_tokens,
         "temperature": params.temperature,
         "top_p": params.top_p,
-        "ignore_eos": params.ignore_eos and grammar is None,
+        "ignore_eos": params.ignore_eos and structured is None,
         "stop": list(params.stop),
     }
-    if grammar is not None:
-        body["structured_outputs"] = {"json": grammar}
+    if structured is not None:
+        body["structured_outputs"] = structured
     if params.seed is not None:
         body["seed"] = params.seed
     return body
@@ -74,7 +74,7 @@ async def stream_completion(
     *,
     timeout: httpx.Timeout,
     stopping: threading.Event,
-    grammar: str | None = None,
+    structured: dict[str, str] | None = None,
 ) -> AsyncGenerator[GenerationChunk, None]:
     """Stream ``request`` from the replica at ``url`` until its finish reason; a set
     ``stopping`` (the engine shut down) ends it with ``EngineUnavailable``."""
@@ -83,7 +83,7 @@ async def stream_completion(
         async with (
             httpx.AsyncClient(timeout=timeout) as client,
             client.stream(
-                "POST", f"{url}/v1/completions", json=completion_body(request, prompt, grammar)
+                "POST", f"{url}/v1/completions", json=completion_body(request, prompt, structured)
             ) as response,
         ):
             if response.status_code != 200:

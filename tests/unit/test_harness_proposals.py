@@ -1,0 +1,90 @@
+"""Harness successors the loop proposes: which changes apply to a specialist, in what turn, and
+what each makes of the harness (and when it has nothing to make)."""
+
+from __future__ import annotations
+
+import pytest
+
+from core.harness.artifact import Exemplar, harness_diff, root_harness
+from core.harness.proposals import (
+    EXEMPLARS,
+    PROMPT_VARIANTS,
+    changes,
+    exemplar_of,
+    next_change,
+    propose,
+)
+
+ROOT = root_harness()
+TREE = '{"type": "Text", "text": "green"}'
+CALL = '{"tool": "clock", "args": {}}'
+
+
+def test_structured_specialists_start_with_their_grammar_and_take_changes_in_turn() -> None:
+    assert changes(ROOT, "genui") == ["grammar", "exemplars", "prompt"]
+    assert changes(ROOT, "agent") == ["grammar", "exemplars", "prompt"]
+    assert changes(ROOT, "chat") == ["exemplars", "prompt"]  # text: no grammar to enforce
+    enforcing = propose(ROOT, "agent", "grammar", examples=(), attempt=0)
+    assert enforcing is not None
+    assert changes(enforcing, "agent") == ["grammar", "tool_choice", "exemplars", "prompt"]
+    required = propose(enforcing, "agent", "tool_choice", examples=(), attempt=0)
+    assert required is not None and required.specialists["agent"].tool_choice == "required"
+    assert propose(ROOT, "chat", "tool_choice", examples=(), attempt=0) is None
+    assert [next_change(ROOT, "genui", n) for n in range(4)] == [
+        "grammar",
+        "exemplars",
+        "prompt",
+        "grammar",
+    ]
+
+
+def test_each_change_touches_one_field_of_one_specialist() -> None:
+    on = propose(ROOT, "genui", "grammar", examples=(), attempt=0)
+    assert on is not None
+    assert [path for path, _, _ in harness_diff(ROOT, on)] == ["specialists.genui.enforce_grammar"]
+    off = propose(on, "genui", "grammar", examples=(), attempt=0)
+    assert off == ROOT  # grammar off again is the same content, the same address
+
+    shown = [Exemplar(user=f"Show {n}.", assistant=TREE) for n in range(EXEMPLARS + 2)]
+    taught = propose(ROOT, "genui", "exemplars", examples=shown, attempt=0)
+    assert taught is not None and taught.specialists["genui"].exemplars == tuple(shown[:EXEMPLARS])
+    assert {p.split(".")[2] for p, _, _ in harness_diff(ROOT, taught)} == {"exemplars"}
+    assert propose(taught, "genui", "exemplars", examples=shown, attempt=0) is None  # no news
+    assert propose(ROOT, "genui", "exemplars", examples=(), attempt=0) is None
+
+    varied = propose(ROOT, "coding", "prompt", examples=(), attempt=0)
+    assert varied is not None
+    assert varied.specialists["coding"].system_prompt == PROMPT_VARIANTS["coding"][0]
+    assert [p for p, _, _ in harness_diff(ROOT, varied)] == ["specialists.coding.system_prompt"]
+
+
+def test_a_specialist_the_harness_does_not_name_gets_its_own_entry() -> None:
+    spec = propose(
+        ROOT, "legal", "exemplars", examples=[Exemplar(user="a", assistant="b")], attempt=0
+    )
+    assert spec is not None and "legal" in spec.specialists
+    assert spec.specialists["legal"].system_prompt == ROOT.specialists["chat"].system_prompt
+
+
+@pytest.mark.parametrize(
+    ("specialist", "answer", "fits"),
+    [
+        ("genui", TREE, True),
+        ("genui", "green", False),  # not a tree
+        ("genui", '{"type": "Nope"}', False),  # not in the catalogue
+        ("agent", CALL, True),
+        ("agent", "It is noon.", True),
+        ("agent", '{"tool": "shell", "args": {}}', False),  # no such tool
+        ("chat", "Paris.", True),
+        ("chat", CALL, False),  # chat calls no tools
+        ("chat", "", False),
+        ("chat", "x" * 5000, False),
+    ],
+)
+def test_only_verified_answers_of_the_right_form_become_exemplars(
+    specialist: str, answer: str, fits: bool
+) -> None:
+    found = exemplar_of(ROOT, specialist, "What now?", answer)
+    assert (found is not None) == fits
+    if found is not None:
+        assert (found.user, found.assistant) == ("What now?", answer)
