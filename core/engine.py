@@ -105,6 +105,11 @@ class Engine(Protocol):
 
     def loaded_adapters(self) -> list[str]: ...
 
+    def prepare(self, constraint: OutputConstraint) -> None:
+        """Check ``constraint`` and make it ready to decode (compiled), so that no request
+        waits for it; the typed errors ``generate`` would raise. Seconds: call it off the loop."""
+        ...
+
     def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
         """Token ids of a conversation in the model's chat template, ready for the reply."""
         ...

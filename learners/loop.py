@@ -487,17 +487,20 @@ def _contract_runs(
 ) -> tuple[ContractRun, ContractRun]:
     """The contract's per-task outcomes on the parent release (as an earlier evaluation recorded
     them, if one did) and on the candidate, each served with its harness. What must run runs on
-    one engine at once, so the parent's and the candidate's tasks share batches."""
+    one engine at once, so the parent's and the candidate's tasks share batches; adapters it
+    loaded that the parent (the active release) does not serve are unloaded afterwards."""
     with rt.pool.connection() as conn:
         recorded = recorded_outcomes(conn, parent[0].release_id, contract)
     sides = [candidate] if recorded is not None else [parent, candidate]
     engine = rt.contract_engine()
+    loaded: set[str] = set()
     try:
         for release, _ in sides:
             for ref in release.adapters.values():
                 if ref.name not in engine.loaded_adapters():
                     path = rt.store.verified_path(ref.sha256, ref.path)
                     engine.load_adapter(ref.name, str(path))
+                    loaded.add(ref.name)
 
         async def run_all() -> list[ContractRun]:
             return await asyncio.gather(
@@ -514,6 +517,9 @@ def _contract_runs(
 
         runs = asyncio.run(run_all())
     finally:
+        serving = {ref.name for ref in parent[0].adapters.values()}
+        for name in loaded - serving:  # a shared fleet keeps what the server serves
+            engine.unload_adapter(name)
         engine.close()
     return (recorded if recorded is not None else runs[0], runs[-1])
 

@@ -78,10 +78,16 @@ def model_dir(settings: Settings) -> Path:
 
 
 def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
-    """What the learning loop's tasks run with; the contract runs on a local engine."""
+    """What the learning loop's tasks run with; the contract runs on the kind of engine that
+    serves (this process's own, or the vLLM fleet, which the evaluation shares with the
+    server: it unloads the candidates it loaded when it is done)."""
     folder = model_dir(settings)
     return make_runtime(
-        settings, folder, pool, event_log(settings, pool), lambda: LocalEngine(folder)
+        settings,
+        folder,
+        pool,
+        event_log(settings, pool),
+        lambda: serving_engine(settings, folder, lambda _: None),
     )
 
 

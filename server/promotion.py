@@ -41,7 +41,7 @@ from infra.postgres.registry import (
     release_by_id,
 )
 from server.chat import ChatService
-from server.releases import RELEASES_KEY, SYSTEM_TENANT
+from server.releases import RELEASES_KEY, SYSTEM_TENANT, prepare_harness
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
@@ -109,6 +109,7 @@ class PromotionListener:
                     f"{release.release_id} was evaluated against {release.parent_release_id}, "
                     f"but {old.release_id} is active now: it must be evaluated again"
                 )
+            await asyncio.to_thread(prepare_harness, self.chat.engine, harness)
             loaded = await self._load(release)
         except MacaronError as exc:
             await asyncio.to_thread(self._refuse, request, old, exc.message)

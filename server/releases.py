@@ -12,10 +12,11 @@ import tempfile
 import zlib
 from pathlib import Path
 
-from core.engine import Engine
+from core.engine import Engine, OutputConstraint
 from core.errors import NoActiveRelease
 from core.events import NewEvent, ReleasePromoted
 from core.harness.artifact import HarnessVersion, root_harness
+from core.harness.grammars import output_constraint
 from core.log import EventLog
 from core.release import AdapterRef, Release, release_id_for
 from infra import observe
@@ -136,11 +137,25 @@ def load_release(
 ) -> HarnessVersion:
     """Make every adapter of ``release`` servable, each checked against its content address;
     returns the release's harness from the registry (checked against its address, and that
-    this server can serve it)."""
+    this server can serve it), its grammars prepared."""
     with pool.connection() as conn:
         harness = harness_by_name(conn, release.harness_version)
+    prepare_harness(engine, harness)
     for adapter in release.adapters.values():
         folder = store.verified_path(adapter.sha256, adapter.path)
         engine.load_adapter(adapter.name, str(folder))
     observe.adapters_loaded.set(len(engine.loaded_adapters()))
     return harness
+
+
+def prepare_harness(engine: Engine, harness: HarnessVersion) -> None:
+    """Check and compile every grammar ``harness`` enforces, for each specialist's first and
+    later steps: a grammar that does not compile is a typed error here, at start or promotion,
+    and no turn waits for a compile. Seconds when cold: call it off the event loop."""
+    prepared: list[OutputConstraint] = []
+    for name in harness.spec.specialists:
+        for first in (True, False):
+            constraint = output_constraint(harness.spec, name, first_step=first)
+            if constraint is not None and constraint not in prepared:
+                engine.prepare(constraint)
+                prepared.append(constraint)

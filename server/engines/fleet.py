@@ -36,7 +36,7 @@ from typing import Any
 import httpx
 from transformers import AutoTokenizer
 
-from core.engine import ADAPTER_NAME, GenerationChunk, GenerationRequest
+from core.engine import ADAPTER_NAME, GenerationChunk, GenerationRequest, OutputConstraint
 from core.errors import (
     AdapterInvalid,
     AdapterNotFound,
@@ -104,7 +104,8 @@ class FleetEngine:
     def replicas(self) -> list[Replica]:
         return self._balancer.replicas
 
-    # --- health -----------------------------------------------------------------------------
+    def prepare(self, constraint: OutputConstraint) -> None:
+        self._schemas.structured_outputs(constraint)  # the replicas compile it on first use
 
     def check_health(self) -> None:
         """Poll every replica; give one that lacks loaded adapters those adapters first."""
@@ -133,8 +134,6 @@ class FleetEngine:
                 self.check_health()
             except Exception:  # last resort: the health thread must outlive any one answer
                 log.exception("vLLM fleet health check failed; trying again")
-
-    # --- adapters ---------------------------------------------------------------------------
 
     def load_adapter(self, name: str, path: str) -> None:
         """Load on every healthy replica and canary each; all or nothing."""
@@ -209,8 +208,6 @@ class FleetEngine:
             drained = self._adapters.release(name)
         if drained:
             self._unload_later(name)
-
-    # --- requests ---------------------------------------------------------------------------
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
         return chat_prompt_ids(self.tokenizer, messages)

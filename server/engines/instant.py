@@ -12,7 +12,7 @@ import asyncio
 import json
 from collections.abc import AsyncGenerator, Callable
 
-from core.engine import GenerationChunk, GenerationRequest
+from core.engine import GenerationChunk, GenerationRequest, OutputConstraint
 from core.errors import AdapterNotFound, ConstraintUnsupported
 
 Script = Callable[[list[dict[str, str]]], str]
@@ -53,6 +53,9 @@ class InstantEngine:
 
     def load_adapter(self, name: str, path: str) -> None:
         self._adapters[name] = path
+
+    def prepare(self, constraint: OutputConstraint) -> None:
+        raise ConstraintUnsupported("the instant engine's answers come from its script")
 
     def unload_adapter(self, name: str) -> None:
         if self._adapters.pop(name, None) is None:

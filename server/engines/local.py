@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from core.engine import ADAPTER_NAME, GenerationChunk, GenerationRequest
+from core.engine import ADAPTER_NAME, GenerationChunk, GenerationRequest, OutputConstraint
 from core.errors import (
     AdapterCapacityExceeded,
     AdapterInvalid,
@@ -142,6 +142,9 @@ class LocalEngine:
     def loaded_adapters(self) -> list[str]:
         with self._lock:
             return self._adapters.names()
+
+    def prepare(self, constraint: OutputConstraint) -> None:
+        self.grammars.matcher(constraint)  # compiled and cached; the matcher itself is not kept
 
     def _acquire(self, name: str | None) -> LoRAWeights | None:
         if name is None:

@@ -171,14 +171,26 @@ def test_a_harness_only_promotion_flips_at_once_and_a_held_turn_keeps_its_harnes
         assert _stamps(served, after[0]["conversation_id"]) == {"harness@1"}
 
 
+def _enforcing_agent_with_a_broken_tool() -> dict[str, Any]:
+    """The agent's grammar enforced, over a calculator whose parameters no grammar can take."""
+    root = root_harness().model_dump(mode="json")
+    calculator = {**root["tools"][0], "parameters": {"type": "foo"}}
+    agent = {**root["specialists"]["agent"], "enforce_grammar": True}
+    return {"tools": [calculator], "specialists": {**root["specialists"], "agent": agent}}
+
+
+_GRAMMAR_THAT_DOES_NOT_COMPILE = _enforcing_agent_with_a_broken_tool()
+
+
 @pytest.mark.parametrize(
     ("change", "reason"),
     [
         ({"hcp_version": "hcp-2"}, "hcp-2"),
         ({"catalogue_version": "genui-9"}, "genui-9"),
         ({"tools": [{"name": "teleport", "description": "go", "parameters": {}}]}, "teleport"),
+        (_GRAMMAR_THAT_DOES_NOT_COMPILE, "does not compile"),
     ],
-    ids=["newer hcp", "unknown catalogue", "unknown tool"],
+    ids=["newer hcp", "unknown catalogue", "unknown tool", "grammar that does not compile"],
 )
 def test_a_harness_the_server_cannot_serve_is_refused_and_the_old_release_serves_on(
     gated: tuple[Running, GatedRouter], change: dict[str, Any], reason: str

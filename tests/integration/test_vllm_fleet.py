@@ -34,6 +34,7 @@ from core.errors import (
     EngineUnavailable,
 )
 from core.harness.actions import ToolCall
+from core.harness.artifact import HarnessVersion, root_harness
 from core.harness.grammars import genui_schema, tool_call_schema
 from core.settings import Settings
 from infra.local_stack import LocalStack, free_port
@@ -41,9 +42,11 @@ from infra.models import make_tiny_model
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.telemetry import metrics_exposition
 from infra.vllm_cpu import VllmReplica, start_replica, vllm_python
+from learners.contract import CONTRACT_V1, load_contract, run_contract
 from macaron import wiring
 from server.engines.fleet import FleetEngine
 from server.engines.local import LocalEngine
+from server.releases import prepare_harness
 from server.router import RouterService
 from tests.contract.engine_contract import EngineContract
 from tests.factories import make_adapter
@@ -190,6 +193,39 @@ def test_constrained_answers_through_the_fleet_equal_the_local_engine(
                     ToolCall.model_validate_json(text)
     finally:
         local.close()
+
+
+def test_the_contract_scores_a_release_on_the_fleet_as_on_the_local_engine(
+    fleet: FleetEngine, adapters: dict[str, Path], vllm_model: Path
+) -> None:
+    """The contract runs on the engine kind that serves: through the fleet, with the grammars an
+    enforcing harness sends (a tool call or text, a GenUI tree), the same outcomes as locally."""
+    full = load_contract(CONTRACT_V1)
+    suites = {name: full.suites[name][:3] for name in ("agent", "genui", "coding", "chat")}
+    contract = full.model_copy(update={"suites": suites})
+    served = {"agent": "agent@1", "genui": "genui@1", "coding": "coding@1", "chat": "coding@1"}
+    root = root_harness()
+    enforcing = {
+        name: own.model_copy(update={"enforce_grammar": True})
+        for name, own in root.specialists.items()
+    }
+    spec = root.model_copy(update={"specialists": enforcing})
+    harness = HarnessVersion(version=1, sha256=spec.address, parent_version=0, spec=spec)
+    local = LocalEngine(vllm_model)
+    try:
+        for name, folder in adapters.items():
+            fleet.load_adapter(name, str(folder))
+            local.load_adapter(name, str(folder))
+        prepare_harness(fleet, harness)
+        on_fleet = asyncio.run(run_contract(fleet, served, contract, harness=harness))
+        on_local = asyncio.run(run_contract(local, served, contract, harness=harness))
+    finally:
+        local.close()
+    assert on_fleet == on_local
+    assert set(on_fleet.well_formed) == set(suites) and on_fleet.format_scores().keys() >= {
+        "agent",
+        "genui",
+    }
 
 
 def test_outputs_through_the_fleet_equal_peft(

@@ -16,6 +16,7 @@ from core.auth import Principal
 from core.engine import GenerationChunk, GenerationRequest, OutputConstraint
 from core.errors import (
     AdapterNotFound,
+    ConstraintUnsupported,
     ConversationNotFound,
     HarnessInvalid,
     InvalidFrame,
@@ -48,6 +49,7 @@ from infra.memory import InMemoryEventLog
 from server import protocol as wire
 from server.chat import ChatService
 from server.engines.instant import InstantEngine, Script, fixed_reply
+from server.releases import prepare_harness
 from server.turns.request import ChatLimits, TurnOutcome, TurnRequest
 from server.turns.transcript import transcript
 
@@ -574,6 +576,38 @@ def test_an_enforcing_harness_constrains_every_step_of_its_structured_specialist
     assert steps[2] == output_constraint(spec, "genui") and steps[2] is not None
     assert not steps[2].or_text
     assert steps[3] is None  # chat answers in text: nothing to enforce
+
+
+def test_preparing_a_harness_compiles_each_grammar_it_enforces_once() -> None:
+    class Recording(InstantEngine):
+        def __init__(self) -> None:
+            super().__init__(fixed_reply("ok"))
+            self.prepared: list[OutputConstraint] = []
+
+        def prepare(self, constraint: OutputConstraint) -> None:
+            self.prepared.append(constraint)
+
+    engine = Recording()
+    prepare_harness(engine, ROOT)
+    assert engine.prepared == []  # harness@0 enforces nothing
+    agent = ROOT.spec.specialists["agent"].model_copy(
+        update={"enforce_grammar": True, "tool_choice": "required"}
+    )
+    genui = ROOT.spec.specialists["genui"].model_copy(update={"enforce_grammar": True})
+    spec = ROOT.spec.model_copy(
+        update={"specialists": {**ROOT.spec.specialists, "agent": agent, "genui": genui}}
+    )
+    prepare_harness(
+        engine, HarnessVersion(version=1, sha256=spec.address, parent_version=0, spec=spec)
+    )
+    expected = [
+        output_constraint(spec, "agent", first_step=True),  # a call and nothing else
+        output_constraint(spec, "agent", first_step=False),  # then text or a call
+        output_constraint(spec, "genui"),
+    ]
+    assert engine.prepared == expected and len({c.or_text for c in expected if c}) == 2
+    with pytest.raises(ConstraintUnsupported):
+        InstantEngine(fixed_reply("ok")).prepare(engine.prepared[-1])
 
 
 # --- feedback ------------------------------------------------------------------------------
