@@ -1,0 +1,28 @@
+"""The power table: simulated pass rates move the right way with the true change, and the
+table names both contracts' guarded suites."""
+
+from __future__ import annotations
+
+from core.contract import NonInferiority, PromotionRule
+from learners.contract import CONTRACT_V1, CONTRACT_V2, load_contract
+from learners.power import guarded_suite, own_suite, pass_rate, tables
+
+GUARD = PromotionRule(
+    min_gain=0.1, alpha=0.1, non_inferiority=NonInferiority(margin=0.07, alpha=0.05)
+)
+
+
+def test_a_bigger_gain_passes_more_often_and_a_bigger_drop_less() -> None:
+    own = own_suite(GUARD)
+    gains = [pass_rate(44, g, own, noise=0.1, sims=400, seed=1) for g in (0.0, 0.1, 0.3)]
+    assert gains == sorted(gains) and gains[0] < 0.1 < 0.9 < gains[-1]
+    guard = guarded_suite(GUARD, "general")
+    drops = [pass_rate(150, d, guard, noise=0.1, sims=400, seed=2) for d in (0.05, -0.05, -0.15)]
+    assert drops == sorted(drops, reverse=True) and drops[0] > 0.9 and drops[-1] < 0.05
+
+
+def test_the_table_covers_both_contracts() -> None:
+    text = tables([load_contract(CONTRACT_V1), load_contract(CONTRACT_V2)], noise=0.1, sims=50)
+    assert "| contract-1 | general (24) | drop at most 2 pts |" in text
+    assert "| contract-2 | general (150) | non-inferior within 7 pts, alpha 0.05 |" in text
+    assert "| contract-2 | genui (44) |" in text
