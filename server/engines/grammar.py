@@ -94,8 +94,8 @@ def checked(constraint: OutputConstraint) -> Checked:
     if loose:
         shown = "; ".join(loose[:5]) + ("; ..." if len(loose) > 5 else "")
         raise GrammarUnbounded(
-            f"the schema is unbounded ({shown}): every array needs maxItems and every string "
-            "that is not an enum, a const or a pattern needs maxLength"
+            f"the schema is unbounded ({shown}): every array needs maxItems, every string "
+            "that is not an enum, a const or a pattern maxLength, every number minimum and maximum"
         )
     result = Checked(_compact(_plain_strings(schema)), constraint.or_text)
     try:

@@ -21,14 +21,20 @@ from learners.recipes.lora import (
     CPU_CONFIG,
     DEFAULT_CONFIG,
     IGNORE,
+    SHARED_PREFIX_MIN,
     PreferencePair,
     SFTExample,
     TrainingConfig,
     TrainingResult,
     batch_shares,
+    collate,
     dpo_loss,
     end_of_turn_ids,
     load_config,
+    load_model,
+    sft_loss,
+    shared_prefix,
+    token_nll,
     tokenize_turn,
     train_successor_adapter,
 )
@@ -250,6 +256,47 @@ def test_answer_tokens_end_with_the_end_of_turn_token(tiny_model: Path) -> None:
     short = tokenize_turn(tokenizer, messages, TREE, end, max_length=len(prompt))
     assert short.ids == turn.ids[-len(prompt) :]  # the oldest context goes, the answer stays
     assert short.labels == turn.labels[-len(prompt) :]
+
+
+def test_a_shared_prompt_prefix_is_computed_once_with_the_same_loss_and_gradients(
+    tiny_model: Path, parent: Path
+) -> None:
+    """A batch whose rows share a long system prompt computes it once; the loss and the LoRA
+    gradients are those of computing every row whole (each row alone shares nothing)."""
+    model, tokenizer = load_model(tiny_model, parent)
+    end = end_of_turn_ids(tokenizer)
+    system = ChatMessage(role="system", content="You design small interfaces. " * 8)
+    items = [
+        tokenize_turn(
+            tokenizer, [system, ChatMessage(role="user", content=f"Show me {t}")], TREE, end, 512
+        )
+        for t in TOPICS[:4]
+    ]
+    batch = collate(items, pad_id=end[-1])
+    shared = shared_prefix(batch)
+    first_answer = min(
+        item.labels.index(next(x for x in item.labels if x != IGNORE)) for item in items
+    )
+    assert SHARED_PREFIX_MIN <= shared < first_answer
+
+    def loss_and_grads(compute: Any) -> tuple[float, list[torch.Tensor]]:
+        model.zero_grad()
+        loss = compute()
+        loss.backward()
+        grads = [
+            p.grad.clone() for p in model.parameters() if p.requires_grad and p.grad is not None
+        ]
+        return float(loss.detach()), grads
+
+    together = loss_and_grads(lambda: sft_loss(model, batch))
+    rows = [collate([item], pad_id=end[-1]) for item in items]
+    targets = sum(int((row.labels[:, 1:] != IGNORE).sum()) for row in rows)
+    alone = loss_and_grads(lambda: sum(token_nll(model, row).sum() for row in rows) / targets)
+    assert all(shared_prefix(row) == 0 for row in rows)
+    assert together[0] == pytest.approx(alone[0], rel=1e-5)
+    assert len(together[1]) == len(alone[1]) > 0
+    for mine, theirs in zip(together[1], alone[1], strict=True):
+        assert torch.allclose(mine, theirs, rtol=1e-3, atol=1e-6)
 
 
 def test_replay_share_of_each_batch() -> None:
