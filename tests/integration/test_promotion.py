@@ -188,9 +188,10 @@ _GRAMMAR_THAT_DOES_NOT_COMPILE = _enforcing_agent_with_a_broken_tool()
         ({"hcp_version": "hcp-2"}, "hcp-2"),
         ({"catalogue_version": "genui-9"}, "genui-9"),
         ({"tools": [{"name": "teleport", "description": "go", "parameters": {}}]}, "teleport"),
-        (_GRAMMAR_THAT_DOES_NOT_COMPILE, "does not compile"),
+        # the instant engine enforces no grammar: it refuses every harness that enforces one
+        (_GRAMMAR_THAT_DOES_NOT_COMPILE, "the instant engine"),
     ],
-    ids=["newer hcp", "unknown catalogue", "unknown tool", "grammar that does not compile"],
+    ids=["newer hcp", "unknown catalogue", "unknown tool", "grammar the engine cannot enforce"],
 )
 def test_a_harness_the_server_cannot_serve_is_refused_and_the_old_release_serves_on(
     gated: tuple[Running, GatedRouter], change: dict[str, Any], reason: str
@@ -198,6 +199,21 @@ def test_a_harness_the_server_cannot_serve_is_refused_and_the_old_release_serves
     """As a newer server might have registered it: stored with its true address."""
     served, gate = gated
     gate.gate.set()
+    _assert_refused(served, change, reason)
+
+
+def test_a_harness_whose_grammar_does_not_compile_is_refused_at_promotion(
+    database_url: str, tiny_model: Path, router: RouterService, tmp_path: Path
+) -> None:
+    """On a real engine the harness's grammars are compiled before the flip."""
+    settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model)
+    with running_server(settings, router=router) as served:
+        _assert_refused(served, _GRAMMAR_THAT_DOES_NOT_COMPILE, "does not compile")
+
+
+def _assert_refused(served: Running, change: dict[str, Any], reason: str) -> None:
+    """Store ``harness@1`` (the root harness with ``change``) and a release naming it, ask for
+    its promotion: refused for ``reason``, and the old release serves on with harness@0."""
     chat = served.server.chat
     old = chat.release
     spec = {**root_harness().model_dump(mode="json"), **change}
