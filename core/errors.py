@@ -6,6 +6,8 @@ Boundaries map errors to responses by type (walking the class hierarchy), never 
 
 from __future__ import annotations
 
+from pydantic import ValidationError
+
 
 class MacaronError(Exception):
     """Base class: ``code`` is stable and machine-readable; the message is for people."""
@@ -314,3 +316,12 @@ class ConstraintUnsupported(MacaronError):
     """The engine cannot enforce this output constraint at decode time."""
 
     code = "constraint_unsupported"
+
+
+def validation_problems(exc: ValidationError, whole: str, limit: int = 5) -> str:
+    """The first ``limit`` problems of a pydantic validation error as ``path: message``, joined
+    by ``; `` (``whole`` names the path of a problem with the value as a whole)."""
+    return "; ".join(
+        f"{'.'.join(str(part) for part in e['loc']) or whole}: {e['msg']}"
+        for e in exc.errors()[:limit]
+    )

@@ -41,7 +41,7 @@ from core.contract import (
 )
 from core.conversation import empty_tool_state
 from core.engine import Engine, GenerationRequest, SamplingParams
-from core.errors import ContractInvalid, MacaronError
+from core.errors import ContractInvalid, MacaronError, validation_problems
 from core.harness.actions import TOOLS, execute
 from core.harness.artifact import HarnessVersion
 from core.harness.genui import parse_genui_output
@@ -91,11 +91,7 @@ def load_yaml_model(path: Path, model: type[_M], error: type[MacaronError]) -> _
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in e['loc']) or 'document'}: {e['msg']}"
-            for e in exc.errors()[:5]
-        )
-        raise error(f"{path}: {problems}") from exc
+        raise error(f"{path}: {validation_problems(exc, 'document')}") from exc
 
 
 # --- checkers -------------------------------------------------------------------------------

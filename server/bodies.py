@@ -7,7 +7,7 @@ from typing import TypeVar
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
-from core.errors import InvalidFrame, PayloadTooLarge
+from core.errors import InvalidFrame, PayloadTooLarge, validation_problems
 
 MAX_BODY_BYTES = 2**20
 """Largest JSON body accepted: 200 messages of 16,000 characters do not fit, real chats do."""
@@ -29,7 +29,4 @@ async def read_json(request: Request, model: type[_M]) -> _M:
     try:
         return model.model_validate_json(bytes(raw))
     except ValidationError as exc:
-        reasons = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'body'}: {e['msg']}" for e in exc.errors()[:10]
-        )
-        raise InvalidFrame(reasons) from exc
+        raise InvalidFrame(validation_problems(exc, "body", limit=10)) from exc

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from core.canonical import canonical_json, sha256_hex
-from core.errors import HarnessInvalid, HarnessNotFound, HcpUnsupported
+from core.errors import HarnessInvalid, HarnessNotFound, HcpUnsupported, validation_problems
 from core.events import HarnessStamp
 from core.harness.actions import TOOLS, ToolSpec
 from core.harness.genui import CATALOGUE_VERSION
@@ -160,11 +160,7 @@ def harness_from(data: Mapping[str, Any]) -> HarnessSpec:
     try:
         return HarnessSpec.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or 'harness'}: {e['msg']}"
-            for e in exc.errors()[:5]
-        )
-        raise HarnessInvalid(f"invalid harness: {problems}") from exc
+        raise HarnessInvalid(f"invalid harness: {validation_problems(exc, 'harness')}") from exc
 
 
 class HarnessVersion(BaseModel):
