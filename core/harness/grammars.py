@@ -35,10 +35,10 @@ GENUI_ID = r"^[A-Za-z][A-Za-z0-9_-]{0,23}$"
 """Component ids in a constrained tree: at most 24 characters (the catalogue allows 64; a long
 id spent a small answer's budget before its tree was complete)."""
 ARGS_MAX_TEXT = 40
+"""Characters per string argument of a constrained tool call."""
 NUMBER_LIMIT = 10**6
 """The range a number in a constrained answer keeps where its schema names none (a random
 model wrote a todo id of 60 digits and ran out of tokens)."""
-"""Characters per string argument of a constrained tool call."""
 
 _DROPPED = frozenset(("title", "description", "default", "discriminator", "$schema"))
 _KEYWORDS_WITH_SCHEMAS = ("properties", "$defs", "definitions", "patternProperties")
