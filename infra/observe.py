@@ -107,6 +107,17 @@ replica_failovers = _meter.create_counter(
     description="Requests sent to another vLLM replica after one failed before the first token",
 )
 
+prefix_cache_hits = _meter.create_counter(
+    "macaron.engine.prefix_cache.hits",
+    unit="1",
+    description="Prompts the local engine began from a cached prefix",
+)
+prefix_cache_evictions = _meter.create_counter(
+    "macaron.engine.prefix_cache.evictions",
+    unit="1",
+    description="Cached prompt prefixes evicted by the local engine to stay within its cap",
+)
+
 
 class Lagging(Protocol):
     """A stream processor host as the lag gauge sees it."""

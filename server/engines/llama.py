@@ -11,8 +11,73 @@ import torch
 from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-KVCache = list[tuple[torch.Tensor, torch.Tensor]]  # per layer: (1, kv_heads, length, head_dim)
 Rotary = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) for every position of the pass
+
+
+class KVCache:
+    """One request's keys and values, per layer in a buffer ``(1, kv_heads, capacity,
+    head_dim)`` written in place; a full buffer doubles, so a token costs no concatenation."""
+
+    def __init__(self, capacity: int = 0) -> None:
+        self.keys: list[torch.Tensor] = []
+        self.values: list[torch.Tensor] = []
+        self.length = 0  # tokens every layer holds
+        self.capacity_hint = capacity
+
+    @classmethod
+    def of_prefix(
+        cls, keys: list[torch.Tensor], values: list[torch.Tensor], capacity: int
+    ) -> KVCache:
+        """A cache holding copies of per-layer ``keys``/``values`` (all the same length)."""
+        cache = cls(capacity)
+        length = keys[0].shape[2] if keys else 0
+        for k, v in zip(keys, values, strict=True):
+            cache.keys.append(cache._buffer(k, max(capacity, length)))
+            cache.values.append(cache._buffer(v, max(capacity, length)))
+        cache.length = length
+        return cache
+
+    @staticmethod
+    def _buffer(filled: torch.Tensor, capacity: int) -> torch.Tensor:
+        shape = (*filled.shape[:2], capacity, filled.shape[3])
+        buffer = filled.new_empty(shape)
+        buffer[:, :, : filled.shape[2]] = filled
+        return buffer
+
+    def extend(
+        self, index: int, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write this pass's ``k``/``v`` after the cached tokens of layer ``index``; that
+        layer's keys and values so far. ``advance`` counts the pass once every layer has it."""
+        start, end = self.length, self.length + k.shape[2]
+        if index == len(self.keys):
+            capacity = max(end, self.capacity_hint)
+            self.keys.append(k.new_empty((*k.shape[:2], capacity, k.shape[3])))
+            self.values.append(v.new_empty((*v.shape[:2], capacity, v.shape[3])))
+        elif end > self.keys[index].shape[2]:
+            capacity = max(end, 2 * self.keys[index].shape[2])
+            self.keys[index] = self._buffer(self.keys[index][:, :, :start], capacity)
+            self.values[index] = self._buffer(self.values[index][:, :, :start], capacity)
+        self.keys[index][:, :, start:end] = k
+        self.values[index][:, :, start:end] = v
+        return self.keys[index][:, :, :end], self.values[index][:, :, :end]
+
+    def advance(self, steps: int) -> None:
+        self.length += steps
+
+    def prefix(self, length: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        """Copies of every layer's first ``length`` keys and values."""
+        return (
+            [k[:, :, :length].clone() for k in self.keys],
+            [v[:, :, :length].clone() for v in self.values],
+        )
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
+
+    def clear(self) -> None:
+        self.keys, self.values, self.length = [], [], 0
 
 
 def forward(model: Any, caches: list[KVCache], tokens: list[list[int]]) -> torch.Tensor:
@@ -21,12 +86,13 @@ def forward(model: Any, caches: list[KVCache], tokens: list[list[int]]) -> torch
     inner = model.model
     ids = torch.tensor(tokens)
     steps = ids.shape[1]
-    starts = [cache[0][0].shape[2] if cache else 0 for cache in caches]
-    positions = torch.tensor([list(range(s, s + steps)) for s in starts])
+    positions = torch.tensor([list(range(c.length, c.length + steps)) for c in caches])
     hidden = inner.embed_tokens(ids)
     rotary: Rotary = inner.rotary_emb(hidden, positions)
     for index, layer in enumerate(inner.layers):
         hidden = _decoder_layer(layer, index, hidden, rotary, caches)
+    for cache in caches:
+        cache.advance(steps)
     hidden = inner.norm(hidden[:, -1:, :])
     logits: torch.Tensor = model.lm_head(hidden)[:, -1, :]
     return logits
@@ -44,10 +110,11 @@ def _decoder_layer(
     k = attn.k_proj(x).view(shape).transpose(1, 2)
     v = attn.v_proj(x).view(shape).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, *rotary)
-    outputs = [
-        _attend(attn, index, q[row : row + 1], k[row : row + 1], v[row : row + 1], cache)
-        for row, cache in enumerate(caches)
-    ]
+    outputs = []
+    for row, cache in enumerate(caches):
+        start = cache.length
+        keys, values = cache.extend(index, k[row : row + 1], v[row : row + 1])
+        outputs.append(_attend(attn, q[row : row + 1], keys, values, start))
     attended = torch.cat(outputs).transpose(1, 2).reshape(batch, steps, -1)
     hidden = hidden + attn.o_proj(attended)
     result: torch.Tensor = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
@@ -55,16 +122,21 @@ def _decoder_layer(
 
 
 def _attend(
-    attn: Any, index: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cache: KVCache
+    attn: Any, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
 ) -> torch.Tensor:
-    """One request's attention at layer ``index`` over its cache, extended by ``k`` and ``v``."""
-    if len(cache) > index:
-        past_k, past_v = cache[index]
-        k, v = torch.cat([past_k, k], 2), torch.cat([past_v, v], 2)
-        cache[index] = (k, v)
-    else:
-        cache.append((k, v))
+    """One request's attention: each of ``q``'s positions (after ``start`` cached tokens) sees
+    the cache and itself and the positions before it in this pass."""
+    steps = q.shape[2]
+    mask = None
+    if steps > 1 and start > 0:  # causal, aligned to the end: a prefill after a cached prefix
+        mask = torch.ones(steps, start + steps, dtype=torch.bool).tril(diagonal=start)
     attended: torch.Tensor = F.scaled_dot_product_attention(
-        q, k, v, is_causal=q.shape[2] > 1, scale=attn.scaling, enable_gqa=True
+        q,
+        keys,
+        values,
+        attn_mask=mask,
+        is_causal=steps > 1 and start == 0,
+        scale=attn.scaling,
+        enable_gqa=True,
     )
     return attended

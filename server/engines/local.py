@@ -37,6 +37,7 @@ from server.engines.lora import (
     read_adapter,
     read_adapter_config,
 )
+from server.engines.prefixes import PrefixCache
 from server.engines.prompts import chat_prompt_ids, prompt_ids
 from server.engines.scheduler import BatchScheduler, Generation, eos_ids
 
@@ -49,6 +50,7 @@ class EngineLimits:
     max_adapters: int = 32
     max_adapter_bytes: int = 512 * 2**20
     max_prompt_tokens: int = 4096
+    max_prefix_cache_bytes: int = 256 * 2**20
 
 
 class LocalEngine:
@@ -75,11 +77,13 @@ class LocalEngine:
         self._shapes = install(self.model, batch)
         self._adapters: AdapterTable[LoRAWeights] = AdapterTable()
         self._lock = threading.Lock()
+        self.prefixes = PrefixCache(self.limits.max_prefix_cache_bytes)
         self._scheduler = BatchScheduler(
             self.model,
             batch,
             self.tokenizer,
             release=self._release,
+            prefixes=self.prefixes,
             max_batch=self.limits.max_batch,
             max_queue=self.limits.max_queue,
         )
@@ -128,6 +132,7 @@ class LocalEngine:
                     "are serving requests"
                 )
             self._adapters.evict(idle[0])
+            self.prefixes.invalidate(idle[0])
 
     def _full(self, nbytes: int) -> bool:
         used = sum(w.nbytes for w in self._adapters.values())
@@ -138,6 +143,7 @@ class LocalEngine:
         """Stop serving ``name``; requests in flight on it finish first."""
         with self._lock:
             self._adapters.unload(name)
+        self.prefixes.invalidate(name)
 
     def loaded_adapters(self) -> list[str]:
         with self._lock:

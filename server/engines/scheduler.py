@@ -21,6 +21,9 @@ from core.errors import EngineError, EngineOverloaded, EngineUnavailable, Macaro
 from server.engines.grammar import mask_rows, new_bitmask
 from server.engines.llama import KVCache, forward
 from server.engines.lora import BatchAdapters, LoRAWeights
+from server.engines.prefixes import PrefixCache
+
+KV_RESERVE = 128  # answer tokens a new request's KV cache has room for before it doubles
 
 
 def _engine_error(exc: Exception) -> MacaronError:
@@ -57,7 +60,7 @@ class Generation:
     sink: asyncio.Queue[GenerationChunk | BaseException]
     cancelled: threading.Event = field(default_factory=threading.Event)
     out_ids: list[int] = field(default_factory=list)
-    cache: KVCache = field(default_factory=list)
+    cache: KVCache = field(default_factory=KVCache)
     emitted: str = ""
     generator: torch.Generator | None = None
     grammar: xgr.GrammarMatcher | None = None
@@ -108,6 +111,7 @@ class BatchScheduler:
         tokenizer: Any,
         *,
         release: Callable[[LoRAWeights | None], None],
+        prefixes: PrefixCache,
         max_batch: int,
         max_queue: int,
     ) -> None:
@@ -115,6 +119,7 @@ class BatchScheduler:
         self._adapters = adapters
         self._tokenizer = tokenizer
         self._release = release
+        self._prefixes = prefixes
         self._max_batch = max_batch
         self._max_queue = max_queue
         self._eos = eos_ids(model)
@@ -167,7 +172,8 @@ class BatchScheduler:
                 self.stats["active"] = len(self._active)
 
     def _admit(self) -> None:
-        """Take queued requests into the batch, each prompt in a pass of its own."""
+        """Take queued requests into the batch, each prompt in a pass of its own that begins
+        after the longest prefix the prefix cache holds for it."""
         while len(self._active) < self._max_batch:
             try:
                 item = self._pending.get(timeout=0.05 if not self._active else 0)
@@ -177,7 +183,10 @@ class BatchScheduler:
                 self._finish(item, "cancelled")
                 continue
             try:
-                logits = self._forward([item], [item.prompt_ids])
+                capacity = len(item.prompt_ids) + min(item.params.max_tokens, KV_RESERVE)
+                item.cache = self._prefixes.cache_for(item.adapter, item.prompt_ids, capacity)
+                logits = self._forward([item], [item.prompt_ids[item.cache.length :]])
+                self._prefixes.add(item.adapter, item.prompt_ids, item.cache)
                 logits = self._constrain(logits, [item])
             except Exception as exc:  # one bad request must not stop the engine
                 self._finish(item, "cancelled", error=_engine_error(exc))

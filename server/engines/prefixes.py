@@ -1,0 +1,119 @@
+"""The local engine's prefix cache: the keys and values of prompts already computed, reused by
+later prompts that begin the same way on the same adapter weights (the harness's system
+prompt, an earlier turn of the conversation, the other samples of one prompt).
+
+An entry is a prompt's cache as its request computed it (views of that request's buffers: its
+answer is written after the prompt, never over it). A new prompt takes a copy of the longest
+common prefix among the entries for its adapter and computes only the rest. Entries are
+evicted least recently used first when their bytes pass the cap, and dropped when their
+adapter is unloaded."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from infra.observe import prefix_cache_evictions, prefix_cache_hits
+from server.engines.llama import KVCache
+from server.engines.lora import LoRAWeights
+
+MIN_PREFIX_TOKENS = 16  # shorter shared prefixes are cheaper to compute than to copy
+
+
+@dataclass(eq=False)
+class _Entry:
+    adapter: LoRAWeights | None
+    tokens: list[int]
+    keys: list[torch.Tensor]
+    values: list[torch.Tensor]
+
+    @property
+    def nbytes(self) -> int:
+        storages = {t.untyped_storage().data_ptr(): t for t in (*self.keys, *self.values)}
+        return sum(t.untyped_storage().nbytes() for t in storages.values())
+
+
+def _common_length(a: list[int], b: list[int]) -> int:
+    for n, (x, y) in enumerate(zip(a, b, strict=False)):
+        if x != y:
+            return n
+    return min(len(a), len(b))
+
+
+class PrefixCache:
+    """Prompt prefixes by adapter weights (compared by identity: a name unloaded and loaded
+    again is other weights), up to ``max_bytes``. Thread-safe."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: list[_Entry] = []  # least recently used first
+        self._lock = threading.Lock()
+        self.stats = {"hits": 0, "tokens_reused": 0, "evictions": 0, "entries": 0, "bytes": 0}
+
+    def cache_for(self, adapter: LoRAWeights | None, prompt: list[int], capacity: int) -> KVCache:
+        """A KV cache for ``prompt`` holding its longest cached prefix (all but its last token
+        at most, whose logits the caller needs), or an empty one."""
+        with self._lock:
+            best, length = None, 0
+            for entry in self._entries:
+                if entry.adapter is adapter:
+                    common = _common_length(entry.tokens, prompt)
+                    if common > length:
+                        best, length = entry, common
+            length = min(length, len(prompt) - 1)
+            if best is None or length < MIN_PREFIX_TOKENS:
+                return KVCache(capacity)
+            self._entries.remove(best)
+            self._entries.append(best)
+            self.stats["hits"] += 1
+            self.stats["tokens_reused"] += length
+        prefix_cache_hits.add(1)
+        keys = [k[:, :, :length] for k in best.keys]
+        values = [v[:, :, :length] for v in best.values]
+        return KVCache.of_prefix(keys, values, capacity)
+
+    def add(self, adapter: LoRAWeights | None, prompt: list[int], cache: KVCache) -> None:
+        """Keep ``cache``'s first ``len(prompt)`` tokens as ``prompt``'s entry, replacing the
+        entries it extends; nothing when an entry already covers the whole prompt."""
+        if self.max_bytes <= 0 or len(prompt) < MIN_PREFIX_TOKENS:
+            return
+        entry = _Entry(
+            adapter,
+            list(prompt),
+            [k[:, :, : len(prompt)] for k in cache.keys],
+            [v[:, :, : len(prompt)] for v in cache.values],
+        )
+        if entry.nbytes > self.max_bytes:
+            return
+        with self._lock:
+            same = [e for e in self._entries if e.adapter is adapter]
+            if any(_common_length(e.tokens, prompt) == len(prompt) for e in same):
+                return
+            extended = {id(e) for e in same if _common_length(e.tokens, prompt) == len(e.tokens)}
+            self._entries = [e for e in self._entries if id(e) not in extended]
+            self._entries.append(entry)
+            evicted = 0
+            while self._bytes() > self.max_bytes:
+                self._entries.pop(0)
+                evicted += 1
+            self.stats["evictions"] += evicted
+            self._count()
+        if evicted:
+            prefix_cache_evictions.add(evicted)
+
+    def invalidate(self, adapter_name: str) -> None:
+        """Drop every entry computed with the adapter named ``adapter_name``."""
+        with self._lock:
+            self._entries = [
+                e for e in self._entries if e.adapter is None or e.adapter.name != adapter_name
+            ]
+            self._count()
+
+    def _bytes(self) -> int:
+        return sum(e.nbytes for e in self._entries)
+
+    def _count(self) -> None:
+        self.stats["entries"] = len(self._entries)
+        self.stats["bytes"] = self._bytes()
