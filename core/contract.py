@@ -1,6 +1,6 @@
-"""Contract v1: the held-out task suites a candidate adapter is scored on, and the promotion rule.
+"""The contract: the held-out task suites a candidate is scored on, and the promotion rule.
 
-A contract is data (``learners/contract-v1.yaml``): per specialist a suite of tasks, each with a
+A contract is data (``learners/contract-v*.yaml``): per specialist a suite of tasks, each with a
 checker and a reference answer, plus a ``general`` suite that catches forgetting. ``decide``
 applies the rule to paired per-task outcomes of a candidate and its parent, so a decision can be
 recomputed from stored outcomes under any contract version. Running the checkers is I/O and lives
@@ -88,6 +88,21 @@ class Task(_Frozen):
     prompt: str = Field(min_length=1)
     checker: Checker
     reference: str = Field(min_length=1)
+
+
+NEAR_DUPLICATE = 0.6
+"""Word overlap (Jaccard) from which two prompts count as the same task asked again."""
+
+
+def prompt_words(prompt: str) -> frozenset[str]:
+    """A prompt's words, case and punctuation dropped and numbers masked: what near-duplicates
+    share."""
+    return frozenset(re.sub(r"\d+", "#", re.sub(r"[^\w\s]", " ", prompt.casefold())).split())
+
+
+def word_overlap(a: frozenset[str], b: frozenset[str]) -> float:
+    """Jaccard similarity of two prompts' ``prompt_words``."""
+    return len(a & b) / len(a | b) if a | b else 1.0
 
 
 class NonInferiority(_Frozen):

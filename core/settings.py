@@ -79,7 +79,7 @@ class Settings(BaseSettings):
         description="a training run's lease, renewed while it trains; another worker may take "
         "over a run whose lease ran out (its worker died)",
     )
-    contract_path: Path | None = Field(default=None, description="unset means contract v1")
+    contract_path: Path | None = Field(default=None, description="unset means contract v2")
     training_config: Path | None = Field(default=None, description="unset means the default")
 
     otel_traces: Literal["off", "console", "otlp"] = Field(

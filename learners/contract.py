@@ -25,12 +25,12 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, Any, TypeVar, assert_never
+from typing import IO, assert_never
 
-import yaml
-from pydantic import BaseModel, JsonValue, ValidationError
+from pydantic import JsonValue
 
 from core.contract import (
+    NEAR_DUPLICATE,
     Contract,
     ExactChecker,
     GenUIChecker,
@@ -38,18 +38,24 @@ from core.contract import (
     RegexChecker,
     Task,
     ToolCallChecker,
+    prompt_words,
+    word_overlap,
 )
 from core.conversation import empty_tool_state
 from core.engine import Engine, GenerationRequest, SamplingParams
-from core.errors import ContractInvalid, MacaronError, validation_problems
+from core.errors import ContractInvalid
 from core.harness.actions import TOOLS, execute
 from core.harness.artifact import HarnessVersion
 from core.harness.genui import parse_genui_output
 from core.harness.grammars import output_constraint
 from core.harness.hcp import build_context, tool_call_of
+from learners.files import load_yaml_model
+from learners.tasks import load_bank
 
 CONTRACT_V1 = Path(__file__).with_name("contract-v1.yaml")
 CONTRACT_V2 = Path(__file__).with_name("contract-v2.yaml")
+DEFAULT_CONTRACT = CONTRACT_V2
+"""The contract the loop judges by unless `MACARON_CONTRACT_PATH` names another."""
 PYTHON_TIMEOUT_S = 10.0
 PYTHON_MEMORY_BYTES = 512 * 2**20
 PYTHON_FILE_BYTES = 16 * 2**20
@@ -59,7 +65,6 @@ CONCURRENCY = 16
 concurrent requests, mixed adapters and all, and the loop runs parent and candidate at once."""
 
 _log = logging.getLogger(__name__)
-_M = TypeVar("_M", bound=BaseModel)
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -77,21 +82,28 @@ def load_contract(path: Path) -> Contract:
                     f"{path}: task {task.id!r} expects tool {checker.tool!r}; "
                     f"tools: {', '.join(sorted(known_tools))}"
                 )
+    _check_held_out(path, contract, load_bank())
     return contract
 
 
-def load_yaml_model(path: Path, model: type[_M], error: type[MacaronError]) -> _M:
-    """Read, parse and validate one YAML document as ``model``, raising ``error`` on failure."""
-    try:
-        data: Any = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise error(f"{path}: cannot be read: {exc}") from exc
-    except yaml.YAMLError as exc:
-        raise error(f"{path}: not valid YAML: {exc}") from exc
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise error(f"{path}: {validation_problems(exc, 'document')}") from exc
+def _check_held_out(path: Path, contract: Contract, bank: Sequence[Task]) -> None:
+    """``ContractInvalid`` naming the first contract task that shares an id with a bank task or
+    asks (nearly) the same: the bank is trained on, the contract must be held out."""
+    trained = [(task, prompt_words(task.prompt)) for task in bank]
+    ids = {task.id for task in bank}
+    for tasks in contract.suites.values():
+        for task in tasks:
+            if task.id in ids:
+                raise ContractInvalid(f"{path}: task {task.id!r} has the id of a bank task")
+            words = prompt_words(task.prompt)
+            for other, other_words in trained:
+                overlap = word_overlap(words, other_words)
+                if overlap >= NEAR_DUPLICATE:
+                    raise ContractInvalid(
+                        f"{path}: task {task.id!r} asks what bank task {other.id!r} asks "
+                        f"({overlap:.0%} of their words shared): contract tasks are held out "
+                        "from the bank, which is trained on"
+                    )
 
 
 # --- checkers -------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ from infra.artifacts import ArtifactStore
 from infra.local_stack import LocalStack
 from infra.postgres.db import Pool
 from infra.postgres.promotions import last_request_of_run, request_promotion, wait_for_request
-from learners.contract import CONTRACT_V1
+from learners.contract import DEFAULT_CONTRACT
 from learners.loop import RunBusy, Runtime, evaluate_run, train_run
 from learners.recipes.lora import DEFAULT_CONFIG, load_config
 
@@ -107,7 +107,7 @@ def make_runtime(
         store=ArtifactStore(settings.home / "adapters"),
         model_dir=model_dir,
         training=load_config(settings.training_config or DEFAULT_CONFIG),
-        contract_path=settings.contract_path or CONTRACT_V1,
+        contract_path=settings.contract_path or DEFAULT_CONTRACT,
         contract_engine=engine,
     )
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.contract import Task
 from core.errors import TaskBankInvalid
-from learners.contract import load_yaml_model
+from learners.files import load_yaml_model
 
 BANK_V1 = Path(__file__).with_name("bank-v1.yaml")
 

@@ -18,7 +18,7 @@ from infra.artifacts import ArtifactStore
 from infra.postgres.lineage import LineageStep, lineage, to_dot
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, harness_by_name, release_by_id
-from learners.contract import CONTRACT_V1, load_contract, run_contract
+from learners.contract import DEFAULT_CONTRACT, load_contract, run_contract
 from macaron import wiring
 from macaron.cli.common import console, settings
 from server.engines.local import LocalEngine
@@ -132,10 +132,10 @@ def contract_run(
     ] = "active",
     seed: Annotated[int, typer.Option(help="Sampling seed (greedy decoding either way).")] = 0,
 ) -> None:
-    """Run the contract (MACARON_CONTRACT_PATH, default contract v1) on a release (its adapters
+    """Run the contract (MACARON_CONTRACT_PATH, default contract v2) on a release (its adapters
     and its harness) and print each suite's score and share of well-formed answers."""
     cfg = settings(ctx)
-    contract = load_contract(cfg.contract_path or CONTRACT_V1)
+    contract = load_contract(cfg.contract_path or DEFAULT_CONTRACT)
     store = ArtifactStore(cfg.home / "adapters")
     with wiring.pool(cfg) as pool, pool.connection() as conn:
         release = (

@@ -17,7 +17,7 @@ from core.settings import Settings
 from infra.postgres.keys import create_key
 from infra.postgres.lookups import run_ids_oldest_first
 from infra.postgres.registry import active_release
-from learners.contract import CONTRACT_V1, load_contract, run_contract
+from learners.contract import DEFAULT_CONTRACT, load_contract, run_contract
 from learners.loop import recorded_outcomes
 from learners.recipes.lora import CPU_CONFIG
 from learners.tasks import load_bank
@@ -78,7 +78,7 @@ def run_demo(
     if min(generations, turns_per_generation, concurrency) < 1:
         raise ConfigError("generations, turns per generation and concurrency must be at least 1")
     settings = demo_settings(settings)
-    contract = load_contract(settings.contract_path or CONTRACT_V1)
+    contract = load_contract(settings.contract_path or DEFAULT_CONTRACT)
     unscored = sorted(set(specialists) - contract.suites.keys())
     if unscored:
         raise ConfigError(

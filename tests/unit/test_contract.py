@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import re
 import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
@@ -16,6 +15,7 @@ import pytest
 import yaml
 
 from core.contract import (
+    NEAR_DUPLICATE,
     Checker,
     ExactChecker,
     GenUIChecker,
@@ -27,7 +27,9 @@ from core.contract import (
     ToolCallChecker,
     decide,
     non_inferiority_p_value,
+    prompt_words,
     sign_test_p_value,
+    word_overlap,
 )
 from core.engine import GenerationChunk, GenerationRequest
 from core.errors import ContractInvalid, TaskBankInvalid
@@ -301,35 +303,33 @@ def test_every_reference_passes_its_checker(case: Task) -> None:
     assert check(case, case.reference)
 
 
-def _words(prompt: str) -> set[str]:
-    """A prompt's words, case and punctuation dropped and numbers masked, for near-duplicates."""
-    return set(re.sub(r"\d+", "#", re.sub(r"[^\w\s]", " ", prompt.casefold())).split())
-
-
 def test_the_contract_is_held_out_from_the_bank() -> None:
     assert not {t.id for t in CONTRACT_TASKS} & {t.id for t in BANK}
-    normalised = {" ".join(sorted(_words(t.prompt))) for t in BANK}
-    assert not {" ".join(sorted(_words(t.prompt))) for t in CONTRACT_TASKS} & normalised
     for held_out in CONTRACT_TASKS:
         for trained in BANK:
-            a, b = _words(held_out.prompt), _words(trained.prompt)
-            similarity = len(a & b) / len(a | b)
-            assert similarity < 0.6, (held_out.prompt, trained.prompt)
+            similarity = word_overlap(prompt_words(held_out.prompt), prompt_words(trained.prompt))
+            assert similarity < NEAR_DUPLICATE, (held_out.prompt, trained.prompt)
 
 
 def test_contract_v2_is_held_out_from_the_bank_and_from_v1() -> None:
     others = BANK + CONTRACT_TASKS
     assert not {t.id for t in V2_TASKS} & {t.id for t in others}
-    seen = [(_words(t.prompt), t.prompt) for t in others]
+    seen = [(prompt_words(t.prompt), t.prompt) for t in others]
     for held_out in V2_TASKS:
-        a = _words(held_out.prompt)
+        a = prompt_words(held_out.prompt)
         for b, prompt in seen:
-            assert len(a & b) / len(a | b) < 0.6, (held_out.prompt, prompt)
+            assert word_overlap(a, b) < NEAR_DUPLICATE, (held_out.prompt, prompt)
     assert len({t.prompt for t in V2_TASKS}) == len(V2_TASKS)
-    words = [(_words(t.prompt), t.id) for t in V2_TASKS]
+    words = [(prompt_words(t.prompt), t.id) for t in V2_TASKS]
     for index, (a, first) in enumerate(words):
         for b, second in words[index + 1 :]:
-            assert len(a & b) / len(a | b) < 0.8, (first, second)
+            assert word_overlap(a, b) < 0.8, (first, second)
+
+
+def test_near_duplicates_ignore_case_punctuation_and_numbers() -> None:
+    a = prompt_words("What is 12 + 30?")
+    assert a == prompt_words("what is 7 + 8") == {"what", "is", "#"}
+    assert word_overlap(a, prompt_words("What is the capital of Peru?")) == 2 / 7
 
 
 def test_contract_v2_has_suites_that_can_tell() -> None:
@@ -547,6 +547,26 @@ def test_bad_fields_and_unknown_tools_are_contract_invalid(tmp_path: Path) -> No
     data = _contract_data()
     data["suites"]["agent"][0]["checker"]["tool"] = "browser"
     with pytest.raises(ContractInvalid, match="expects tool 'browser'"):
+        load_contract(_write(tmp_path, data))
+
+
+def test_a_task_overlapping_the_bank_is_contract_invalid(tmp_path: Path) -> None:
+    trained = BANK[0]
+    data = _contract_data()
+    first = data["suites"][trained.specialist][0]
+    first["prompt"] = trained.prompt + " Please."
+    with pytest.raises(ContractInvalid, match=f"task '{first['id']}' asks what bank task"):
+        load_contract(_write(tmp_path, data))
+    data = _contract_data()
+    data["suites"]["chat"][0]["id"] = trained.id
+    with pytest.raises(ContractInvalid, match=f"task '{trained.id}' has the id of a bank task"):
+        load_contract(_write(tmp_path, data))
+
+
+def test_an_unknown_checker_is_contract_invalid(tmp_path: Path) -> None:
+    data = _contract_data()
+    data["suites"]["chat"][0]["checker"] = {"kind": "llm_judge", "rubric": "be nice"}
+    with pytest.raises(ContractInvalid, match=r"suites\.chat\.0\.checker"):
         load_contract(_write(tmp_path, data))
 
 
