@@ -444,5 +444,5 @@ def train_successor_adapter(
         losses=losses,
         seconds=time.perf_counter() - started,
         examples=len(sft),
-        pairs=len(preferences),
+        pairs=len(run.pairs),
     )

@@ -26,6 +26,7 @@ from learners.recipes.lora import (
     SFTExample,
     TrainingConfig,
     TrainingResult,
+    answer_logprobs,
     batch_shares,
     collate,
     dpo_loss,
@@ -201,6 +202,42 @@ def test_preference_pairs_add_a_dpo_loss_against_the_parent(
     assert first["dpo_loss"] == pytest.approx(math.log(2), abs=1e-4)
     assert math.isfinite(second["dpo_loss"]) and second["dpo_loss"] < first["dpo_loss"]
     assert first["loss"] == pytest.approx(first["sft_loss"] + first["dpo_loss"], rel=1e-6)
+
+
+def test_dpo_raises_the_chosen_answer_over_the_rejected_one(
+    tiny_model: Path, parent: Path, tmp_path: Path
+) -> None:
+    """Pairs whose chosen and rejected answers were swapped anywhere on the way would still
+    lower the DPO loss; only the direction of the learned margin tells."""
+    pairs = [
+        PreferencePair(messages=example.messages, chosen=TREE, rejected="I cannot draw that.")
+        for example in SFT[:4]
+    ]
+    train_successor_adapter(
+        tiny_model,
+        parent,
+        tmp_path,
+        sft=[],
+        preferences=pairs,
+        older=[],
+        config=CONFIG.model_copy(update={"steps": 3}),
+    )
+
+    def margin(adapter: Path) -> float:
+        model, tokenizer = load_model(tiny_model, adapter)
+        model.eval()
+        end = end_of_turn_ids(tokenizer)
+        rows = [
+            tokenize_turn(tokenizer, p.messages, answer, end, CONFIG.max_length)
+            for p in pairs
+            for answer in (p.chosen, p.rejected)
+        ]
+        with torch.no_grad():
+            logps = answer_logprobs(model, collate(rows, end[-1]))
+        return float((logps[0::2] - logps[1::2]).mean())
+
+    before, after = margin(parent), margin(tmp_path)
+    assert after > before + 1.0, (before, after)
 
 
 def test_nothing_to_train(tiny_model: Path, parent: Path, tmp_path: Path) -> None:
