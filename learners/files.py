@@ -11,13 +11,13 @@ from pydantic import BaseModel, ValidationError
 from core.errors import MacaronError, validation_problems
 
 _M = TypeVar("_M", bound=BaseModel)
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's safe loader when built in
 
 
 def load_yaml_model(path: Path, model: type[_M], error: type[MacaronError]) -> _M:
     """Read, parse and validate one YAML document as ``model``, raising ``error`` on failure."""
     try:
-        data: Any = yaml.load(path.read_text(encoding="utf-8"), Loader=_LOADER)
+        text = path.read_text(encoding="utf-8")
+        data: Any = yaml.load(text, Loader=yaml.CSafeLoader)  # libyaml, in PyYAML's wheels
     except (OSError, UnicodeDecodeError) as exc:
         raise error(f"{path}: cannot be read: {exc}") from exc
     except yaml.YAMLError as exc:

@@ -59,6 +59,7 @@ from infra.postgres.runs import (
     finish_run,
     queue_run,
     record_evaluation,
+    record_release_score,
     renew_lease,
     run_result,
     runs_with_recipe_prefix,
@@ -563,6 +564,39 @@ def _evaluation_events(
             )
         )
     return events
+
+
+def release_outcomes(
+    pool: Pool,
+    engine: Engine,
+    release: Release,
+    harness: HarnessVersion,
+    contract: Contract,
+) -> ContractRun:
+    """The contract's per-task outcomes on ``release`` served with ``harness`` (the adapters
+    it names loaded in ``engine``): as recorded, or else run on ``engine`` and recorded, so
+    that the loop's next evaluation with this release as the parent reuses them."""
+    with pool.connection() as conn:
+        recorded = recorded_outcomes(conn, release.release_id, contract)
+    if recorded is not None:
+        return recorded
+    adapters = {name: ref.name for name, ref in release.adapters.items()}
+    outcomes = asyncio.run(run_contract(engine, adapters, contract, harness=harness))
+    with pool.connection() as conn:
+        record_release_score(
+            conn,
+            evaluation_id=derived_id("release-score", release.release_id, contract.version),
+            release_id=release.release_id,
+            contract_version=contract.version,
+            scores={
+                "release": outcomes.scores(),
+                "formats": {"release": outcomes.format_scores()},
+                "outcomes": {"release": outcomes.passed},
+                "well_formed": {"release": outcomes.well_formed},
+                "harness_version": harness.name,
+            },
+        )
+    return outcomes
 
 
 _PASSED = TypeAdapter(dict[str, list[bool]])

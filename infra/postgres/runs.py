@@ -182,12 +182,28 @@ def record_evaluation(
     )
 
 
+def record_release_score(
+    conn: DictConnection,
+    *,
+    evaluation_id: UUID,
+    release_id: str,
+    contract_version: str,
+    scores: dict[str, Any],
+) -> None:
+    """Record a release scored on its own (no run, so no verdict), once per id."""
+    conn.execute(
+        "INSERT INTO evaluations (evaluation_id, release_id, contract_version, scores) "
+        "VALUES (%s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (evaluation_id, release_id, contract_version, Jsonb(scores)),
+    )
+
+
 def evaluated_outcomes(
     conn: DictConnection, release_id: str, contract_version: str
 ) -> list[dict[str, Any]]:
     """Every per-task record of ``release_id`` under ``contract_version``, as the candidate of
-    the run that made it or as the parent of a run: ``outcomes`` (passed) and ``well_formed``
-    per suite (JSON, not validated)."""
+    the run that made it, as the parent of a run, or scored on its own: ``outcomes`` (passed)
+    and ``well_formed`` per suite (JSON, not validated)."""
     rows = conn.execute(
         "SELECT e.scores -> 'outcomes' -> 'candidate' AS outcomes, "
         "e.scores -> 'well_formed' -> 'candidate' AS well_formed FROM releases r "
@@ -195,7 +211,10 @@ def evaluated_outcomes(
         "WHERE r.release_id = %(release)s AND e.contract_version = %(version)s "
         "UNION ALL SELECT scores -> 'outcomes' -> 'parent', scores -> 'well_formed' -> 'parent' "
         "FROM evaluations "
-        "WHERE scores ->> 'parent_release_id' = %(release)s AND contract_version = %(version)s",
+        "WHERE scores ->> 'parent_release_id' = %(release)s AND contract_version = %(version)s "
+        "UNION ALL SELECT scores -> 'outcomes' -> 'release', scores -> 'well_formed' -> 'release' "
+        "FROM evaluations "
+        "WHERE run_id IS NULL AND release_id = %(release)s AND contract_version = %(version)s",
         {"release": release_id, "version": contract_version},
     ).fetchall()
     return [dict(r) for r in rows]

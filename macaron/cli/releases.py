@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from enum import StrEnum
@@ -18,7 +17,8 @@ from infra.artifacts import ArtifactStore
 from infra.postgres.lineage import LineageStep, lineage, to_dot
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, harness_by_name, release_by_id
-from learners.contract import DEFAULT_CONTRACT, load_contract, run_contract
+from learners.contract import DEFAULT_CONTRACT, load_contract
+from learners.loop import release_outcomes
 from macaron import wiring
 from macaron.cli.common import console, settings
 from server.engines.local import LocalEngine
@@ -130,29 +130,28 @@ def contract_run(
     release_id: Annotated[
         str, typer.Argument(help="The release to evaluate ('active' for the active one).")
     ] = "active",
-    seed: Annotated[int, typer.Option(help="Sampling seed (greedy decoding either way).")] = 0,
 ) -> None:
     """Run the contract (MACARON_CONTRACT_PATH, default contract v2) on a release (its adapters
-    and its harness) and print each suite's score and share of well-formed answers."""
+    and its harness, greedy decoding) and print each suite's score and share of well-formed
+    answers. The outcomes are recorded: a release is scored once per contract version, and the
+    learning loop reuses them when the release is a run's parent."""
     cfg = settings(ctx)
     contract = load_contract(cfg.contract_path or DEFAULT_CONTRACT)
     store = ArtifactStore(cfg.home / "adapters")
-    with wiring.pool(cfg) as pool, pool.connection() as conn:
-        release = (
-            active_release(conn) if release_id == "active" else release_by_id(conn, release_id)
-        )
-        harness = harness_by_name(conn, release.harness_version)
-    engine = LocalEngine(wiring.model_dir(cfg))
-    try:
-        with console.status(f"running {contract.version} on {release.release_id}..."):
-            for ref in release.adapters.values():
-                engine.load_adapter(ref.name, str(store.verified_path(ref.sha256, ref.path)))
-            adapters = {name: ref.name for name, ref in release.adapters.items()}
-            outcomes = asyncio.run(
-                run_contract(engine, adapters, contract, harness=harness, seed=seed)
+    with wiring.pool(cfg) as pool:
+        with pool.connection() as conn:
+            release = (
+                active_release(conn) if release_id == "active" else release_by_id(conn, release_id)
             )
-    finally:
-        engine.close()
+            harness = harness_by_name(conn, release.harness_version)
+        engine = LocalEngine(wiring.model_dir(cfg))
+        try:
+            with console.status(f"running {contract.version} on {release.release_id}..."):
+                for ref in release.adapters.values():
+                    engine.load_adapter(ref.name, str(store.verified_path(ref.sha256, ref.path)))
+                outcomes = release_outcomes(pool, engine, release, harness, contract)
+        finally:
+            engine.close()
     table = Table(
         title=f"{contract.version} on {release.release_id} ({release.harness_version})",
         caption="well-formed: answers in the form their task asks for (GenUI tree, tool call)",

@@ -17,8 +17,8 @@ from core.settings import Settings
 from infra.postgres.keys import create_key
 from infra.postgres.lookups import run_ids_oldest_first
 from infra.postgres.registry import active_release
-from learners.contract import DEFAULT_CONTRACT, load_contract, run_contract
-from learners.loop import recorded_outcomes
+from learners.contract import DEFAULT_CONTRACT, load_contract
+from learners.loop import release_outcomes
 from learners.recipes.lora import CPU_CONFIG
 from learners.tasks import load_bank
 from macaron.demo.outcomes import run_outcome, run_progress
@@ -179,8 +179,8 @@ class _Demo:
 
     def measure(self) -> GenerationRecord:
         """Generation 0's record: the contract's score and share of well-formed answers per
-        suite on the active release, once the server serves it (as its evaluation recorded
-        them, or else by running the contract on the serving engine)."""
+        suite on the active release, once the server serves it (as recorded, or else run on
+        the serving engine and recorded for the loop to reuse)."""
         server = self.stage.server
         deadline = time.monotonic() + SERVER_START_S
         while True:
@@ -194,18 +194,12 @@ class _Demo:
                     f"the server serves {serving.release_id}, not the active release {active}"
                 )
             time.sleep(0.2)
-        with server.pool.connection() as conn:
-            outcomes = recorded_outcomes(conn, serving.release_id, self.contract)
-        if outcomes is None:
-            adapters = {name: ref.name for name, ref in serving.adapters.items()}
-            try:
-                outcomes = asyncio.run(
-                    run_contract(
-                        server.chat.engine, adapters, self.contract, harness=server.chat.harness
-                    )
-                )
-            except ValueError as exc:  # the release lacks a specialist the contract names
-                raise DemoFailed(f"release {serving.release_id}: {exc}") from exc
+        try:
+            outcomes = release_outcomes(
+                server.pool, server.chat.engine, serving, server.chat.harness, self.contract
+            )
+        except ValueError as exc:  # the release lacks a specialist the contract names
+            raise DemoFailed(f"release {serving.release_id}: {exc}") from exc
         return GenerationRecord(
             0,
             serving.release_id,

@@ -4,17 +4,31 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from pathlib import Path
 
 import psycopg
 import pytest
 
 from core.errors import HarnessInvalid, HarnessNotFound
 from core.harness.artifact import LEGACY_HARNESS, Exemplar, HarnessSpec, root_harness
+from core.release import Release
 from infra.postgres.db import DictConnection, Pool
 from infra.postgres.migrate import migrate
 from infra.postgres.positions import load_positions, save_positions
-from infra.postgres.registry import harness_by_name, harness_list, register_harness
+from infra.postgres.registry import (
+    adapter_ref,
+    create_release,
+    ensure_specialists,
+    harness_by_name,
+    harness_list,
+    register_harness,
+)
+from learners.contract import load_contract
+from learners.loop import recorded_outcomes, release_outcomes
+from server.engines.instant import InstantEngine
 from tests.factories import run_macaron
+
+DATA = Path(__file__).resolve().parents[1] / "data"
 
 
 def test_migrate_is_idempotent(database_url: str) -> None:
@@ -185,3 +199,61 @@ def test_the_harness_commands_show_and_diff_versions(pool: Pool, database_url: s
     assert "harness@0" in listed.stdout and "harness@1" in listed.stdout
     missing = run_macaron("harness", "show", "harness@7", **env)
     assert missing.returncode == 1 and "harness_not_found" in missing.stderr
+
+
+def test_a_release_is_scored_once_per_contract_version(pool: Pool) -> None:
+    """Scoring a release on its own (the demo's measurement, `macaron contract run`) runs the
+    contract once and records it without a verdict; later scorings, and the loop's evaluation
+    of a run whose parent it is, reuse the per-task outcomes."""
+    contract = load_contract(DATA / "contract-e2e.yaml")
+    with pool.connection() as conn:
+        harness = register_harness(conn, root_harness(), parent=None)
+        ensure_specialists(conn, ["chat", "genui"])
+        adapters = {
+            name: adapter_ref(
+                conn.execute(
+                    "SELECT * FROM adapter_versions WHERE adapter_version_id = %s",
+                    (_adapter(conn, name, 0, None),),
+                ).fetchone()
+                or {}
+            )
+            for name in ("chat", "genui")
+        }
+        release = Release(
+            release_id="scored",
+            parent_release_id=None,
+            base_model="smollm2",
+            router_version="router-1",
+            harness_version=harness.name,
+            hcp_version=harness.spec.hcp_version,
+            adapters=adapters,
+        )
+        create_release(conn, release, active=True)
+    answered: list[str] = []
+
+    def script(messages: list[dict[str, str]]) -> str:
+        asked = messages[-1]["content"]
+        answered.append(asked)
+        return (
+            "Paris" if "Eiffel" in asked else "green" if asked.startswith(("Show", "Dis")) else "?"
+        )
+
+    engine = InstantEngine(script)
+    for ref in adapters.values():
+        engine.load_adapter(ref.name, ref.path)
+    first = release_outcomes(pool, engine, release, harness, contract)
+    assert len(answered) == 6 and first.scores() == {"genui": 0.5, "general": 0.5}
+    assert release_outcomes(pool, engine, release, harness, contract) == first
+    assert len(answered) == 6, "a release is scored once per contract version"
+    with pool.connection() as conn:
+        assert recorded_outcomes(conn, "scored", contract) == first
+        other = contract.model_copy(update={"version": "another"})
+        assert recorded_outcomes(conn, "scored", other) is None
+        [row] = conn.execute("SELECT run_id, release_id, passed FROM evaluations").fetchall()
+        assert row == {"run_id": None, "release_id": "scored", "passed": None}
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                "INSERT INTO evaluations (evaluation_id, contract_version, scores) "
+                "VALUES (%s, 'c', '{}')",
+                (uuid.uuid4(),),
+            )
