@@ -93,9 +93,9 @@ def test_samples_of_one_prompt_share_its_prefill(
     engine: LocalEngine, uncached: LocalEngine
 ) -> None:
     prompt = prompts(engine)[1]
-    sampled = {"temperature": 1.0, "top_p": 0.9}
-    first = [answer(engine, prompt, seed=seed, **sampled) for seed in range(4)]
-    assert first == [answer(uncached, prompt, seed=seed, **sampled) for seed in range(4)]
+    first = [answer(engine, prompt, seed=seed, temperature=1.0, top_p=0.9) for seed in range(4)]
+    again = [answer(uncached, prompt, seed=seed, temperature=1.0, top_p=0.9) for seed in range(4)]
+    assert first == again
     assert engine.prefixes.stats["hits"] == 3
     assert engine.prefixes.stats["tokens_reused"] == 3 * (len(prompt) - 1)
     assert engine.prefixes.stats["entries"] == 1
