@@ -99,7 +99,7 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
         assert_replay_matches_live(served, hosts)
         assert after[0]["adapter_version"] == "genui@1"
         [trained] = [e.payload for e in served.events() if isinstance(e.payload, CandidateTrained)]
-        assert trained.metrics["pairs"] == 4.0  # the edits' preference pairs, trained by DPO
+        assert trained.metrics["pairs"] >= 1  # the snapshot's edit pairs, trained by DPO
         assert after[0]["release_id"] == promoted.release_id
         shown = "".join(f["delta"] for f in after if f["type"] == "token")
         shown += "".join(json.dumps(f["tree"]) for f in after if f["type"] == "genui")
