@@ -593,7 +593,6 @@ def release_outcomes(
                 "formats": {"release": outcomes.format_scores()},
                 "outcomes": {"release": outcomes.passed},
                 "well_formed": {"release": outcomes.well_formed},
-                "harness_version": harness.name,
             },
         )
     return outcomes

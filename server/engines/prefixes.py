@@ -88,11 +88,17 @@ class PrefixCache:
         if entry.nbytes > self.max_bytes:
             return
         with self._lock:
-            same = [e for e in self._entries if e.adapter is adapter]
-            if any(_common_length(e.tokens, prompt) == len(prompt) for e in same):
+            shared = {
+                id(e): _common_length(e.tokens, prompt)
+                for e in self._entries
+                if e.adapter is adapter
+            }
+            if len(prompt) in shared.values():
                 return
-            extended = {id(e) for e in same if _common_length(e.tokens, prompt) == len(e.tokens)}
-            self._entries = [e for e in self._entries if id(e) not in extended]
+            extended = {
+                i for i, e in enumerate(self._entries) if shared.get(id(e)) == len(e.tokens)
+            }
+            self._entries = [e for i, e in enumerate(self._entries) if i not in extended]
             self._entries.append(entry)
             evicted = 0
             while self._bytes() > self.max_bytes:
