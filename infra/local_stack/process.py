@@ -18,12 +18,21 @@ START_TIMEOUT = 60.0
 STOP_TIMEOUT = 60.0
 
 
+# Ports handed to servers are drawn below Linux's ephemeral range (32768-60999 by default), so
+# the local end of an outgoing connection cannot take one between the draw and the server's bind.
+SERVER_PORTS = range(20000, 32768)
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on at this moment (for tests and benches)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
+    """A TCP port on 127.0.0.1 that nothing listens on at this moment and that this process has
+    not handed out before (for tests and benches)."""
+    for _ in range(1000):
+        port = SERVER_PORTS[secrets.randbelow(len(SERVER_PORTS))]
+        if port not in _handed_out and port_free("127.0.0.1", port):
+            _handed_out.add(port)
+            return port
+    raise StackError(f"no free port on 127.0.0.1 in {SERVER_PORTS.start}-{SERVER_PORTS.stop - 1}")
 
 
 def port_free(host: str, port: int) -> bool:
