@@ -9,6 +9,7 @@ in ``learners.contract``.
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 from typing import Annotated, Literal
@@ -94,6 +95,7 @@ NEAR_DUPLICATE = 0.6
 """Word overlap (Jaccard) from which two prompts count as the same task asked again."""
 
 
+@functools.lru_cache(maxsize=4096)
 def prompt_words(prompt: str) -> frozenset[str]:
     """A prompt's words, case and punctuation dropped and numbers masked: what near-duplicates
     share."""

@@ -21,6 +21,7 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     field_validator,
+    model_validator,
 )
 
 from core.canonical import canonical_json, sha256_hex
@@ -326,13 +327,80 @@ class FeedbackGiven(EventPayload):
 
 
 class ExperienceRecorded(EventPayload):
+    """v2: a record comes from a turn (``turn_id``) or from a group of rollouts
+    (``rollout_group_id``), exactly one of them."""
+
     event_type = "ExperienceRecorded"
+    schema_version = 2
     experience_id: UUID
     kind: Literal["sft", "preference", "trajectory"]
     specialist: str
-    turn_id: UUID
+    turn_id: UUID | None
+    rollout_group_id: UUID | None = None
     filter_version: str
     record: dict[str, JsonValue]
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ExperienceRecorded:
+        if (self.turn_id is None) == (self.rollout_group_id is None):
+            raise ValueError("a record comes from exactly one turn or one rollout group")
+        return self
+
+
+class RolloutStep(BaseModel):
+    """One step of an episode: what the model wrote and, when that was a tool call the
+    episode's fresh tool state ran, the action (name, args, result, ok)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    output: str
+    action: dict[str, JsonValue] | None = None
+
+
+class RolloutSampled(EventPayload):
+    """One sampled episode of a rollout group: the ``group_size`` samples a rollout job drew for
+    one environment from the release then active. ``messages`` is the context without
+    ``hint``; a hinted sample saw the hint as one more system message."""
+
+    event_type = "RolloutSampled"
+    rollout_id: UUID
+    group_id: UUID
+    job_id: UUID
+    sample: int = Field(ge=0)
+    group_size: int = Field(ge=1)
+    environment: str = Field(min_length=1, max_length=200)
+    specialist: str
+    release_id: str
+    adapter_version: str | None
+    harness: HarnessStamp
+    messages: list[ChatMessage]
+    hint: str | None
+    seed: int = Field(ge=0)
+    temperature: float = Field(ge=0.0, le=2.0)
+    steps: list[RolloutStep] = Field(min_length=1)
+
+
+class RolloutScored(EventPayload):
+    """The verifier's verdict on one sampled episode: ``reward`` in [0, 1] and ``passed``, or,
+    when the verifier crashed or its reward was out of range, ``failure`` and no reward (a
+    failed rollout teaches nothing)."""
+
+    event_type = "RolloutScored"
+    rollout_id: UUID
+    group_id: UUID
+    verifier: str
+    verifier_version: str
+    reward: float | None = Field(ge=0.0, le=1.0)
+    passed: bool
+    failure: str | None = None
+
+    @model_validator(mode="after")
+    def _reward_or_failure(self) -> RolloutScored:
+        if (self.reward is None) == (self.failure is None):
+            raise ValueError("a verdict has a reward or a failure, exactly one")
+        if self.failure is not None and self.passed:
+            raise ValueError("a failed rollout cannot pass")
+        return self
 
 
 class TrainingRequested(EventPayload):
@@ -408,6 +476,8 @@ CATALOGUE: dict[str, type[EventPayload]] = {
         TurnCompleted,
         FeedbackGiven,
         ExperienceRecorded,
+        RolloutSampled,
+        RolloutScored,
         TrainingRequested,
         CandidateTrained,
         HarnessProposed,
@@ -435,6 +505,13 @@ def _turn_received_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """v2 turns predate the harness: no release or harness stamp was recorded."""
     payload.setdefault("release_id", None)
     payload.setdefault("harness", None)
+    return payload
+
+
+@UPCASTERS.register("ExperienceRecorded", 1)
+def _experience_recorded_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 records all came from turns."""
+    payload.setdefault("rollout_group_id", None)
     return payload
 
 

@@ -16,6 +16,11 @@ def experience_key(specialist: str) -> str:
 
 
 def chain_record(running_hash: str, record: ExperienceRecorded) -> str:
-    """The snapshot hash after one more record."""
-    record_hash = sha256_hex(canonical_json(record.model_dump(mode="json")))
+    """The snapshot hash after one more record. A record from a turn hashes as it did before
+    records could come from rollouts (v1 had no ``rollout_group_id``), so older snapshots still
+    replay to their hash."""
+    data = record.model_dump(mode="json")
+    if data["rollout_group_id"] is None:
+        del data["rollout_group_id"]
+    record_hash = sha256_hex(canonical_json(data))
     return sha256_hex(f"{running_hash}{record_hash}".encode())

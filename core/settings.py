@@ -81,6 +81,11 @@ class Settings(BaseSettings):
     )
     contract_path: Path | None = Field(default=None, description="unset means contract v2")
     training_config: Path | None = Field(default=None, description="unset means the default")
+    task_bank_path: Path | None = Field(
+        default=None,
+        description="the training task bank (rollout environments, simulated users); unset "
+        "means bank v1",
+    )
 
     otel_traces: Literal["off", "console", "otlp"] = Field(
         default="off", description="where spans go: nowhere, stderr, or the OTLP collector"

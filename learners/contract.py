@@ -89,21 +89,27 @@ def load_contract(path: Path) -> Contract:
 def _check_held_out(path: Path, contract: Contract, bank: Sequence[Task]) -> None:
     """``ContractInvalid`` naming the first contract task that shares an id with a bank task or
     asks (nearly) the same: the bank is trained on, the contract must be held out."""
-    trained = [(task, prompt_words(task.prompt)) for task in bank]
-    ids = {task.id for task in bank}
     for tasks in contract.suites.values():
         for task in tasks:
-            if task.id in ids:
-                raise ContractInvalid(f"{path}: task {task.id!r} has the id of a bank task")
-            words = prompt_words(task.prompt)
-            for other, other_words in trained:
-                overlap = word_overlap(words, other_words)
-                if overlap >= NEAR_DUPLICATE:
-                    raise ContractInvalid(
-                        f"{path}: task {task.id!r} asks what bank task {other.id!r} asks "
-                        f"({overlap:.0%} of their words shared): contract tasks are held out "
-                        "from the bank, which is trained on"
-                    )
+            conflict = bank_conflict(task, bank)
+            if conflict is not None:
+                raise ContractInvalid(f"{path}: task {task.id!r} {conflict}")
+
+
+def bank_conflict(task: Task, bank: Sequence[Task]) -> str | None:
+    """Why the contract task ``task`` is among the tasks of ``bank`` (its id, or (nearly) its
+    prompt), or ``None`` when it is held out from them."""
+    words = prompt_words(task.prompt)
+    for other in bank:
+        if other.id == task.id:
+            return f"has the id of bank task {other.id!r}"
+        overlap = word_overlap(words, prompt_words(other.prompt))
+        if overlap >= NEAR_DUPLICATE:
+            return (
+                f"asks what bank task {other.id!r} asks ({overlap:.0%} of their words shared): "
+                "contract tasks are held out from the bank, which is trained on"
+            )
+    return None
 
 
 # --- checkers -------------------------------------------------------------------------------

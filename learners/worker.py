@@ -1,11 +1,13 @@
 """The Celery app and its tasks: ``train_successor`` (queue ``train``, GPU workers with
 concurrency 1; a ``harness.*`` run proposes a harness instead), ``evaluate_candidate``
-(``eval``) and ``promote`` (``default``). The evaluation of an adapter run queues a harness
+(``eval``), ``promote`` (``default``) and ``sample_rollouts`` (``rollout``: sample, verify and
+record a rollout job's groups, ``learners.rollouts``). The evaluation of an adapter run queues a harness
 proposal for its specialist, started once the decision took effect.
 
 Redis is broker and result backend. Tasks are acknowledged late and rejected when their worker
 is lost, so a killed worker's task is given to another after ``task_visibility_timeout``; every
-task is idempotent by its run id (the task id is the run id), so a redelivery repeats nothing.
+task is idempotent by its run id (the task id is the run id, or a rollout job's id), so a
+redelivery repeats nothing.
 Only the composition root builds the app (``celery_app``); the tasks find their runtime there.
 """
 
@@ -35,8 +37,9 @@ from infra.postgres.promotions import last_request_of_run, request_promotion, wa
 from learners.contract import DEFAULT_CONTRACT
 from learners.loop import RunBusy, Runtime, evaluate_run, train_run
 from learners.recipes.lora import DEFAULT_CONFIG, load_config
+from learners.rollouts import RolloutJob, run_rollouts
 
-TRAIN, EVAL, DEFAULT = "train", "eval", "default"
+TRAIN, EVAL, DEFAULT, ROLLOUT = "train", "eval", "default", "rollout"
 PROMOTION_TIMEOUT_S = 300.0
 
 app = Celery("macaron")
@@ -52,6 +55,7 @@ app.conf.update(
         "macaron.train_successor": {"queue": TRAIN},
         "macaron.evaluate_candidate": {"queue": EVAL},
         "macaron.promote": {"queue": DEFAULT},
+        "macaron.sample_rollouts": {"queue": ROLLOUT},
     },
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
@@ -117,6 +121,13 @@ def enqueue_training(run_id: uuid.UUID, trace: Mapping[str, str] | None = None) 
     the trace it continues, else the current one."""
     train_successor.apply_async(
         (str(run_id),), task_id=str(run_id), headers=dict(trace or observe.carrier())
+    )
+
+
+def enqueue_rollouts(job: RolloutJob) -> None:
+    """Enqueue a rollout job once (the task id is the job id)."""
+    sample_rollouts.apply_async(
+        (job.model_dump(mode="json"),), task_id=str(job.job_id), headers=observe.carrier()
     )
 
 
@@ -204,6 +215,17 @@ def promote(
         if proposal is not None:
             enqueue_training(uuid.UUID(proposal))
     return outcome
+
+
+@app.task(bind=True, name="macaron.sample_rollouts")
+def sample_rollouts(self: Task, job: dict[str, Any]) -> dict[str, Any]:
+    """Sample, verify and record a rollout job (refused with ``ValidationError`` when ``job``
+    is not one: a malformed message is never retried)."""
+    checked = RolloutJob.model_validate(job)
+    with _step(self, "sample_rollouts", str(checked.job_id)) as span:
+        summary = run_rollouts(runtime(), checked)
+        span.set_attributes({"macaron.samples": summary.samples, "macaron.passed": summary.passed})
+    return summary.model_dump(mode="json")
 
 
 def _promote(run_id: str, release_id: str) -> dict[str, Any]:

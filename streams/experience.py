@@ -9,7 +9,8 @@ records out):
   the model's answer rejected);
 - a completed agent turn with actions: a trajectory whose reward is the share of actions
   that succeeded;
-- thumbs down and regenerate teach nothing on their own in this version.
+- thumbs down and regenerate teach nothing on their own in this version;
+- rollouts: see ``streams.rollouts``.
 Ids are derived from the filter version, the turn and the feedback event, so a redelivery
 re-derives the same events. The join state lives in PostgreSQL (``infra.postgres.experience``).
 """
@@ -33,6 +34,8 @@ from core.events import (
     HarnessActionExecuted,
     ModelResponded,
     NewEvent,
+    RolloutSampled,
+    RolloutScored,
     RouterDecided,
     TurnCompleted,
     TurnReceived,
@@ -44,6 +47,7 @@ from core.log import RecordedEvent
 from infra.postgres import experience as store
 from infra.postgres.db import DictConnection
 from infra.postgres.experience import JoinedTurn
+from streams import rollouts
 
 _log = logging.getLogger(__name__)
 
@@ -52,7 +56,11 @@ Kind = Literal["sft", "preference", "trajectory"]
 
 class ExperienceBuilder:
     name = "experience-1"
-    tables: tuple[str, ...] = ("experience_conversations", "experience_turns")
+    tables: tuple[str, ...] = (
+        "experience_conversations",
+        "experience_turns",
+        "experience_rollouts",
+    )
 
     def handle(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
         """Store the turn's facts as they arrive; on its completion and on feedback, apply the
@@ -84,6 +92,10 @@ class ExperienceBuilder:
                 return self._derive(conn, event, p.turn_id)
             case FeedbackGiven():
                 return self._derive(conn, event, p.turn_id)
+            case RolloutSampled():
+                rollouts.record_sampled(conn, event, p)
+            case RolloutScored():
+                return rollouts.record_scored(conn, event, p)
         return []
 
     @staticmethod

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +19,7 @@ import uvicorn
 from websockets.sync.client import ClientConnection, connect
 
 from core.engine import Engine
+from core.events import PromotionRejected, ReleasePromoted
 from core.harness.artifact import HarnessSpec
 from core.release import AdapterRef, Release
 from core.settings import Settings
@@ -175,3 +179,48 @@ def harness_successor(served: Running, spec: HarnessSpec) -> Release:
         child = release.successor(harness=harness)
         create_release(conn, child, active=False)
     return child
+
+
+@contextmanager
+def celery_worker(settings: Settings, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``macaron worker`` (every queue) in a subprocess given ``settings`` as ``MACARON_*``
+    variables, its output in ``log_path``; terminated on exit."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MACARON_")}
+    for name, value in settings.model_dump(exclude_none=True).items():
+        env[f"MACARON_{name.upper()}"] = str(value)
+    with log_path.open("wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "macaron", "worker"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+        try:
+            yield process
+        finally:
+            process.terminate()
+            process.wait(timeout=60)
+
+
+def wait_for_promotion(
+    served: Running, log_path: Path, worker: subprocess.Popen[bytes], timeout_s: float = 600
+) -> ReleasePromoted:
+    """The first promotion of a child release; fails on a rejection, a dead worker or the
+    timeout, with the runs, the evaluations and the end of the worker's log."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = [
+            e.payload for e in served.events("releases") if isinstance(e.payload, ReleasePromoted)
+        ]
+        if len(found) > 0 and found[-1].parent_release_id is not None:
+            return found[-1]
+        rejected = [e for e in served.events() if isinstance(e.payload, PromotionRejected)]
+        if rejected or worker.poll() is not None:
+            break
+        time.sleep(1)
+    with served.server.pool.connection() as conn:
+        runs = conn.execute("SELECT status, error FROM training_runs").fetchall()
+        evaluations = conn.execute("SELECT passed, scores FROM evaluations").fetchall()
+    raise AssertionError(
+        f"no promotion: runs {runs}, evaluations {evaluations}\n" + log_path.read_text()[-4000:]
+    )

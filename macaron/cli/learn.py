@@ -38,9 +38,9 @@ from macaron.simulator import (
 
 def worker(
     ctx: typer.Context,
-    queues: Annotated[str, typer.Option(help="Comma-separated: train, eval, default.")] = (
-        "train,eval,default"
-    ),
+    queues: Annotated[
+        str, typer.Option(help="Comma-separated: train, eval, default, rollout.")
+    ] = "train,eval,default,rollout",
 ) -> None:
     """Run a Celery worker for the learning loop (one task at a time); /metrics on
     MACARON_METRICS_PORT when set."""

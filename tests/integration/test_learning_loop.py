@@ -6,9 +6,7 @@ leads back to the events of the first turns."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,7 +33,15 @@ from server.router import RouterService
 from streams.processor import content_hash
 from streams.replay import replay
 from tests.factories import run_macaron
-from tests.serving import Running, following, frames_until, running_server, send
+from tests.serving import (
+    Running,
+    celery_worker,
+    following,
+    frames_until,
+    running_server,
+    send,
+    wait_for_promotion,
+)
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 ANSWER = '{"type": "Text", "text": "green"}'
@@ -61,17 +67,8 @@ def loop_settings(
 
 @pytest.fixture
 def worker(loop_settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MACARON_")}
-    for name, value in loop_settings.model_dump(exclude_none=True).items():
-        env[f"MACARON_{name.upper()}"] = str(value)
-    log = (tmp_path / "worker.log").open("wb")
-    process = subprocess.Popen(
-        [sys.executable, "-m", "macaron", "worker"], env=env, stdout=log, stderr=subprocess.STDOUT
-    )
-    yield process
-    process.terminate()
-    process.wait(timeout=60)
-    log.close()
+    with celery_worker(loop_settings, tmp_path / "worker.log") as process:
+        yield process
 
 
 def test_feedback_trains_a_successor_that_serves_the_next_turn(
@@ -84,7 +81,7 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
     with running_server(loop_settings, router=router) as served:
         with following(served) as hosts:
             first_turns = teach(served)
-            promoted = wait_for_promotion(served, tmp_path, worker)
+            promoted = wait_for_promotion(served, tmp_path / "worker.log", worker)
             assert_harness_proposed_and_judged(served, tmp_path, worker, loop_settings)
             with served.connect(served.key("learner")) as ws:
                 frames_until(ws, "ready")
@@ -202,27 +199,6 @@ def teach(served: Running) -> set[str]:
         send(ws, type="ping")
         frames_until(ws, "pong")
     return turn_ids
-
-
-def wait_for_promotion(served: Running, tmp_path: Path, worker: Any) -> ReleasePromoted:
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        found = [
-            e.payload for e in served.events("releases") if isinstance(e.payload, ReleasePromoted)
-        ]
-        if len(found) > 0 and found[-1].parent_release_id is not None:
-            return found[-1]
-        rejected = [e for e in served.events() if isinstance(e.payload, PromotionRejected)]
-        if rejected or worker.poll() is not None:
-            break
-        time.sleep(1)
-    with served.server.pool.connection() as conn:
-        runs = conn.execute("SELECT status, error FROM training_runs").fetchall()
-        evaluations = conn.execute("SELECT passed, scores FROM evaluations").fetchall()
-    raise AssertionError(
-        f"no promotion: runs {runs}, evaluations {evaluations}\n"
-        + (tmp_path / "worker.log").read_text()[-4000:]
-    )
 
 
 def assert_harness_proposed_and_judged(

@@ -559,7 +559,7 @@ def test_a_task_overlapping_the_bank_is_contract_invalid(tmp_path: Path) -> None
         load_contract(_write(tmp_path, data))
     data = _contract_data()
     data["suites"]["chat"][0]["id"] = trained.id
-    with pytest.raises(ContractInvalid, match=f"task '{trained.id}' has the id of a bank task"):
+    with pytest.raises(ContractInvalid, match=f"task '{trained.id}' has the id of bank task"):
         load_contract(_write(tmp_path, data))
 
 

@@ -46,6 +46,8 @@ def test_catalogue_names_every_event_of_the_data_flow() -> None:
         "TurnCompleted",
         "FeedbackGiven",
         "ExperienceRecorded",
+        "RolloutSampled",
+        "RolloutScored",
         "TrainingRequested",
         "CandidateTrained",
         "HarnessProposed",

@@ -1,0 +1,400 @@
+"""Rollouts: sample K episodes per environment from the active release, verify each, and append
+them to the log as ``RolloutSampled`` and ``RolloutScored`` events (the rollout worker's job,
+Celery queue ``rollout``).
+
+A job names a specialist, the bank tasks to roll out and K. Each environment's K samples form a
+group, sampled concurrently through the ``Engine`` port (the engine batches them and shares the
+prompt's prefill through its prefix cache), each with its own seed, in the specialist's context
+under the release's harness, its output grammar always enforced (so the reward measures
+content). When no sample of a group passes and the environment
+has a hint, K more are sampled with the hint after the prompt (STaR-style rationalization); the
+experience builder trains on what verifies without the hint.
+
+Ids derive from the job, the environment and the sample, and a group's events are appended in
+one batch, so a redelivered job skips the groups its log already holds and appends nothing
+twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from core.conversation import empty_tool_state
+from core.engine import Engine, GenerationRequest, SamplingParams
+from core.errors import MacaronError
+from core.events import ChatMessage, NewEvent, RolloutSampled, RolloutScored, RolloutStep
+from core.harness.actions import execute
+from core.harness.artifact import HarnessSpec, HarnessVersion
+from core.harness.grammars import output_constraint
+from core.harness.hcp import build_context, tool_call_of
+from core.ids import derived_id
+from core.log import EventLog
+from core.merge_patch import apply_merge_patch
+from core.release import Release
+from core.routing import SpecialistName
+from infra.postgres.registry import active_release, harness_by_name
+from learners.contract import CONCURRENCY, load_contract
+from learners.environments import (
+    CheckerVerifier,
+    Environment,
+    Verdict,
+    Verifier,
+    judge,
+    load_environments,
+)
+from learners.loop import Runtime
+from learners.tasks import BANK_V1
+
+ROLLOUT_MAX_STEPS = 2
+"""Steps of one episode: a tool call and, after its result, the answer."""
+ROLLOUT_TENANT = "system"
+_EPISODE_TIME = datetime(2026, 1, 1, tzinfo=UTC)
+"""The clock tools see in an episode: fixed, so an episode replays alike."""
+
+
+class RolloutInvalid(MacaronError):
+    """A rollout job names an unknown environment or one of another specialist."""
+
+    code = "rollout_invalid"
+
+
+class RolloutJob(BaseModel):
+    """What one rollout task samples (its Celery task id is ``job_id``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    job_id: UUID
+    specialist: SpecialistName
+    environments: list[str] = Field(min_length=1, max_length=1000)
+    """Bank task ids, each rolled out once."""
+    samples: int = Field(default=4, ge=1, le=16)
+    seed: int = Field(default=0, ge=0, le=2**31 - 1)
+    temperature: float = Field(default=0.8, gt=0.0, le=2.0)
+
+
+class RolloutSummary(BaseModel):
+    """What a job sampled: groups and samples (hinted ones apart), how many passed, how many the
+    verifier could not judge, and pass@1 and pass@K over the unhinted groups."""
+
+    model_config = ConfigDict(frozen=True)
+
+    job_id: UUID
+    groups: int
+    samples: int
+    passed: int
+    failed: int
+    pass_at_1: float
+    pass_at_k: float
+    hinted_groups: int
+    hinted_passed: int
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Group:
+    """One environment's samples and their verdicts."""
+
+    environment: Environment
+    hint: str | None
+    episodes: list[list[RolloutStep]]
+    verdicts: list[Verdict]
+
+    @property
+    def any_passed(self) -> bool:
+        return any(v.passed for v in self.verdicts)
+
+
+def rollout_key(job_id: UUID) -> str:
+    """The log key of one job's events (one key: a group's samples precede their verdicts)."""
+    return f"rollouts.{job_id}"
+
+
+def group_id_of(job_id: UUID, environment: Environment, hinted: bool) -> UUID:
+    return derived_id("rollout-group", job_id, environment.id, hinted)
+
+
+# --- sampling ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Samples episodes of one specialist from one release on one engine."""
+
+    engine: Engine
+    harness: HarnessVersion
+    specialist: str
+    adapter: str | None
+    temperature: float
+    max_tokens: int
+    slots: asyncio.Semaphore
+
+    @functools.cached_property
+    def grammar(self) -> HarnessSpec:
+        """The harness with the specialist's output grammar enforced: a tool call or a GenUI
+        tree is well-formed by construction, so the reward measures content."""
+        spec = self.harness.spec
+        own = spec.for_specialist(self.specialist).model_copy(update={"enforce_grammar": True})
+        return spec.model_copy(update={"specialists": {**spec.specialists, self.specialist: own}})
+
+    async def episode(
+        self, environment: Environment, hint: str | None, seed: int
+    ) -> list[RolloutStep]:
+        """Generate, run the tool the model calls in a fresh tool state and show it the result,
+        until it answers in text or the episode has used its steps."""
+        user = environment.task.prompt if hint is None else f"{environment.task.prompt}\n\n{hint}"
+        context = build_context(self.harness, self.specialist, [], user)
+        state = empty_tool_state()
+        steps: list[RolloutStep] = []
+        scratch: list[ChatMessage] = []
+        for n in range(ROLLOUT_MAX_STEPS):
+            messages = context.model_copy(update={"scratch": tuple(scratch)}).messages()
+            text = await self._generate(messages, seed + n, first_step=n == 0)
+            call = tool_call_of(text) if "tool_call" in context.grammars else None
+            if call is None:
+                steps.append(RolloutStep(output=text))
+                break
+            done = execute(call, state, _EPISODE_TIME)
+            state = apply_merge_patch(state, done.state_delta)
+            action: dict[str, JsonValue] = {
+                "name": done.name,
+                "args": done.args,
+                "result": done.result,
+                "ok": done.ok,
+            }
+            steps.append(RolloutStep(output=text, action=action))
+            scratch.append(ChatMessage(role="assistant", content=text.strip()))
+            result = json.dumps({"tool": done.name, "ok": done.ok, "result": done.result})
+            scratch.append(ChatMessage(role="user", content=f"Tool result: {result}"))
+        return steps
+
+    async def _generate(
+        self, messages: list[dict[str, str]], seed: int, *, first_step: bool
+    ) -> str:
+        request = GenerationRequest(
+            request_id=f"rollout-{seed}",
+            prompt=self.engine.chat_prompt(messages),
+            adapter=self.adapter,
+            params=SamplingParams(
+                temperature=self.temperature, seed=seed, max_tokens=self.max_tokens
+            ),
+            constraint=output_constraint(self.grammar, self.specialist, first_step=first_step),
+        )
+        async with self.slots:
+            return "".join([chunk.text async for chunk in self.engine.generate(request)])
+
+
+def sample_seed(job: RolloutJob, environment: Environment, hinted: bool, sample: int) -> int:
+    """A sample's seed: derived from the job's, so a redelivered job samples alike."""
+    return derived_id("rollout-seed", job.seed, environment.id, hinted, sample).int % 2**31
+
+
+async def sample_groups(
+    sampler: Sampler,
+    job: RolloutJob,
+    environments: Sequence[Environment],
+    verifier: Verifier,
+    *,
+    hinted: bool,
+) -> list[Group]:
+    """Every environment's K episodes at once (the engine batches them), then their verdicts
+    (verifiers may block: they run once generation is done)."""
+
+    async def group(environment: Environment) -> list[list[RolloutStep]]:
+        hint = environment.hint if hinted else None
+        return list(
+            await asyncio.gather(
+                *(
+                    sampler.episode(environment, hint, sample_seed(job, environment, hinted, k))
+                    for k in range(job.samples)
+                )
+            )
+        )
+
+    episodes = await asyncio.gather(*(group(env) for env in environments))
+    return [
+        Group(
+            environment=env,
+            hint=env.hint if hinted else None,
+            episodes=samples,
+            verdicts=[judge(verifier, env.task, steps) for steps in samples],
+        )
+        for env, samples in zip(environments, episodes, strict=True)
+    ]
+
+
+# --- events -----------------------------------------------------------------------------------
+
+
+def group_events(
+    job: RolloutJob, release: Release, harness: HarnessVersion, group: Group, verifier: Verifier
+) -> list[NewEvent]:
+    """A group's ``RolloutSampled`` events, then its ``RolloutScored`` events."""
+    env, hinted = group.environment, group.hint is not None
+    group_id = group_id_of(job.job_id, env, hinted)
+    adapter = release.adapter_for(job.specialist)
+    messages = build_context(harness, job.specialist, [], env.task.prompt).messages()
+    sampled, scored = [], []
+    for k, (steps, verdict) in enumerate(zip(group.episodes, group.verdicts, strict=True)):
+        rollout_id = derived_id("rollout", group_id, k)
+        sampled.append(
+            RolloutSampled(
+                rollout_id=rollout_id,
+                group_id=group_id,
+                job_id=job.job_id,
+                sample=k,
+                group_size=len(group.episodes),
+                environment=env.id,
+                specialist=job.specialist,
+                release_id=release.release_id,
+                adapter_version=None if adapter is None else adapter.name,
+                harness=harness.stamp,
+                messages=[ChatMessage.model_validate(m) for m in messages],
+                hint=group.hint,
+                seed=sample_seed(job, env, hinted, k),
+                temperature=job.temperature,
+                steps=steps,
+            )
+        )
+        scored.append(
+            RolloutScored(
+                rollout_id=rollout_id,
+                group_id=group_id,
+                verifier=verifier.name,
+                verifier_version=verifier.version,
+                reward=verdict.reward,
+                passed=verdict.passed,
+                failure=verdict.failure,
+            )
+        )
+    payloads: list[RolloutSampled | RolloutScored] = [*sampled, *scored]
+    return [
+        NewEvent(
+            payload=payload,
+            tenant_id=ROLLOUT_TENANT,
+            key=rollout_key(job.job_id),
+            event_id=derived_id("rollout-event", payload.event_type, payload.rollout_id),
+            correlation_id=group_id,
+        )
+        for payload in payloads
+    ]
+
+
+def recorded_groups(log: EventLog, job_id: UUID) -> dict[UUID, bool]:
+    """The groups of ``job_id`` the log holds, each with whether any of its samples passed."""
+    passed: dict[UUID, bool] = {}
+    for event in log.read(key=rollout_key(job_id), types=["RolloutScored"]):
+        verdict = event.payload
+        if isinstance(verdict, RolloutScored):
+            passed[verdict.group_id] = passed.get(verdict.group_id, False) or verdict.passed
+    return passed
+
+
+# --- the job ----------------------------------------------------------------------------------
+
+
+def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None) -> RolloutSummary:
+    """Sample, verify and record the job's groups on a fresh engine with the active release's
+    adapter for the specialist loaded; groups the log already holds are not sampled again."""
+    started = time.monotonic()
+    verifier = verifier or CheckerVerifier()
+    environments = _environments(rt, job)
+    with rt.pool.connection() as conn:
+        release = active_release(conn)
+        harness = harness_by_name(conn, release.harness_version)
+    engine = rt.contract_engine()
+    try:
+        sampler = _sampler(rt, engine, release, harness, job)
+        groups = _roll(rt, sampler, job, environments, verifier, release, harness, hinted=False)
+        recorded = recorded_groups(rt.log, job.job_id)
+        unsolved = [
+            env
+            for env in environments
+            if env.hint is not None and not recorded.get(group_id_of(job.job_id, env, False), True)
+        ]
+        hinted = _roll(rt, sampler, job, unsolved, verifier, release, harness, hinted=True)
+    finally:
+        engine.close()
+    return _summary(job, groups, hinted, time.monotonic() - started)
+
+
+def _environments(rt: Runtime, job: RolloutJob) -> list[Environment]:
+    bank = rt.settings.task_bank_path or BANK_V1
+    known = load_environments(load_contract(rt.contract_path), bank)
+    chosen = []
+    for task_id in job.environments:
+        env = known.get(task_id)
+        if env is None:
+            raise RolloutInvalid(f"no environment {task_id!r} in the task bank")
+        if env.task.specialist != job.specialist:
+            raise RolloutInvalid(
+                f"environment {task_id!r} is a {env.task.specialist} task, not {job.specialist}"
+            )
+        chosen.append(env)
+    return chosen
+
+
+def _sampler(
+    rt: Runtime, engine: Engine, release: Release, harness: HarnessVersion, job: RolloutJob
+) -> Sampler:
+    """A sampler of the release's adapter for the job's specialist (loaded if the engine lacks
+    it), capped at the settings' answer length."""
+    adapter = release.adapter_for(job.specialist)
+    if adapter is not None and adapter.name not in engine.loaded_adapters():
+        engine.load_adapter(adapter.name, str(rt.store.verified_path(adapter.sha256, adapter.path)))
+    decoding = harness.spec.for_specialist(job.specialist).decoding
+    return Sampler(
+        engine=engine,
+        harness=harness,
+        specialist=job.specialist,
+        adapter=None if adapter is None else adapter.name,
+        temperature=job.temperature,
+        max_tokens=min(decoding.max_new_tokens, rt.settings.max_new_tokens),
+        slots=asyncio.Semaphore(CONCURRENCY),
+    )
+
+
+def _roll(
+    rt: Runtime,
+    sampler: Sampler,
+    job: RolloutJob,
+    environments: Sequence[Environment],
+    verifier: Verifier,
+    release: Release,
+    harness: HarnessVersion,
+    *,
+    hinted: bool,
+) -> list[Group]:
+    """Sample and record the groups of ``environments`` the log does not hold yet."""
+    recorded = recorded_groups(rt.log, job.job_id)
+    todo = [e for e in environments if group_id_of(job.job_id, e, hinted) not in recorded]
+    groups = asyncio.run(sample_groups(sampler, job, todo, verifier, hinted=hinted))
+    for group in groups:
+        rt.log.append(group_events(job, release, harness, group, verifier))
+    return groups
+
+
+def _summary(
+    job: RolloutJob, groups: list[Group], hinted: list[Group], seconds: float
+) -> RolloutSummary:
+    verdicts = [v for g in groups for v in g.verdicts]
+    return RolloutSummary(
+        job_id=job.job_id,
+        groups=len(groups),
+        samples=len(verdicts),
+        passed=sum(v.passed for v in verdicts),
+        failed=sum(v.failure is not None for v in verdicts),
+        pass_at_1=sum(v.passed for v in verdicts) / len(verdicts) if verdicts else 0.0,
+        pass_at_k=sum(g.any_passed for g in groups) / len(groups) if groups else 0.0,
+        hinted_groups=len(hinted),
+        hinted_passed=sum(v.passed for g in hinted for v in g.verdicts),
+        seconds=seconds,
+    )

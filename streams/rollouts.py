@@ -1,0 +1,119 @@
+"""Experience from rollouts (rules ``experience-1``, continued): what a completely scored
+rollout group teaches.
+
+- each distinct answer that passed its verifier: an SFT example (the context without any hint
+  the sample saw, and the answer; STaR-style rationalization trains without the hint);
+- a passed and a failed answer of the same group, paired in sample order: a preference pair
+  (passed chosen, failed rejected);
+- a sample whose verifier failed (crashed, timed out, gave a reward out of range) teaches
+  nothing, and neither does a group with no passed answer.
+No record holds anything but the model's own samples: no reference answer reaches training
+from a rollout. Ids derive from the filter version, the group and the record's place in it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from pydantic import JsonValue
+
+from core.events import ExperienceRecorded, NewEvent, RolloutSampled, RolloutScored
+from core.experience import FILTER_VERSION, experience_key
+from core.ids import derived_id
+from core.log import RecordedEvent
+from infra.postgres import rollouts as store
+from infra.postgres.db import DictConnection
+from infra.postgres.rollouts import ScoredSample
+
+_log = logging.getLogger(__name__)
+
+
+def record_sampled(conn: DictConnection, event: RecordedEvent, sampled: RolloutSampled) -> None:
+    store.record_sample(
+        conn,
+        {
+            "rollout_id": sampled.rollout_id,
+            "group_id": sampled.group_id,
+            "sample": sampled.sample,
+            "group_size": sampled.group_size,
+            "tenant_id": event.envelope.tenant_id,
+            "specialist": sampled.specialist,
+            "release_id": sampled.release_id,
+            "adapter_version": sampled.adapter_version,
+            "messages": [m.model_dump() for m in sampled.messages],
+            "answer": sampled.steps[0].output,
+        },
+    )
+
+
+def record_scored(
+    conn: DictConnection, event: RecordedEvent, scored: RolloutScored
+) -> list[NewEvent]:
+    """Store the verdict; once the group's last sample is scored, its records."""
+    if not store.record_score(
+        conn, scored.rollout_id, scored.reward, scored.passed, scored.failure
+    ):
+        _log.warning("verdict on rollout %s, which was never sampled: ignored", scored.rollout_id)
+        return []
+    group = store.scored_group(conn, scored.group_id)
+    return [] if group is None else group_records(group, event)
+
+
+def group_records(group: list[ScoredSample], event: RecordedEvent) -> list[NewEvent]:
+    """The SFT examples and preference pairs of a completely scored group."""
+    verified = [s for s in group if s.failure is None]
+    passed = _distinct([s for s in verified if s.passed])
+    failed = _distinct([s for s in verified if not s.passed])
+    records: list[NewEvent] = []
+    for n, sample in enumerate(passed):
+        body: dict[str, JsonValue] = {"target": sample.answer, "rollout_id": str(sample.rollout_id)}
+        records.append(_record(event, sample, "sft", n, body))
+    for n, (chosen, rejected) in enumerate(zip(passed, failed, strict=False)):
+        body = {
+            "chosen": chosen.answer,
+            "rejected": rejected.answer,
+            "chosen_rollout_id": str(chosen.rollout_id),
+            "rejected_rollout_id": str(rejected.rollout_id),
+        }
+        records.append(_record(event, chosen, "preference", n, body))
+    return records
+
+
+def _distinct(samples: list[ScoredSample]) -> list[ScoredSample]:
+    """The first sample of each answer (K samples often repeat one)."""
+    seen: dict[str, ScoredSample] = {}
+    for sample in samples:
+        seen.setdefault(sample.answer, sample)
+    return list(seen.values())
+
+
+def _record(
+    event: RecordedEvent,
+    sample: ScoredSample,
+    kind: str,
+    n: int,
+    body: dict[str, JsonValue],
+) -> NewEvent:
+    payload = ExperienceRecorded(
+        experience_id=derived_id(FILTER_VERSION, sample.group_id, kind, n),
+        kind="sft" if kind == "sft" else "preference",
+        specialist=sample.specialist,
+        turn_id=None,
+        rollout_group_id=sample.group_id,
+        filter_version=FILTER_VERSION,
+        record={
+            "messages": [m.model_dump() for m in sample.messages],
+            **body,
+            "adapter_version": sample.adapter_version,
+            "release_id": sample.release_id,
+        },
+    )
+    return NewEvent(
+        payload=payload,
+        tenant_id=sample.tenant_id,
+        key=experience_key(sample.specialist),
+        event_id=payload.experience_id,
+        causation_id=event.envelope.event_id,
+        correlation_id=sample.group_id,
+        occurred_at=event.envelope.occurred_at,
+    )

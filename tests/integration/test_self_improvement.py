@@ -1,0 +1,243 @@
+"""Self-improvement on the tiny model, with real PostgreSQL, Redis and Celery: a rollout job ->
+``RolloutSampled``/``RolloutScored`` events -> experience from verified samples -> a training run
+-> the contract -> promotion, and no reference answer anywhere in what was trained on.
+
+The environments (``tests/data/bank-self-e2e.yaml``) reward a GenUI tree that opens with a
+Heading, which the tiny random model writes in about a quarter of its samples under the grammar;
+the contract asks the same of held-out prompts, greedily and without the grammar."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+from celery.result import AsyncResult
+
+from core.contract import Task
+from core.errors import TaskBankInvalid
+from core.events import (
+    CandidateTrained,
+    ExperienceRecorded,
+    FeedbackGiven,
+    RolloutSampled,
+    RolloutScored,
+    RolloutStep,
+)
+from core.settings import Settings
+from learners.files import load_yaml_model
+from learners.rollouts import RolloutJob, rollout_key, run_rollouts
+from learners.tasks import TaskBank
+from learners.worker import configure as configure_celery
+from learners.worker import enqueue_rollouts
+from macaron import wiring
+from server.releases import ensure_root_release
+from server.router import RouterService
+from streams.experience import ExperienceBuilder
+from streams.processor import content_hash
+from streams.replay import replay
+from tests.serving import Running, celery_worker, following, running_server, wait_for_promotion
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+BANK = DATA / "bank-self-e2e.yaml"
+
+
+@pytest.fixture
+def self_settings(
+    database_url: str, celery_redis_url: str, tiny_model: Path, tmp_path: Path
+) -> Settings:
+    return Settings(
+        home=tmp_path / "home",
+        database_url=database_url,
+        model_dir=tiny_model,
+        redis_url=celery_redis_url,
+        train_threshold=8,
+        contract_path=DATA / "contract-self-e2e.yaml",
+        training_config=DATA / "training-e2e.yaml",
+        task_bank_path=BANK,
+        task_visibility_timeout=120,
+        max_new_tokens=48,
+        harness_proposals=False,
+    )
+
+
+def bank_tasks() -> list[Task]:
+    return load_yaml_model(BANK, TaskBank, TaskBankInvalid).tasks
+
+
+@pytest.fixture
+def worker(self_settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
+    with celery_worker(self_settings, tmp_path / "worker.log") as process:
+        yield process
+
+
+def test_rollouts_train_a_successor_without_any_reference_answer(
+    self_settings: Settings,
+    router: RouterService,
+    worker: subprocess.Popen[bytes],
+    tmp_path: Path,
+) -> None:
+    configure_celery(self_settings)
+    job = RolloutJob(
+        job_id=uuid.uuid4(),
+        specialist="genui",
+        environments=[task.id for task in bank_tasks()],
+        samples=4,
+    )
+    with running_server(self_settings, router=router) as served:
+        with following(served) as hosts:
+            enqueue_rollouts(job)
+            promoted = wait_for_promotion(served, tmp_path / "worker.log", worker)
+            summary = AsyncResult(str(job.job_id)).get(timeout=60)
+        sampled, scored = rollouts(served, job)
+        assert len(sampled) == len(scored) == 8 * 4  # no hint for a regex: no hinted group
+        assert {s.verifier_version for s in scored} == {"verifier-1"}
+        passed = sum(s.passed for s in scored)
+        assert 0 < passed < len(scored)
+        assert (summary["samples"], summary["passed"]) == (len(scored), passed)
+        trained_on = snapshot_records(served, promoted.release_id)
+        assert_only_own_samples(served, trained_on, sampled, scored)
+        [builder] = [h for h in hosts if isinstance(h.processor, ExperienceBuilder)]
+        assert_replay_matches_live(served, builder)
+        assert_learned_from_itself(served, promoted.run_id)
+
+
+def assert_learned_from_itself(served: Running, run_id: uuid.UUID | None) -> None:
+    """The run trained on SFT examples and preference pairs, and its candidate beat its parent
+    on the held-out GenUI suite."""
+    with served.server.pool.connection() as conn:
+        [evaluation] = conn.execute(
+            "SELECT scores FROM evaluations WHERE run_id = %s", (run_id,)
+        ).fetchall()
+    scores = evaluation["scores"]
+    assert scores["candidate"]["genui"] > scores["parent"]["genui"]
+    [trained] = [e.payload for e in served.events() if isinstance(e.payload, CandidateTrained)]
+    assert trained.metrics["examples"] >= 1 and trained.metrics["pairs"] >= 1
+
+
+def rollouts(served: Running, job: RolloutJob) -> tuple[list[RolloutSampled], list[RolloutScored]]:
+    events = [e.payload for e in served.events(rollout_key(job.job_id))]
+    sampled = [p for p in events if isinstance(p, RolloutSampled)]
+    scored = [p for p in events if isinstance(p, RolloutScored)]
+    return sampled, scored
+
+
+def snapshot_records(served: Running, release_id: str) -> list[Any]:
+    """The recorded events of the snapshot the promoted release was trained on."""
+    with served.server.pool.connection() as conn:
+        run = conn.execute(
+            "SELECT s.start_positions, s.end_positions FROM releases rel "
+            "JOIN training_runs r ON r.run_id = rel.run_id "
+            "JOIN dataset_snapshots s USING (snapshot_id) WHERE rel.release_id = %s",
+            (release_id,),
+        ).fetchone()
+    assert run is not None
+    [(partition, start)] = run["start_positions"].items()
+    [(_, end)] = run["end_positions"].items()
+    return [
+        e
+        for e in served.events("experience.genui")
+        if isinstance(e.payload, ExperienceRecorded)
+        and e.position.partition == int(partition)
+        and start <= e.position.offset < end
+    ]
+
+
+def assert_only_own_samples(
+    served: Running,
+    trained_on: Sequence[Any],
+    sampled: Sequence[RolloutSampled],
+    scored: Sequence[RolloutScored],
+) -> None:
+    """Every answer trained on is one the model sampled (a passed one as an SFT target or a
+    chosen answer, a failed one as a rejected answer), each record leads back to its rollouts,
+    and no reference answer and no user's edit is anywhere in the log."""
+    answers = {s.rollout_id: s.steps[0].output for s in sampled}
+    verdict = {s.rollout_id: s.passed for s in scored}
+    scored_events = {
+        e.envelope.event_id for e in served.events() if isinstance(e.payload, RolloutScored)
+    }
+    assert trained_on
+    for event in trained_on:
+        record: ExperienceRecorded = event.payload
+        assert record.turn_id is None and record.rollout_group_id is not None
+        assert event.envelope.causation_id in scored_events
+        body = record.record
+        if record.kind == "sft":
+            rollout = uuid.UUID(str(body["rollout_id"]))
+            assert body["target"] == answers[rollout] and verdict[rollout]
+        else:
+            chosen = uuid.UUID(str(body["chosen_rollout_id"]))
+            rejected = uuid.UUID(str(body["rejected_rollout_id"]))
+            assert (body["chosen"], body["rejected"]) == (answers[chosen], answers[rejected])
+            assert verdict[chosen] and not verdict[rejected]
+    everything = json.dumps([e.envelope.to_json() for e in served.events()])
+    for task in bank_tasks():
+        assert task.reference not in everything
+    assert not [e for e in served.events() if isinstance(e.payload, FeedbackGiven)]
+
+
+def assert_replay_matches_live(served: Running, host: Any) -> None:
+    """The experience builder replayed into a fresh schema gives the live tables' hash,
+    rollout join state included."""
+    assert "experience_rollouts" in host.processor.tables
+    with served.server.pool.connection() as conn:
+        live = content_hash(conn, host.processor)
+    digest, handled = replay(
+        host.processor, served.server.log, served.server.pool, end=host.positions()
+    )
+    assert handled > 0 and digest == live
+
+
+class HalfCrashing:
+    """A verifier that crashes on every other call and passes the rest."""
+
+    name = "half-crashing"
+    version = "test-1"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def reward(self, task: Task, steps: Sequence[RolloutStep]) -> float:
+        self.calls += 1
+        if self.calls % 2:
+            raise RuntimeError("the verifier fell over")
+        return 1.0
+
+
+def test_a_crashing_verifier_fails_its_samples_and_a_rerun_appends_nothing(
+    self_settings: Settings, router: RouterService, tiny_model: Path
+) -> None:
+    pool = wiring.pool(self_settings)
+    runtime = wiring.learning_runtime(self_settings, pool)
+    ensure_root_release(
+        pool,
+        runtime.log,
+        runtime.store,
+        model_dir=tiny_model,
+        base_model=tiny_model.name,
+        router_version=router.version,
+        specialists=router.specialists,
+    )
+    job = RolloutJob(
+        job_id=uuid.uuid4(), specialist="genui", environments=["self-genui-1"], samples=4
+    )
+    try:
+        first = run_rollouts(runtime, job, HalfCrashing())
+        stored = list(runtime.log.read(key=rollout_key(job.job_id)))
+        again = run_rollouts(runtime, job, HalfCrashing())
+        assert list(runtime.log.read(key=rollout_key(job.job_id))) == stored
+    finally:
+        runtime.log.close()
+        pool.close()
+    assert (first.samples, first.failed, first.passed) == (4, 2, 2)
+    assert (again.groups, again.samples) == (0, 0)
+    verdicts = [e.payload for e in stored if isinstance(e.payload, RolloutScored)]
+    failures = [v for v in verdicts if v.failure is not None]
+    assert len(failures) == 2
+    assert all(v.reward is None and not v.passed for v in failures)
+    assert all("the verifier fell over" in str(v.failure) for v in failures)
