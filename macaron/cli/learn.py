@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -112,11 +113,19 @@ def simulate(
     console.print(report_table(report))
 
 
+class DemoMode(StrEnum):
+    oracle = "oracle"
+    self_ = "self"
+
+
 def demo(
     ctx: typer.Context,
     generations: Annotated[int, typer.Option(min=1, help="Generations after the base.")] = 3,
     turns_per_generation: Annotated[
-        int, typer.Option(min=1, help="Most simulated turns per generation.")
+        int,
+        typer.Option(
+            min=1, help="Most simulated turns (oracle) or rolled-out prompts (self) per generation."
+        ),
     ] = 120,
     concurrency: Annotated[int, typer.Option(min=1, help="Simulated users at once.")] = 8,
     out: Annotated[
@@ -128,15 +137,27 @@ def demo(
     specialists: Annotated[
         str, typer.Option(help="Comma-separated specialists the simulated users ask.")
     ] = ",".join(DEFAULT_SPECIALISTS),
-    seed: Annotated[int, typer.Option(help="Seed of the play order.")] = 0,
+    seed: Annotated[int, typer.Option(help="Seed of the play order and of the rollouts.")] = 0,
+    mode: Annotated[
+        DemoMode,
+        typer.Option(
+            help="oracle: simulated users whose oracle corrects wrong answers with the reference; "
+            "self: rollouts judged by verifiers, no reference answer ever taught."
+        ),
+    ] = DemoMode.oracle,
+    samples: Annotated[
+        int, typer.Option(min=1, max=16, help="Self mode: samples per rolled-out prompt (K).")
+    ] = 4,
 ) -> None:
-    """Run the whole learning loop for --generations generations with simulated users, and
-    write demo.json and demo.png.
+    """Run the whole learning loop for --generations generations, and write demo.json and
+    demo.png.
 
     Starts the chat server, the stream processors and a Celery worker on the configured model
     (PostgreSQL and Redis must be up: `macaron up`). Scores the contract on the active release
-    first (generation 0); each generation plays users until the trigger queues a run, waits for
-    its training, evaluation and promotion or rejection, and scores the contract again. Unless
+    first (generation 0); each generation sends traffic until the trigger queues a run (simulated
+    users in --mode oracle; in --mode self, rollout jobs of --samples samples per bank prompt, at
+    most --turns-per-generation prompts, kept when the verifier passes them), waits for its
+    training, evaluation and promotion or rejection, and scores the contract again. Unless
     set, MACARON_MAX_NEW_TOKENS is 96, MACARON_TURNS_PER_MINUTE does not limit the simulated
     users (their answers only need to be long enough to be judged) and MACARON_TRAINING_CONFIG
     is the CPU recipe learners/recipes/lora-cpu.yaml."""
@@ -153,6 +174,8 @@ def demo(
             out_dir=folder,
             specialists=specialist_names(specialists),
             seed=seed,
+            mode="self" if mode is DemoMode.self_ else "oracle",
+            samples=samples,
             step=lambda s: progress.update(task, description=s),
             on_generation=lambda record: console.print(generation_table(record)),
         )

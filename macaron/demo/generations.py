@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
-from uuid import UUID
+from typing import Any, Literal
+from uuid import UUID, uuid4
 
 from core.contract import Contract, Task
 from core.errors import ConfigError
@@ -20,7 +20,10 @@ from infra.postgres.registry import active_release
 from learners.contract import DEFAULT_CONTRACT, load_contract
 from learners.loop import release_outcomes
 from learners.recipes.lora import CPU_CONFIG
-from learners.tasks import load_bank
+from learners.rollouts import RolloutJob, RolloutSummary
+from learners.tasks import BANK_V1, load_bank
+from learners.worker import app as celery_app
+from learners.worker import enqueue_rollouts
 from macaron.demo.outcomes import run_outcome, run_progress
 from macaron.demo.output import write_outputs
 from macaron.demo.records import DemoFailed, DemoReport, GenerationRecord, RunRecord
@@ -43,6 +46,9 @@ RUN_TIMEOUT_S = 3 * 3600.0
 TRIGGER_LAG_S = 30.0
 """How long the processors may take, after the last simulated turn, to queue a run."""
 POLL_S = 1.0
+ROLLOUT_CHUNK = 8
+"""Prompts rolled out per round of the self mode (a job per specialist among them)."""
+Mode = Literal["oracle", "self"]
 
 
 def demo_settings(settings: Settings) -> Settings:
@@ -72,9 +78,14 @@ def run_demo(
     on_generation: Callable[[GenerationRecord], None] | None = None,
     router: Router | None = None,
     run_timeout_s: float = RUN_TIMEOUT_S,
+    mode: Mode = "oracle",
+    samples: int = 4,
 ) -> DemoReport:
     """Measure the active release, then run ``generations`` generations of the loop; writes
-    ``demo.json`` and ``demo.png`` into ``out_dir`` after each generation."""
+    ``demo.json`` and ``demo.png`` into ``out_dir`` after each generation. The traffic of a
+    generation is simulated users whose oracle corrects wrong answers with the reference
+    (``oracle``, at most ``turns_per_generation`` turns) or rollout jobs of ``samples`` samples
+    per prompt judged by the verifiers (``self``, at most ``turns_per_generation`` prompts)."""
     if min(generations, turns_per_generation, concurrency) < 1:
         raise ConfigError("generations, turns per generation and concurrency must be at least 1")
     settings = demo_settings(settings)
@@ -85,7 +96,9 @@ def run_demo(
             f"contract {contract.version} has no suite for {', '.join(unscored)}: "
             "their training runs could not be evaluated"
         )
-    plays = task_stream(bank_tasks(load_bank(), specialists), seed)
+    plays = task_stream(
+        bank_tasks(load_bank(settings.task_bank_path or BANK_V1), specialists), seed
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     report = DemoReport(contract.version, [])
 
@@ -96,7 +109,8 @@ def run_demo(
             on_generation(record)
 
     with running_loop(settings, out_dir, step, router=router) as stage:
-        demo = _Demo(stage, contract, plays, step, settings.train_threshold)
+        traffic = Traffic(mode, samples, seed)
+        demo = _Demo(stage, contract, plays, step, settings.train_threshold, traffic)
         step("generation 0: measuring the contract on the active release")
         keep(demo.measure())
         for n in range(1, generations + 1):
@@ -104,17 +118,34 @@ def run_demo(
     return report
 
 
+@dataclass(frozen=True)
+class Traffic:
+    """A generation's traffic: simulated users (``oracle``), or rollouts (``self``) of
+    ``samples`` samples per prompt seeded from ``seed``."""
+
+    mode: Mode
+    samples: int
+    seed: int
+
+
 class _Demo:
     """One demo's running state: the runs already accounted for and the play order."""
 
     def __init__(
-        self, stage: Stage, contract: Contract, plays: Iterator[Task], step: Step, threshold: int
+        self,
+        stage: Stage,
+        contract: Contract,
+        plays: Iterator[Task],
+        step: Step,
+        threshold: int,
+        traffic: Traffic,
     ) -> None:
         self.stage = stage
         self.contract = contract
         self.plays = plays
         self.step = step
         self.threshold = threshold
+        self.traffic = traffic
         with stage.server.pool.connection() as conn:
             _, self.key = create_key(conn, SIMULATOR_TENANT, {"chat"})
         self.seen = set(self._run_ids())
@@ -123,14 +154,27 @@ class _Demo:
     def generation(
         self, n: int, turns: int, concurrency: int, run_timeout_s: float
     ) -> GenerationRecord:
-        report = self.simulate(n, turns, concurrency)
-        runs = self.settle(n, run_timeout_s)
+        started = time.monotonic()
+        update: dict[str, Any] = {"generation": n, "mode": self.traffic.mode}
+        if self.traffic.mode == "self":
+            update["rollouts"] = self.roll(n, turns, run_timeout_s)
+        else:
+            report = self.simulate(n, turns, concurrency)
+            update["turns"] = len(report.turns)
+            update["simulated_pass_rate"] = {
+                name: s.pass_rate for name, s in report.by_specialist().items()
+            }
+        queued = time.monotonic()
+        update["runs"] = self.settle(n, run_timeout_s)
+        decided = time.monotonic()
         self.step(f"generation {n}: measuring the contract on the active release")
         measured = self.measure()
-        rates = {name: s.pass_rate for name, s in report.by_specialist().items()}
-        return replace(
-            measured, generation=n, turns=len(report.turns), simulated_pass_rate=rates, runs=runs
-        )
+        update["phase_seconds"] = {
+            "traffic": queued - started,
+            "runs": decided - queued,
+            "measure": time.monotonic() - decided,
+        }
+        return replace(measured, **update)
 
     def simulate(self, n: int, turns: int, concurrency: int) -> SimulationReport:
         """Play until the trigger has queued a run (checked after every few turns), at most
@@ -145,17 +189,60 @@ class _Demo:
             played += chunk.turns
             self.step(f"generation {n}: {len(played)} simulated turns")
             self.stage.check()
+        self.await_trigger(f"{len(played)} simulated turns")
+        return SimulationReport(played, time.monotonic() - started)
+
+    def roll(self, n: int, prompts: int, timeout_s: float) -> dict[str, dict[str, float]]:
+        """Roll out prompts (a job per specialist in each round) until the trigger has queued
+        a run, at most ``prompts``; what the rollouts gave, per specialist."""
+        summaries: list[RolloutSummary] = []
+        specialists: list[str] = []
+        rolled = 0
+        while rolled < prompts and not self._new_runs():
+            chunk = [next(self.plays) for _ in range(min(ROLLOUT_CHUNK, prompts - rolled))]
+            rolled += len(chunk)
+            for specialist in sorted({task.specialist for task in chunk}):
+                job = RolloutJob(
+                    job_id=uuid4(),
+                    specialist=specialist,
+                    environments=[task.id for task in chunk if task.specialist == specialist],
+                    samples=self.traffic.samples,
+                    seed=self.traffic.seed,
+                )
+                enqueue_rollouts(job)
+                summaries.append(self._await_job(job, n, timeout_s))
+                specialists.append(specialist)
+            self.step(f"generation {n}: {rolled} prompts rolled out")
+        self.await_trigger(f"rollouts of {rolled} prompts")
+        return rollout_stats(specialists, summaries)
+
+    def _await_job(self, job: RolloutJob, n: int, timeout_s: float) -> RolloutSummary:
+        result = celery_app.AsyncResult(str(job.job_id))
+        deadline = time.monotonic() + timeout_s
+        while not result.ready():
+            self.stage.check()
+            if time.monotonic() > deadline:
+                raise DemoFailed(f"rollout job {job.job_id} did not finish in {timeout_s:.0f} s")
+            self.step(
+                f"generation {n}: rolling out {len(job.environments)} {job.specialist} prompts"
+            )
+            time.sleep(POLL_S)
+        if result.failed():
+            raise DemoFailed(f"rollout job {job.job_id} failed: {result.result!r}")
+        return RolloutSummary.model_validate(result.result)
+
+    def await_trigger(self, traffic: str) -> None:
+        """Give the processors time to queue a run after the traffic; ``DemoFailed`` if none."""
         deadline = time.monotonic() + TRIGGER_LAG_S
         while not self._new_runs():
             self.stage.check()
             if time.monotonic() > deadline:
                 raise DemoFailed(
-                    f"{len(played)} simulated turns queued no training run (the trigger needs "
-                    f"{self.threshold} new experience records of one specialist): raise "
-                    "--turns-per-generation or lower MACARON_TRAIN_THRESHOLD"
+                    f"{traffic} queued no training run (the trigger needs {self.threshold} new "
+                    "experience records of one specialist): raise --turns-per-generation or "
+                    "lower MACARON_TRAIN_THRESHOLD"
                 )
             time.sleep(POLL_S)
-        return SimulationReport(played, time.monotonic() - started)
 
     def settle(self, n: int, timeout_s: float) -> list[RunRecord]:
         """Wait until every new run is decided; runs queued meanwhile are waited for too."""
@@ -214,3 +301,23 @@ class _Demo:
 
     def _new_runs(self) -> list[UUID]:
         return [run_id for run_id in self._run_ids() if run_id not in self.seen]
+
+
+def rollout_stats(
+    specialists: Sequence[str], summaries: Sequence[RolloutSummary]
+) -> dict[str, dict[str, float]]:
+    """Per specialist: groups and samples rolled out, samples passed, pass@1 and pass@K, the
+    hinted groups and their passes, samples the verifier failed on, and seconds."""
+    stats: dict[str, dict[str, float]] = {}
+    for specialist, summary in zip(specialists, summaries, strict=True):
+        into = stats.setdefault(specialist, dict.fromkeys(_SUMMED, 0.0) | {"solved": 0.0})
+        for name in _SUMMED:
+            into[name] += float(getattr(summary, name))
+        into["solved"] += summary.pass_at_k * summary.groups
+    for into in stats.values():
+        into["pass_at_1"] = into["passed"] / into["samples"] if into["samples"] else 0.0
+        into["pass_at_k"] = into.pop("solved") / into["groups"] if into["groups"] else 0.0
+    return stats
+
+
+_SUMMED = ("groups", "samples", "passed", "failed", "hinted_groups", "hinted_passed", "seconds")

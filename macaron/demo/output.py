@@ -66,6 +66,17 @@ def generation_table(record: GenerationRecord) -> Table:
             f"\n{record.turns} simulated turns, oracle pass rate: "
             f"{_scores_text(record.simulated_pass_rate)}"
         )
+    for specialist, r in sorted(record.rollouts.items()):
+        caption += (
+            f"\n{specialist} rollouts: {r['groups']:.0f} prompts, {r['samples']:.0f} samples"
+            f", pass@1 {r['pass_at_1']:.2f}, pass@K {r['pass_at_k']:.2f}, hinted "
+            f"{r['hinted_groups']:.0f} ({r['hinted_passed']:.0f} passed), verifier failures "
+            f"{r['failed']:.0f}, {r['seconds']:.0f} s"
+        )
+    if record.phase_seconds:
+        caption += "\nseconds: " + " · ".join(
+            f"{phase} {seconds:.0f}" for phase, seconds in record.phase_seconds.items()
+        )
     table = Table(title=f"generation {record.generation}", caption=caption)
     columns = ("run", "changes", "training s", "outcome", "candidate", "parent")
     for column in columns:

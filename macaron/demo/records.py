@@ -41,17 +41,22 @@ class RunRecord:
 class GenerationRecord:
     """``scores`` are the contract scores per suite of ``release_id`` (served with
     ``harness_version``), active after the generation; ``formats`` the share of well-formed
-    answers per suite that asks for a form; ``simulated_pass_rate`` is the oracle's verdict on
-    the simulated turns."""
+    answers per suite that asks for a form. The traffic was simulated users (``mode`` oracle:
+    ``turns``, and ``simulated_pass_rate`` the oracle's verdict on them) or rollouts (``self``:
+    ``rollouts`` per specialist, ``learners.rollouts.RolloutSummary`` summed, with pass@1 and
+    pass@K). ``phase_seconds``: traffic until a run was queued, runs until decided, measure."""
 
     generation: int
     release_id: str
     harness_version: str
     scores: dict[str, float]
     formats: dict[str, float] = field(default_factory=dict)
+    mode: str = "oracle"
     turns: int = 0
     simulated_pass_rate: dict[str, float] = field(default_factory=dict)
+    rollouts: dict[str, dict[str, float]] = field(default_factory=dict)
     runs: list[RunRecord] = field(default_factory=list)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -283,3 +283,50 @@ def test_the_demo_runs_a_generation_and_writes_its_record(
     assert written["generations"][1]["runs"][0]["run_id"] == run.run_id
     assert (out / "demo.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (out / "worker.log").stat().st_size > 0
+
+
+def test_the_demo_in_self_mode_learns_from_rollouts_only(
+    database_url: str,
+    celery_redis_url: str,
+    tiny_model: Path,
+    router: RouterService,
+    tmp_path: Path,
+) -> None:
+    training = tmp_path / "training.yaml"
+    recipe = yaml.safe_load((DATA / "training-e2e.yaml").read_text())
+    training.write_text(yaml.safe_dump({**recipe, "steps": 4}))
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url=database_url,
+        model_dir=tiny_model,
+        redis_url=celery_redis_url,
+        train_threshold=4,
+        contract_path=DATA / "contract-self-e2e.yaml",
+        task_bank_path=DATA / "bank-self-e2e.yaml",
+        training_config=training,
+        task_visibility_timeout=120,
+        max_new_tokens=48,
+        harness_proposals=False,
+    )
+    report = run_demo(
+        settings,
+        generations=1,
+        turns_per_generation=16,
+        concurrency=2,
+        out_dir=tmp_path / "demo",
+        specialists=("genui",),
+        router=router,
+        run_timeout_s=240,
+        mode="self",
+        samples=4,
+    )
+    _, first = report.generations
+    assert (first.mode, first.turns, first.simulated_pass_rate) == ("self", 0, {})
+    rolled = first.rollouts["genui"]
+    assert rolled["groups"] in (8, 16) and rolled["samples"] == 4 * rolled["groups"]
+    assert 0 < rolled["pass_at_1"] <= rolled["pass_at_k"] <= 1
+    assert rolled["passed"] == rolled["pass_at_1"] * rolled["samples"]
+    [run] = first.runs
+    assert (run.specialist, run.half) == ("genui", "adapter")
+    assert run.outcome in {"promoted", "rejected"}
+    assert set(first.phase_seconds) == {"traffic", "runs", "measure"}
