@@ -328,12 +328,13 @@ class FeedbackGiven(EventPayload):
 
 class ExperienceRecorded(EventPayload):
     """v2: a record comes from a turn (``turn_id``) or from a group of rollouts
-    (``rollout_group_id``), exactly one of them."""
+    (``rollout_group_id``), exactly one of them; kind ``group`` (v2) is a rollout group's
+    answers with their rewards, for policy gradient."""
 
     event_type = "ExperienceRecorded"
     schema_version = 2
     experience_id: UUID
-    kind: Literal["sft", "preference", "trajectory"]
+    kind: Literal["sft", "preference", "trajectory", "group"]
     specialist: str
     turn_id: UUID | None
     rollout_group_id: UUID | None = None

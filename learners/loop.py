@@ -68,6 +68,7 @@ from infra.postgres.runs import (
 from learners.contract import ContractRun, load_contract, run_contract
 from learners.recipes.lora import (
     PreferencePair,
+    RolloutGroup,
     SFTExample,
     TrainingConfig,
     train_successor_adapter,
@@ -191,17 +192,18 @@ def _train(
     progress: Progress | None,
 ) -> str:
     records, older = materialize(rt, snapshot)
-    sft, pairs, old = _examples(records, older)
+    examples = _examples(records, older)
     parent_dir = rt.store.verified_path(parent["sha256"], parent["path"])
     with tempfile.TemporaryDirectory() as scratch:
         result = train_successor_adapter(
             rt.model_dir,
             parent_dir,
             Path(scratch),
-            sft=sft,
-            preferences=pairs,
-            older=old,
+            sft=examples.sft,
+            preferences=examples.pairs,
+            older=examples.older,
             config=rt.training,
+            groups=examples.groups,
             progress=progress,
         )
         sha, stored = rt.store.put(Path(scratch))
@@ -210,6 +212,7 @@ def _train(
         "seconds": result.seconds,
         "examples": float(result.examples),
         "pairs": float(result.pairs),
+        "samples": float(result.samples),
     }
     adapter = _record_candidate(rt, run, parent, sha, str(stored), metrics)
     rt.log.append(
@@ -334,28 +337,49 @@ def _queue_harness_run(
     )
 
 
-def _examples(
-    records: list[Any], older: list[Any]
-) -> tuple[list[SFTExample], list[PreferencePair], list[SFTExample]]:
-    """The snapshot's SFT examples and preference pairs, and the older SFT examples."""
-    sft = [
-        SFTExample(messages=r.record["messages"], target=r.record["target"])
-        for r in records
-        if r.kind == "sft"
-    ]
-    pairs = [
-        PreferencePair(
-            messages=r.record["messages"], chosen=r.record["chosen"], rejected=r.record["rejected"]
-        )
-        for r in records
-        if r.kind == "preference"
-    ]
-    old = [
-        SFTExample(messages=r.record["messages"], target=r.record["target"])
-        for r in older
-        if r.kind == "sft"
-    ]
-    return sft, pairs, old
+@dataclass(frozen=True)
+class Examples:
+    """What a snapshot trains on, by kind, and the older SFT examples replayed beside it."""
+
+    sft: list[SFTExample]
+    pairs: list[PreferencePair]
+    groups: list[RolloutGroup]
+    older: list[SFTExample]
+
+
+def _examples(records: list[Any], older: list[Any]) -> Examples:
+    """The snapshot's SFT examples, preference pairs and rollout groups, and the older SFT
+    examples."""
+    return Examples(
+        sft=[
+            SFTExample(messages=r.record["messages"], target=r.record["target"])
+            for r in records
+            if r.kind == "sft"
+        ],
+        pairs=[
+            PreferencePair(
+                messages=r.record["messages"],
+                chosen=r.record["chosen"],
+                rejected=r.record["rejected"],
+            )
+            for r in records
+            if r.kind == "preference"
+        ],
+        groups=[
+            RolloutGroup(
+                messages=r.record["messages"],
+                answers=[s["answer"] for s in r.record["samples"]],
+                rewards=[s["reward"] for s in r.record["samples"]],
+            )
+            for r in records
+            if r.kind == "group"
+        ],
+        older=[
+            SFTExample(messages=r.record["messages"], target=r.record["target"])
+            for r in older
+            if r.kind == "sft"
+        ],
+    )
 
 
 def _record_candidate(

@@ -135,7 +135,6 @@ class Sampler:
     adapter: str | None
     temperature: float
     max_tokens: int
-    slots: asyncio.Semaphore
 
     @functools.cached_property
     def grammar(self) -> HarnessSpec:
@@ -146,7 +145,7 @@ class Sampler:
         return spec.model_copy(update={"specialists": {**spec.specialists, self.specialist: own}})
 
     async def episode(
-        self, environment: Environment, hint: str | None, seed: int
+        self, environment: Environment, hint: str | None, seed: int, slots: asyncio.Semaphore
     ) -> list[RolloutStep]:
         """Generate, run the tool the model calls in a fresh tool state and show it the result,
         until it answers in text or the episode has used its steps."""
@@ -157,7 +156,8 @@ class Sampler:
         scratch: list[ChatMessage] = []
         for n in range(ROLLOUT_MAX_STEPS):
             messages = context.model_copy(update={"scratch": tuple(scratch)}).messages()
-            text = await self._generate(messages, seed + n, first_step=n == 0)
+            async with slots:
+                text = await self._generate(messages, seed + n, first_step=n == 0)
             call = tool_call_of(text) if "tool_call" in context.grammars else None
             if call is None:
                 steps.append(RolloutStep(output=text))
@@ -188,8 +188,7 @@ class Sampler:
             ),
             constraint=output_constraint(self.grammar, self.specialist, first_step=first_step),
         )
-        async with self.slots:
-            return "".join([chunk.text async for chunk in self.engine.generate(request)])
+        return "".join([chunk.text async for chunk in self.engine.generate(request)])
 
 
 def sample_seed(job: RolloutJob, environment: Environment, hinted: bool, sample: int) -> int:
@@ -205,15 +204,19 @@ async def sample_groups(
     *,
     hinted: bool,
 ) -> list[Group]:
-    """Every environment's K episodes at once (the engine batches them), then their verdicts
-    (verifiers may block: they run once generation is done)."""
+    """Every environment's K episodes at once (the engine batches them, at most ``CONCURRENCY``
+    requests in flight), then their verdicts (verifiers may block: they run once generation is
+    done)."""
+    slots = asyncio.Semaphore(CONCURRENCY)
 
     async def group(environment: Environment) -> list[list[RolloutStep]]:
         hint = environment.hint if hinted else None
         return list(
             await asyncio.gather(
                 *(
-                    sampler.episode(environment, hint, sample_seed(job, environment, hinted, k))
+                    sampler.episode(
+                        environment, hint, sample_seed(job, environment, hinted, k), slots
+                    )
                     for k in range(job.samples)
                 )
             )
@@ -358,7 +361,6 @@ def _sampler(
         adapter=None if adapter is None else adapter.name,
         temperature=job.temperature,
         max_tokens=min(decoding.max_new_tokens, rt.settings.max_new_tokens),
-        slots=asyncio.Semaphore(CONCURRENCY),
     )
 
 

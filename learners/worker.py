@@ -1,8 +1,8 @@
 """The Celery app and its tasks: ``train_successor`` (queue ``train``, GPU workers with
 concurrency 1; a ``harness.*`` run proposes a harness instead), ``evaluate_candidate``
 (``eval``), ``promote`` (``default``) and ``sample_rollouts`` (``rollout``: sample, verify and
-record a rollout job's groups, ``learners.rollouts``). The evaluation of an adapter run queues a harness
-proposal for its specialist, started once the decision took effect.
+record a rollout job's groups, ``learners.rollouts``). The evaluation of an adapter run queues
+a harness proposal for its specialist, started once the decision took effect.
 
 Redis is broker and result backend. Tasks are acknowledged late and rejected when their worker
 is lost, so a killed worker's task is given to another after ``task_visibility_timeout``; every

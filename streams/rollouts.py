@@ -5,8 +5,10 @@ rollout group teaches.
   the sample saw, and the answer; STaR-style rationalization trains without the hint);
 - a passed and a failed answer of the same group, paired in sample order: a preference pair
   (passed chosen, failed rejected);
+- the group's verified answers with their rewards, when the rewards differ: a ``group`` record
+  for policy gradient (RLOO advantages need at least two answers that scored apart);
 - a sample whose verifier failed (crashed, timed out, gave a reward out of range) teaches
-  nothing, and neither does a group with no passed answer.
+  nothing, and neither does a group whose verified answers all scored alike.
 No record holds anything but the model's own samples: no reference answer reaches training
 from a rollout. Ids derive from the filter version, the group and the record's place in it.
 """
@@ -14,6 +16,7 @@ from a rollout. Ids derive from the filter version, the group and the record's p
 from __future__ import annotations
 
 import logging
+from typing import Literal
 
 from pydantic import JsonValue
 
@@ -26,6 +29,7 @@ from infra.postgres.db import DictConnection
 from infra.postgres.rollouts import ScoredSample
 
 _log = logging.getLogger(__name__)
+Kind = Literal["sft", "preference", "group"]
 
 
 def record_sampled(conn: DictConnection, event: RecordedEvent, sampled: RolloutSampled) -> None:
@@ -76,6 +80,15 @@ def group_records(group: list[ScoredSample], event: RecordedEvent) -> list[NewEv
             "rejected_rollout_id": str(rejected.rollout_id),
         }
         records.append(_record(event, chosen, "preference", n, body))
+    rewards = [s.reward for s in verified if s.reward is not None]
+    if len(set(rewards)) > 1:
+        body = {
+            "samples": [
+                {"answer": s.answer, "reward": s.reward, "rollout_id": str(s.rollout_id)}
+                for s in verified
+            ]
+        }
+        records.append(_record(event, verified[0], "group", 0, body))
     return records
 
 
@@ -90,13 +103,13 @@ def _distinct(samples: list[ScoredSample]) -> list[ScoredSample]:
 def _record(
     event: RecordedEvent,
     sample: ScoredSample,
-    kind: str,
+    kind: Kind,
     n: int,
     body: dict[str, JsonValue],
 ) -> NewEvent:
     payload = ExperienceRecorded(
         experience_id=derived_id(FILTER_VERSION, sample.group_id, kind, n),
-        kind="sft" if kind == "sft" else "preference",
+        kind=kind,
         specialist=sample.specialist,
         turn_id=None,
         rollout_group_id=sample.group_id,

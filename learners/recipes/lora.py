@@ -1,8 +1,10 @@
 """Successor-adapter recipe: train a specialist's next LoRA version from its parent.
 
 One step is supervised fine-tuning on new experience (with a share of older experience replayed,
-against forgetting) plus DPO on preference pairs, with the parent adapter as the DPO reference.
-Training starts from the parent's weights, so a successor refines what its parent learned.
+against forgetting) plus DPO on preference pairs, with the parent adapter as the DPO reference,
+plus, where the config gives it a weight, policy gradient on rollout groups (RLOO advantages, a
+clipped surrogate and a KL penalty to the parent: ``learners.recipes.policy``). Training starts
+from the parent's weights, so a successor refines what its parent learned.
 
 The file reads top to bottom as torchtune's recipes do: configuration and inputs, tokenising,
 losses, then ``setup`` (model, data, optimiser), ``train`` (the steps) and ``save`` (the PEFT
@@ -24,17 +26,20 @@ from typing import Any
 import torch
 import yaml
 from peft import PeftModel
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from torch.nn import functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from core.errors import ConfigError, NothingToTrain
 from core.events import ChatMessage
 from infra.artifacts import ADAPTER_FILES
+from learners.recipes.policy import pg_loss, rloo_advantages
 
 DEFAULT_CONFIG = Path(__file__).with_name("lora-sft-dpo.yaml")
 CPU_CONFIG = Path(__file__).with_name("lora-cpu.yaml")
 """Fewer, smaller steps and no DPO: what ``macaron demo`` trains with unless configured."""
+RLOO_CONFIG = Path(__file__).with_name("lora-rloo.yaml")
+"""The CPU recipe with policy gradient on rollout groups beside SFT."""
 IGNORE = -100  # label of a token that carries no loss (prompt and padding)
 Progress = Callable[[int, int, dict[str, float]], None]
 
@@ -54,6 +59,11 @@ class TrainingConfig(BaseModel):
     replay_share: float = Field(default=0.2, ge=0.0, lt=1.0)
     """Share of each SFT batch drawn from older experience, against forgetting."""
     weight_decay: float = Field(default=0.0, ge=0.0)
+    pg_weight: float = Field(default=0.0, ge=0.0)
+    """Weight of the policy-gradient loss on rollout groups (0: groups are not trained on)."""
+    pg_clip: float = Field(default=0.2, gt=0.0, lt=1.0)
+    kl_beta: float = Field(default=0.04, ge=0.0)
+    """Weight of the KL penalty to the parent in the policy-gradient loss."""
 
 
 def load_config(path: Path = DEFAULT_CONFIG) -> TrainingConfig:
@@ -87,6 +97,22 @@ class PreferencePair(BaseModel):
     rejected: str
 
 
+class RolloutGroup(BaseModel):
+    """A conversation, the answers the parent sampled for it and each one's reward."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    messages: list[ChatMessage]
+    answers: list[str] = Field(min_length=2)
+    rewards: list[float] = Field(min_length=2)
+
+    @model_validator(mode="after")
+    def _a_reward_per_answer(self) -> RolloutGroup:
+        if len(self.answers) != len(self.rewards):
+            raise ValueError("a group needs exactly one reward per answer")
+        return self
+
+
 class TrainingResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -96,6 +122,8 @@ class TrainingResult(BaseModel):
     seconds: float
     examples: int
     pairs: int
+    samples: int = 0
+    """Rollout answers with a non-zero advantage, trained on by policy gradient."""
 
 
 # --- tokenising -------------------------------------------------------------------------------
@@ -256,6 +284,13 @@ def answer_logprobs(model: Any, batch: Batch) -> torch.Tensor:
     return -token_nll(model, batch).sum(dim=1)
 
 
+def answer_token_logprobs(model: Any, batch: Batch) -> list[torch.Tensor]:
+    """Each row's log-probability of every answer token, in order."""
+    nll = token_nll(model, batch)
+    answer = batch.labels[:, batch.labels.shape[1] - nll.shape[1] :] != IGNORE
+    return [-row[mask] for row, mask in zip(nll, answer, strict=True)]
+
+
 def dpo_loss(
     policy_chosen: torch.Tensor,
     policy_rejected: torch.Tensor,
@@ -286,6 +321,11 @@ class Run:
     older: list[Tokenized]
     pairs: list[tuple[Tokenized, Tokenized]]
     reference: torch.Tensor  # (pairs, 2): chosen, rejected
+    samples: list[Tokenized]
+    """Rollout answers with a non-zero advantage (policy gradient)."""
+    advantages: torch.Tensor
+    sample_reference: list[torch.Tensor]
+    """The parent's token log-probabilities of each sample's answer."""
 
 
 def load_model(base_model_dir: Path, parent_adapter_dir: Path) -> tuple[Any, Any]:
@@ -313,6 +353,30 @@ def reference_logprobs(
     return torch.cat(rows) if rows else torch.empty((0, 2))
 
 
+def reference_token_logprobs(
+    model: Any, samples: list[Tokenized], pad_id: int, batch_size: int
+) -> list[torch.Tensor]:
+    """Every sample's answer-token log-probabilities under the parent, before any update."""
+    model.eval()
+    found: list[torch.Tensor] = []
+    with torch.no_grad():
+        for start in range(0, len(samples), batch_size):
+            batch = collate(samples[start : start + batch_size], pad_id)
+            found += answer_token_logprobs(model, batch)
+    return found
+
+
+def group_samples(groups: list[RolloutGroup]) -> list[tuple[list[ChatMessage], str, float]]:
+    """Each answer of ``groups`` whose RLOO advantage is not 0, with its context and advantage
+    (a group whose answers scored alike teaches nothing)."""
+    return [
+        (group.messages, answer, advantage)
+        for group in groups
+        for answer, advantage in zip(group.answers, rloo_advantages(group.rewards), strict=True)
+        if advantage != 0.0
+    ]
+
+
 def setup(
     base_model_dir: Path,
     parent_adapter_dir: Path,
@@ -320,6 +384,7 @@ def setup(
     sft: list[SFTExample],
     preferences: list[PreferencePair],
     older: list[SFTExample],
+    groups: list[RolloutGroup],
 ) -> Run:
     model, tokenizer = load_model(base_model_dir, parent_adapter_dir)
     end = end_of_turn_ids(tokenizer)
@@ -332,6 +397,8 @@ def setup(
     used = preferences if config.dpo_weight > 0 else []
     pairs = [(turn(p.messages, p.chosen), turn(p.messages, p.rejected)) for p in used]
     reference = reference_logprobs(model, pairs, pad_id, config.batch_size)
+    rolled = group_samples(groups) if config.pg_weight > 0 else []
+    samples = [turn(messages, answer) for messages, answer, _ in rolled]
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         trainable, lr=config.learning_rate, weight_decay=config.weight_decay
@@ -344,6 +411,9 @@ def setup(
         older=[turn(e.messages, e.target) for e in older],
         pairs=pairs,
         reference=reference,
+        samples=samples,
+        advantages=torch.tensor([advantage for _, _, advantage in rolled]),
+        sample_reference=reference_token_logprobs(model, samples, pad_id, config.batch_size),
     )
 
 
@@ -358,9 +428,14 @@ def batch_shares(config: TrainingConfig, new: int, older: int) -> tuple[int, int
 
 
 def train_step(
-    run: Run, config: TrainingConfig, sft_batch: list[Tokenized], pair_ids: list[int]
+    run: Run,
+    config: TrainingConfig,
+    sft_batch: list[Tokenized],
+    pair_ids: list[int],
+    sample_ids: list[int],
 ) -> dict[str, float]:
-    """One optimiser step on the SFT batch and the preference pairs; returns the losses."""
+    """One optimiser step on the SFT batch, the preference pairs and the rollout samples;
+    returns the losses."""
     run.optimizer.zero_grad(set_to_none=True)
     sft = sft_loss(run.model, collate(sft_batch, run.pad_id)) if sft_batch else torch.zeros(())
     dpo = torch.zeros(())
@@ -372,10 +447,23 @@ def train_step(
         chosen, rejected = logps.chunk(2)
         reference = run.reference[pair_ids]
         dpo = dpo_loss(chosen, rejected, reference[:, 0], reference[:, 1], config.dpo_beta)
-    loss = sft + config.dpo_weight * dpo
+    pg = torch.zeros(())
+    if sample_ids:
+        policy = answer_token_logprobs(
+            run.model, collate([run.samples[i] for i in sample_ids], run.pad_id)
+        )
+        parent = [run.sample_reference[i] for i in sample_ids]
+        advantages = run.advantages[sample_ids]
+        pg = pg_loss(policy, parent, advantages, config.pg_clip, config.kl_beta)
+    loss = sft + config.dpo_weight * dpo + config.pg_weight * pg
     loss.backward()
     run.optimizer.step()
-    return {"loss": loss.item(), "sft_loss": sft.item(), "dpo_loss": dpo.item()}
+    return {
+        "loss": loss.item(),
+        "sft_loss": sft.item(),
+        "dpo_loss": dpo.item(),
+        "pg_loss": pg.item(),
+    }
 
 
 def train(run: Run, config: TrainingConfig, progress: Progress | None) -> list[float]:
@@ -384,14 +472,18 @@ def train(run: Run, config: TrainingConfig, progress: Progress | None) -> list[f
     rng = random.Random(config.seed)  # noqa: S311 (batch order, not secrets)
     new_items, older_items = Shuffled(len(run.sft), rng), Shuffled(len(run.older), rng)
     pair_items = Shuffled(len(run.pairs), rng)
+    sample_items = Shuffled(len(run.samples), rng)
     new, older = batch_shares(config, len(run.sft), len(run.older))
     pairs_per_step = config.batch_size if run.pairs else 0
+    samples_per_step = config.batch_size if run.samples else 0
     losses: list[float] = []
     run.model.train()
     for step in range(1, config.steps + 1):
         batch = [run.sft[i] for i in new_items.draw(new)]
         batch += [run.older[i] for i in older_items.draw(older)]
-        metrics = train_step(run, config, batch, pair_items.draw(pairs_per_step))
+        metrics = train_step(
+            run, config, batch, pair_items.draw(pairs_per_step), sample_items.draw(samples_per_step)
+        )
         losses.append(metrics["loss"])
         if progress is not None:
             progress(step, config.steps, metrics)
@@ -427,15 +519,19 @@ def train_successor_adapter(
     preferences: list[PreferencePair],
     older: list[SFTExample],
     config: TrainingConfig,
+    groups: list[RolloutGroup] | None = None,
     progress: Progress | None = None,
 ) -> TrainingResult:
     """Train the successor of the adapter in ``parent_adapter_dir`` and write it to
     ``out_dir`` in PEFT format (``adapter_config.json`` and ``adapter_model.safetensors``)."""
-    if not sft and not preferences:
-        raise NothingToTrain("a successor adapter needs SFT examples or preference pairs")
+    groups = groups or []
+    if not sft and not preferences and not (groups and config.pg_weight > 0):
+        raise NothingToTrain(
+            "a successor adapter needs SFT examples, preference pairs or rollout groups"
+        )
     started = time.perf_counter()
     torch.manual_seed(config.seed)
-    run = setup(base_model_dir, parent_adapter_dir, config, sft, preferences, older)
+    run = setup(base_model_dir, parent_adapter_dir, config, sft, preferences, older, groups)
     losses = train(run, config, progress)
     save(run.model, out_dir)
     return TrainingResult(
@@ -445,4 +541,5 @@ def train_successor_adapter(
         seconds=time.perf_counter() - started,
         examples=len(sft),
         pairs=len(run.pairs),
+        samples=len(run.samples),
     )

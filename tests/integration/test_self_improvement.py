@@ -30,6 +30,7 @@ from core.events import (
 )
 from core.settings import Settings
 from learners.files import load_yaml_model
+from learners.loop import Runtime
 from learners.rollouts import RolloutJob, rollout_key, run_rollouts
 from learners.tasks import TaskBank
 from learners.worker import configure as configure_celery
@@ -55,9 +56,9 @@ def self_settings(
         database_url=database_url,
         model_dir=tiny_model,
         redis_url=celery_redis_url,
-        train_threshold=8,
+        train_threshold=16,
         contract_path=DATA / "contract-self-e2e.yaml",
-        training_config=DATA / "training-e2e.yaml",
+        training_config=DATA / "training-self-e2e.yaml",
         task_bank_path=BANK,
         task_visibility_timeout=120,
         max_new_tokens=48,
@@ -85,7 +86,7 @@ def test_rollouts_train_a_successor_without_any_reference_answer(
     job = RolloutJob(
         job_id=uuid.uuid4(),
         specialist="genui",
-        environments=[task.id for task in bank_tasks()],
+        environments=[task.id for task in bank_tasks() if task.checker.kind == "regex"],
         samples=4,
     )
     with running_server(self_settings, router=router) as served:
@@ -107,8 +108,8 @@ def test_rollouts_train_a_successor_without_any_reference_answer(
 
 
 def assert_learned_from_itself(served: Running, run_id: uuid.UUID | None) -> None:
-    """The run trained on SFT examples and preference pairs, and its candidate beat its parent
-    on the held-out GenUI suite."""
+    """The run trained on SFT examples, preference pairs and rollout groups (policy gradient),
+    and its candidate beat its parent on the held-out GenUI suite."""
     with served.server.pool.connection() as conn:
         [evaluation] = conn.execute(
             "SELECT scores FROM evaluations WHERE run_id = %s", (run_id,)
@@ -116,7 +117,7 @@ def assert_learned_from_itself(served: Running, run_id: uuid.UUID | None) -> Non
     scores = evaluation["scores"]
     assert scores["candidate"]["genui"] > scores["parent"]["genui"]
     [trained] = [e.payload for e in served.events() if isinstance(e.payload, CandidateTrained)]
-    assert trained.metrics["examples"] >= 1 and trained.metrics["pairs"] >= 1
+    assert min(trained.metrics[kind] for kind in ("examples", "pairs", "samples")) >= 1
 
 
 def rollouts(served: Running, job: RolloutJob) -> tuple[list[RolloutSampled], list[RolloutScored]]:
@@ -170,6 +171,12 @@ def assert_only_own_samples(
         if record.kind == "sft":
             rollout = uuid.UUID(str(body["rollout_id"]))
             assert body["target"] == answers[rollout] and verdict[rollout]
+        elif record.kind == "group":
+            entries: list[dict[str, Any]] = json.loads(json.dumps(body["samples"]))
+            for entry in entries:
+                rollout = uuid.UUID(entry["rollout_id"])
+                assert entry["answer"] == answers[rollout]
+                assert entry["reward"] == float(verdict[rollout])
         else:
             chosen = uuid.UUID(str(body["chosen_rollout_id"]))
             rejected = uuid.UUID(str(body["rejected_rollout_id"]))
@@ -209,9 +216,9 @@ class HalfCrashing:
         return 1.0
 
 
-def test_a_crashing_verifier_fails_its_samples_and_a_rerun_appends_nothing(
-    self_settings: Settings, router: RouterService, tiny_model: Path
-) -> None:
+@pytest.fixture
+def runtime(self_settings: Settings, router: RouterService, tiny_model: Path) -> Iterator[Runtime]:
+    """The worker's runtime in this process, on a database with the root release."""
     pool = wiring.pool(self_settings)
     runtime = wiring.learning_runtime(self_settings, pool)
     ensure_root_release(
@@ -223,21 +230,46 @@ def test_a_crashing_verifier_fails_its_samples_and_a_rerun_appends_nothing(
         router_version=router.version,
         specialists=router.specialists,
     )
+    yield runtime
+    runtime.log.close()
+    pool.close()
+
+
+def test_a_crashing_verifier_fails_its_samples_and_a_rerun_appends_nothing(
+    runtime: Runtime,
+) -> None:
     job = RolloutJob(
         job_id=uuid.uuid4(), specialist="genui", environments=["self-genui-1"], samples=4
     )
-    try:
-        first = run_rollouts(runtime, job, HalfCrashing())
-        stored = list(runtime.log.read(key=rollout_key(job.job_id)))
-        again = run_rollouts(runtime, job, HalfCrashing())
-        assert list(runtime.log.read(key=rollout_key(job.job_id))) == stored
-    finally:
-        runtime.log.close()
-        pool.close()
-    assert (first.samples, first.failed, first.passed) == (4, 2, 2)
+    first = run_rollouts(runtime, job, HalfCrashing())
+    stored = list(runtime.log.read(key=rollout_key(job.job_id)))
+    again = run_rollouts(runtime, job, HalfCrashing())
+    assert list(runtime.log.read(key=rollout_key(job.job_id))) == stored
+    assert (first.samples, first.failed, first.passed, first.hinted_groups) == (4, 2, 2, 0)
     assert (again.groups, again.samples) == (0, 0)
     verdicts = [e.payload for e in stored if isinstance(e.payload, RolloutScored)]
     failures = [v for v in verdicts if v.failure is not None]
     assert len(failures) == 2
     assert all(v.reward is None and not v.passed for v in failures)
     assert all("the verifier fell over" in str(v.failure) for v in failures)
+
+
+def test_an_unsolved_environment_is_sampled_again_with_its_hint(runtime: Runtime) -> None:
+    """No sample of the tiny model shows the word its checker wants: K more are sampled with
+    the hint after the prompt, recorded as their own group; the context a record would teach
+    in never holds the hint."""
+    job = RolloutJob(
+        job_id=uuid.uuid4(), specialist="genui", environments=["self-genui-hint"], samples=2
+    )
+    summary = run_rollouts(runtime, job)
+    assert (summary.groups, summary.passed, summary.hinted_groups) == (1, 0, 1)
+    sampled = [
+        e.payload
+        for e in runtime.log.read(key=rollout_key(job.job_id))
+        if isinstance(e.payload, RolloutSampled)
+    ]
+    hints = [s.hint for s in sampled]
+    assert hints == [None, None, *["Answer with a GenUI tree whose text shows 'Zanzibar'."] * 2]
+    assert len({s.group_id for s in sampled}) == 2
+    assert all(s.messages == sampled[0].messages for s in sampled)
+    assert "Zanzibar" not in json.dumps([m.model_dump() for m in sampled[0].messages])

@@ -21,8 +21,10 @@ from learners.recipes.lora import (
     CPU_CONFIG,
     DEFAULT_CONFIG,
     IGNORE,
+    RLOO_CONFIG,
     SHARED_PREFIX_MIN,
     PreferencePair,
+    RolloutGroup,
     SFTExample,
     TrainingConfig,
     TrainingResult,
@@ -39,6 +41,7 @@ from learners.recipes.lora import (
     tokenize_turn,
     train_successor_adapter,
 )
+from learners.recipes.policy import pg_loss, rloo_advantages
 from server.engines.local import LocalEngine
 from server.engines.lora import read_adapter_config
 
@@ -240,6 +243,82 @@ def test_dpo_raises_the_chosen_answer_over_the_rejected_one(
     assert after > before + 1.0, (before, after)
 
 
+GROUPS = [
+    RolloutGroup(
+        messages=example.messages,
+        answers=[TREE, "I cannot draw that.", TREE.upper(), "No."],
+        rewards=[1.0, 0.0, 1.0, 0.0],
+    )
+    for example in SFT[:3]
+]
+RLOO = CONFIG.model_copy(update={"steps": 4, "pg_weight": 1.0, "kl_beta": 0.04})
+# Observed on the tiny model (seed 0), policy gradient alone.
+FIRST_PG_LOSS = -1 / 3  # the first 4 answers drawn: 3 rewarded (A = 2/3), 1 not (A = -2/3)
+LAST_PG_LOSS = -0.777315
+
+
+def test_rloo_advantages_and_the_clipped_surrogate_match_hand_computed_values() -> None:
+    assert rloo_advantages([1.0, 0.0, 0.0, 1.0]) == pytest.approx([2 / 3, -2 / 3, -2 / 3, 2 / 3])
+    assert rloo_advantages([1.0, 1.0]) == [0.0, 0.0] and rloo_advantages([1.0]) == [0.0]
+    # The policy is the parent: ratio 1, KL 0, each answer's loss is -A.
+    same = [torch.tensor([-1.0, -2.0]), torch.tensor([-0.5])]
+    assert pg_loss(same, same, torch.tensor([1.0, -0.5]), 0.2, 0.1).item() == pytest.approx(-0.25)
+    # ratio 1.5 on A = 1 is clipped to 1.2; the KL estimate is exp(-d) + d - 1 for d = log 1.5.
+    d = math.log(1.5)
+    loss = pg_loss([torch.tensor([d])], [torch.tensor([0.0])], torch.tensor([1.0]), 0.2, 0.1)
+    assert loss.item() == pytest.approx(0.1 * (math.exp(-d) + d - 1) - 1.2, rel=1e-6)
+    # ratio 0.5 on A = -1: min(-0.5, -0.8) = -0.8, the clip keeps the update from overshooting.
+    d = math.log(0.5)
+    loss = pg_loss([torch.tensor([d])], [torch.tensor([0.0])], torch.tensor([-1.0]), 0.2, 0.0)
+    assert loss.item() == pytest.approx(0.8, rel=1e-6)
+    # ratio 5 on A = -1: the dual clip bounds the loss at 3 (and stops the push).
+    d = math.log(5.0)
+    loss = pg_loss([torch.tensor([d])], [torch.tensor([0.0])], torch.tensor([-1.0]), 0.2, 0.0)
+    assert loss.item() == pytest.approx(3.0, rel=1e-6)
+
+
+def test_policy_gradient_raises_rewarded_answers_over_the_others(
+    tiny_model: Path, parent: Path, tmp_path: Path
+) -> None:
+    """RLOO on rollout groups with pinned losses: at the first step the policy is the parent,
+    so every ratio is 1 and the loss is minus the mean advantage of the drawn answers; after a
+    few steps the rewarded answers are likelier than before against the others."""
+    seen: Metrics = []
+    result = train_successor_adapter(
+        tiny_model,
+        parent,
+        tmp_path,
+        sft=[],
+        preferences=[],
+        older=[],
+        config=RLOO,
+        groups=GROUPS,
+        progress=lambda step, steps, metrics: seen.append((step, steps, metrics)),
+    )
+    print(f"pg losses {[m['pg_loss'] for _, _, m in seen]}")
+    assert (result.examples, result.pairs, result.samples) == (0, 0, 12)
+    assert seen[0][2]["pg_loss"] == pytest.approx(FIRST_PG_LOSS, abs=1e-4)
+    assert seen[-1][2]["pg_loss"] == pytest.approx(LAST_PG_LOSS, rel=1e-4)
+    assert all(m["loss"] == m["pg_loss"] for _, _, m in seen)
+
+    def margin(adapter: Path) -> float:
+        model, tokenizer = load_model(tiny_model, adapter)
+        model.eval()
+        end = end_of_turn_ids(tokenizer)
+        group = GROUPS[0]
+        rows = [
+            tokenize_turn(tokenizer, group.messages, answer, end, CONFIG.max_length)
+            for answer in group.answers
+        ]
+        with torch.no_grad():
+            logps = answer_logprobs(model, collate(rows, end[-1]))
+        rewarded = torch.tensor(group.rewards) > 0
+        return float(logps[rewarded].mean() - logps[~rewarded].mean())
+
+    before, after = margin(parent), margin(tmp_path)
+    assert after > before + 1.0, (before, after)
+
+
 def test_nothing_to_train(tiny_model: Path, parent: Path, tmp_path: Path) -> None:
     with pytest.raises(NothingToTrain) as caught:
         train_successor_adapter(
@@ -346,6 +425,8 @@ def test_replay_share_of_each_batch() -> None:
 def test_default_config_file_holds_the_defaults(tmp_path: Path) -> None:
     assert load_config(DEFAULT_CONFIG) == TrainingConfig()
     assert load_config(CPU_CONFIG).dpo_weight == 0.0
+    rloo = load_config(RLOO_CONFIG)
+    assert (rloo.pg_weight, rloo.dpo_weight) == (1.0, 0.0)
     bad = tmp_path / "bad.yaml"
     bad.write_text("steps: 3\nlearning_rte: 0.1\n")
     with pytest.raises(ConfigError) as caught:

@@ -99,7 +99,7 @@ def test_passed_samples_are_sft_examples_and_pair_with_failed_ones() -> None:
         sample(3, "crash", False, failure="verifier_error: boom"),
     ]
     found = records(group)
-    assert [r.kind for r in found] == ["sft", "sft", "preference"]
+    assert [r.kind for r in found] == ["sft", "sft", "preference", "group"]
     assert [r.record["target"] for r in found[:2]] == ["Hello", "Hi there"]
     assert found[0].record["rollout_id"] == str(uuid.UUID(int=1))
     pair = found[2].record
@@ -108,6 +108,9 @@ def test_passed_samples_are_sft_examples_and_pair_with_failed_ones() -> None:
         str(uuid.UUID(int=1)),
         str(uuid.UUID(int=2)),
     )
+    assert found[3].record["samples"] == [
+        {"answer": s.answer, "reward": s.reward, "rollout_id": str(s.rollout_id)} for s in group[:3]
+    ]
     for record in found:
         assert record.turn_id is None and record.rollout_group_id == GROUP
         assert record.record["messages"] == [m.model_dump() for m in MESSAGES]
@@ -121,6 +124,7 @@ def test_passed_samples_are_sft_examples_and_pair_with_failed_ones() -> None:
 
 
 def test_a_repeated_answer_is_taught_once_and_a_group_without_a_pass_teaches_nothing() -> None:
+    # all rewarded alike: no group record (no advantage to learn from)
     assert [r.kind for r in records([sample(0, "Hi", True), sample(1, "Hi", True)])] == ["sft"]
     assert records([sample(0, "no", False), sample(1, "x", False, failure="timeout")]) == []
 
