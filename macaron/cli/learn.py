@@ -118,6 +118,12 @@ class DemoMode(StrEnum):
     self_ = "self"
 
 
+MODE_HELP = (
+    "oracle: simulated users whose oracle corrects wrong answers with the reference; "
+    "self: rollouts judged by verifiers, no reference answer ever taught."
+)
+
+
 def demo(
     ctx: typer.Context,
     generations: Annotated[int, typer.Option(min=1, help="Generations after the base.")] = 3,
@@ -138,19 +144,10 @@ def demo(
         str, typer.Option(help="Comma-separated specialists the simulated users ask.")
     ] = ",".join(DEFAULT_SPECIALISTS),
     seed: Annotated[int, typer.Option(help="Seed of the play order and of the rollouts.")] = 0,
-    mode: Annotated[
-        DemoMode,
-        typer.Option(
-            help="oracle: simulated users whose oracle corrects wrong answers with the reference; "
-            "self: rollouts judged by verifiers, no reference answer ever taught."
-        ),
-    ] = DemoMode.oracle,
-    samples: Annotated[
-        int, typer.Option(min=1, max=16, help="Self mode: samples per rolled-out prompt (K).")
-    ] = 4,
+    mode: Annotated[DemoMode, typer.Option(help=MODE_HELP)] = DemoMode.oracle,
+    samples: Annotated[int, typer.Option(min=1, max=16, help="Self mode: samples per prompt.")] = 4,
 ) -> None:
-    """Run the whole learning loop for --generations generations, and write demo.json and
-    demo.png.
+    """Run the whole learning loop for --generations generations; write demo.json and demo.png.
 
     Starts the chat server, the stream processors and a Celery worker on the configured model
     (PostgreSQL and Redis must be up: `macaron up`). Scores the contract on the active release
