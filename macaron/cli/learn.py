@@ -157,7 +157,7 @@ def demo(
     training, evaluation and promotion or rejection, and scores the contract again. Unless
     set, MACARON_MAX_NEW_TOKENS is 96, MACARON_TURNS_PER_MINUTE does not limit the simulated
     users (their answers only need to be long enough to be judged) and MACARON_TRAINING_CONFIG
-    is the CPU recipe learners/recipes/lora-cpu.yaml."""
+    is the CPU recipe learners/recipes/lora-cpu.yaml (lora-rloo.yaml in --mode self)."""
     cfg = settings(ctx)
     configure_telemetry(cfg, "macaron-demo")
     folder = out or cfg.home / "demo"

@@ -19,7 +19,7 @@ from infra.postgres.lookups import run_ids_oldest_first
 from infra.postgres.registry import active_release
 from learners.contract import DEFAULT_CONTRACT, load_contract
 from learners.loop import release_outcomes
-from learners.recipes.lora import CPU_CONFIG
+from learners.recipes.lora import CPU_CONFIG, RLOO_CONFIG
 from learners.rollouts import RolloutJob, RolloutSummary
 from learners.tasks import BANK_V1, load_bank
 from learners.worker import app as celery_app
@@ -51,13 +51,13 @@ ROLLOUT_CHUNK = 8
 Mode = Literal["oracle", "self"]
 
 
-def demo_settings(settings: Settings) -> Settings:
-    """Short answers, no rate limit for the simulated users and the CPU recipe, unless the
-    settings chose."""
+def demo_settings(settings: Settings, mode: Mode = "oracle") -> Settings:
+    """Short answers, no rate limit for the simulated users and the CPU recipe (with policy
+    gradient on the rollout groups in self mode), unless the settings chose."""
     chosen = settings.model_fields_set
     update: dict[str, Any] = {}
     if "training_config" not in chosen:
-        update["training_config"] = CPU_CONFIG
+        update["training_config"] = RLOO_CONFIG if mode == "self" else CPU_CONFIG
     if "max_new_tokens" not in chosen:
         update["max_new_tokens"] = DEMO_MAX_NEW_TOKENS
     if "turns_per_minute" not in chosen:
@@ -88,7 +88,7 @@ def run_demo(
     per prompt judged by the verifiers (``self``, at most ``turns_per_generation`` prompts)."""
     if min(generations, turns_per_generation, concurrency) < 1:
         raise ConfigError("generations, turns per generation and concurrency must be at least 1")
-    settings = demo_settings(settings)
+    settings = demo_settings(settings, mode)
     contract = load_contract(settings.contract_path or DEFAULT_CONTRACT)
     unscored = sorted(set(specialists) - contract.suites.keys())
     if unscored:

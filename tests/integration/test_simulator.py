@@ -23,7 +23,7 @@ from core.events import FeedbackGiven, TurnReceived
 from core.settings import Settings
 from infra.local_stack import LocalStack
 from infra.postgres.keys import list_keys
-from learners.recipes.lora import CPU_CONFIG
+from learners.recipes.lora import CPU_CONFIG, RLOO_CONFIG
 from learners.tasks import load_bank
 from macaron.cli import app
 from macaron.demo import DEMO_MAX_NEW_TOKENS, demo_settings, run_demo
@@ -238,6 +238,7 @@ def test_the_demo_runs_a_generation_and_writes_its_record(
     )
     assert demo_settings(settings).max_new_tokens == DEMO_MAX_NEW_TOKENS
     assert demo_settings(Settings()).training_config == CPU_CONFIG
+    assert demo_settings(Settings(), "self").training_config == RLOO_CONFIG
     settings = settings.model_copy(update={"max_new_tokens": 24})
     chosen = demo_settings(settings)  # chosen settings are kept
     assert chosen.max_new_tokens == 24 and chosen.training_config == training
