@@ -249,10 +249,11 @@ class HarnessStamp(BaseModel):
 class TurnReceived(EventPayload):
     """v2 renamed ``text`` to ``content`` and added ``client_msg_id`` and ``specialist_hint``;
     v3 added the serving release, the harness stamp (``None`` on turns upcast from before the
-    harness existed) and ``input_kind`` (a typed message, or a GenUI ``ui_event``)."""
+    harness existed) and ``input_kind`` (a typed message, or a GenUI ``ui_event``); v4 added
+    ``regenerates``, the turn this one answers again (the user asked to regenerate it)."""
 
     event_type = "TurnReceived"
-    schema_version = 3
+    schema_version = 4
     conversation_id: UUID
     turn_id: UUID
     client_msg_id: str = Field(min_length=1, max_length=200)
@@ -261,6 +262,7 @@ class TurnReceived(EventPayload):
     input_kind: Literal["text", "ui_event"] = "text"
     release_id: str | None
     harness: HarnessStamp | None
+    regenerates: UUID | None = None
 
 
 class RouterDecided(EventPayload):
@@ -506,6 +508,13 @@ def _turn_received_v2(payload: dict[str, Any]) -> dict[str, Any]:
     """v2 turns predate the harness: no release or harness stamp was recorded."""
     payload.setdefault("release_id", None)
     payload.setdefault("harness", None)
+    return payload
+
+
+@UPCASTERS.register("TurnReceived", 3)
+def _turn_received_v3(payload: dict[str, Any]) -> dict[str, Any]:
+    """v3 turns were never regenerations (regenerating was not recorded as a link)."""
+    payload.setdefault("regenerates", None)
     return payload
 
 

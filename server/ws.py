@@ -191,6 +191,7 @@ class ChatConnection:
                             content=turn.content,
                             conversation_id=self.conversation_id,
                             specialist_hint=turn.specialist,
+                            regenerates=turn.turn_id,
                         )
                     )
             case wire.UIEvent():

@@ -9,7 +9,10 @@ records out):
   the model's answer rejected);
 - a completed agent turn with actions: a trajectory whose reward is the share of actions
   that succeeded;
-- thumbs down and regenerate teach nothing on their own in this version;
+- thumbs up on a turn that answered another again (a ``regenerate``), when both were served
+  by the same specialist and answered differently: a preference pair in the first turn's
+  context (the kept answer chosen, the regenerated one rejected);
+- thumbs down teaches nothing on its own in this version (a lone negative has no baseline);
 - rollouts: see ``streams.rollouts``.
 Ids are derived from the filter version, the turn and the feedback event, so a redelivery
 re-derives the same events. The join state lives in PostgreSQL (``infra.postgres.experience``).
@@ -79,6 +82,7 @@ class ExperienceBuilder:
                     position=env.sequence,
                     content=p.content,
                     harness_version=None if p.harness is None else p.harness.harness_version,
+                    regenerates=p.regenerates,
                 )
             case RouterDecided():
                 store.record_route(conn, p.turn_id, p.specialist, p.adapter_version)
@@ -102,23 +106,44 @@ class ExperienceBuilder:
     def _derive(conn: DictConnection, event: RecordedEvent, turn_id: UUID) -> list[NewEvent]:
         try:
             turn = store.joined_turn(conn, turn_id, HISTORY_TURNS)
+            replaced = None
+            if turn is not None and turn.regenerates is not None:
+                replaced = store.joined_turn(conn, turn.regenerates, HISTORY_TURNS)
         except HarnessNotFound as exc:  # its context cannot be rebuilt: nothing to learn from
             _log.warning("turn %s gives no experience: %s", turn_id, exc.message)
             return []
-        return [] if turn is None else experience_from(turn, event)
+        return [] if turn is None else experience_from(turn, event, replaced)
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:
         return None
 
 
-def experience_from(turn: JoinedTurn, event: RecordedEvent) -> list[NewEvent]:
-    """The records a completed turn's ``TurnCompleted`` or ``FeedbackGiven`` yields."""
+def experience_from(
+    turn: JoinedTurn, event: RecordedEvent, replaced: JoinedTurn | None = None
+) -> list[NewEvent]:
+    """The records a completed turn's ``TurnCompleted`` or ``FeedbackGiven`` yields;
+    ``replaced`` is the completed turn it answered again, if it was a regeneration."""
     payload = event.payload
     if isinstance(payload, TurnCompleted):
         return _trajectory(turn, event)
     if isinstance(payload, FeedbackGiven):
-        return _from_feedback(turn, event, payload)
+        kept = _kept_regeneration(turn, event, replaced) if payload.kind == "up" else []
+        return _from_feedback(turn, event, payload) + kept
     return []
+
+
+def _kept_regeneration(
+    turn: JoinedTurn, event: RecordedEvent, replaced: JoinedTurn | None
+) -> list[NewEvent]:
+    """The pair a kept regeneration gives, in the context the first answer had."""
+    if replaced is None or replaced.response is None or replaced.specialist != turn.specialist:
+        return []
+    chosen, rejected = first_step(turn), first_step(replaced)
+    if chosen == rejected:
+        return []
+    messages: Any = context_messages(replaced)
+    record = {"messages": messages, "chosen": chosen, "rejected": rejected}
+    return [_record(event, turn, "preference", record)]
 
 
 def context_messages(turn: JoinedTurn) -> list[dict[str, str]]:

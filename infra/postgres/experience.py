@@ -37,6 +37,8 @@ class JoinedTurn:
     harness: HarnessVersion = field(default_factory=root_version)
     """The harness the turn ran under, from the registry (``harness@0`` for a turn recorded
     before the builder kept it)."""
+    regenerates: UUID | None = None
+    """The turn this one answered again, when the user asked to regenerate that one."""
 
 
 def record_conversation(
@@ -57,12 +59,13 @@ def record_turn(
     position: int,
     content: str,
     harness_version: str | None,
+    regenerates: UUID | None = None,
 ) -> None:
     conn.execute(
         "INSERT INTO experience_turns (turn_id, conversation_id, tenant_id, "
-        "position, content, harness_version) VALUES (%s, %s, %s, %s, %s, %s) "
+        "position, content, harness_version, regenerates) VALUES (%s, %s, %s, %s, %s, %s, %s) "
         "ON CONFLICT DO NOTHING",
-        (turn_id, conversation_id, tenant_id, position, content, harness_version),
+        (turn_id, conversation_id, tenant_id, position, content, harness_version, regenerates),
     )
 
 
@@ -123,6 +126,7 @@ def joined_turn(conn: DictConnection, turn_id: UUID, history_turns: int) -> Join
         seed_history=tuple(ChatMessage.model_validate(m) for m in row["seed_history"] or []),
         earlier=tuple((content, response) for content, response in row["earlier"]),
         harness=_harness(conn, row["harness_version"]),
+        regenerates=row["regenerates"],
     )
 
 

@@ -292,4 +292,5 @@ def _received(
         input_kind="ui_event" if request.input_kind == "ui_event" else "text",
         release_id=route.release.release_id,
         harness=route.harness.stamp,
+        regenerates=request.regenerates,
     )

@@ -48,6 +48,8 @@ class TurnRequest:
     input_kind: str = "text"
     history: tuple[ChatMessage, ...] = ()
     """Earlier messages for a new conversation (the OpenAI API brings them)."""
+    regenerates: UUID | None = None
+    """The turn this one answers again (a ``regenerate``)."""
 
 
 @dataclass

@@ -13,11 +13,20 @@ from typing import Any
 import pytest
 
 from core.conversation import Conversation
-from core.events import FeedbackGiven, GenUIRendered, HarnessActionExecuted, TurnReceived
+from core.events import (
+    ExperienceRecorded,
+    FeedbackGiven,
+    GenUIRendered,
+    HarnessActionExecuted,
+    TurnReceived,
+)
 from core.harness.actions import MAX_ACTIONS_PER_TURN, ActionOutcome, replay, verify_replay
 from infra.local_stack import LocalStack
+from macaron import wiring
 from server.engines.instant import InstantEngine
 from server.router import RouterService
+from streams.experience import ExperienceBuilder
+from streams.runner import catch_up
 from tests.serving import Running, frames_until, send, serving
 
 CARD = {
@@ -66,7 +75,8 @@ def script(messages: list[dict[str, str]]) -> str:
         return json.dumps(
             {"type": "Text", "text": f"you pressed {json.loads(content[9:])['component_id']}"}
         )
-    return f"plain answer {step}"
+    asked_before = sum(m["role"] == "user" and m["content"] == content for m in messages[:user])
+    return f"plain answer {step}" + " again" * asked_before
 
 
 @pytest.fixture(scope="module")
@@ -193,6 +203,9 @@ def test_feedback_is_recorded_and_regenerate_answers_again(served: Running) -> N
         send(ws, type="feedback", turn_id=turn_id, kind="edit", edited_text="Hello to you!")
         send(ws, type="feedback", turn_id=turn_id, kind="regenerate")
         again = frames_until(ws, "turn_completed")
+        send(ws, type="feedback", turn_id=again[0]["turn_id"], kind="up")  # the second is kept
+        send(ws, type="ping")
+        frames_until(ws, "pong")
     assert again[0]["turn_id"] != turn_id
     events = served.events(answered[0]["conversation_id"])
     feedback = [e.payload for e in events if isinstance(e.payload, FeedbackGiven)]
@@ -200,8 +213,38 @@ def test_feedback_is_recorded_and_regenerate_answers_again(served: Running) -> N
         ("up", None),
         ("edit", "Hello to you!"),
         ("regenerate", None),
+        ("up", None),
     ]
-    contents = [e.payload.content for e in events if isinstance(e.payload, TurnReceived)]
-    assert contents == ["hello", "hello"]
+    received = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
+    assert [(r.content, r.regenerates) for r in received] == [
+        ("hello", None),
+        ("hello", uuid.UUID(turn_id)),
+    ]
+    assert_the_kept_regeneration_is_a_preference_pair(served, turn_id, again[0]["turn_id"])
     rebuilt = Conversation.replay(events)
     assert rebuilt is not None and rebuilt.turns[uuid.UUID(turn_id)].answer == "Hello to you!"
+
+
+def assert_the_kept_regeneration_is_a_preference_pair(
+    served: Running, first: str, second: str
+) -> None:
+    """Through the experience builder: the kept second answer is chosen over the first, in the
+    first turn's context."""
+    hosts = wiring.processor_hosts(served.settings, served.server.log, served.server.pool)
+    [builder] = [h for h in hosts if isinstance(h.processor, ExperienceBuilder)]
+    catch_up(builder)
+    pairs = [
+        e.payload
+        for e in served.events("experience.chat")
+        if isinstance(e.payload, ExperienceRecorded)
+        and e.payload.kind == "preference"
+        and str(e.payload.turn_id) == second
+    ]
+    [pair] = pairs
+    assert (pair.record["chosen"], pair.record["rejected"]) == (
+        "plain answer 0 again",
+        "plain answer 0",
+    )
+    messages: Any = pair.record["messages"]
+    assert [m["content"] for m in messages if m["role"] == "user"] == ["hello"]
+    assert first != second

@@ -300,3 +300,36 @@ def test_an_agent_context_lists_the_tools() -> None:
     system = context_messages(AGENT_TURN)[0]["content"]
     assert "calculator" in system
     assert system != context_messages(CHAT_TURN)[0]["content"]
+
+
+# --- regenerations ----------------------------------------------------------------------------
+
+REGENERATED = UUID("0190f0a0-0000-7000-8000-000000000002")
+SECOND = replace(CHAT_TURN, turn_id=REGENERATED, response="Paris, France.", regenerates=TURN)
+
+
+def test_a_kept_regeneration_pairs_its_answer_over_the_one_it_replaced() -> None:
+    found = payloads(experience_from(SECOND, feedback("up"), CHAT_TURN))
+    assert [r.kind for r in found] == ["sft", "preference"]
+    pair = found[1]
+    assert pair.turn_id == REGENERATED
+    assert pair.record["messages"] == context_messages(CHAT_TURN)  # the first answer's context
+    assert (pair.record["chosen"], pair.record["rejected"]) == ("Paris, France.", "Paris.")
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        replace(CHAT_TURN, response="Paris, France."),  # the same answer again
+        replace(CHAT_TURN, specialist="agent"),  # served by another specialist
+        replace(CHAT_TURN, response=None),  # never answered
+    ],
+)
+def test_a_regeneration_pairs_nothing_unless_two_answers_of_one_specialist_differ(
+    first: JoinedTurn,
+) -> None:
+    assert [r.kind for r in payloads(experience_from(SECOND, feedback("up"), first))] == ["sft"]
+
+
+def test_only_thumbs_up_keeps_a_regeneration() -> None:
+    assert payloads(experience_from(SECOND, feedback("down"), CHAT_TURN)) == []
