@@ -1,4 +1,4 @@
-"""Self-improvement on the tiny model, with real PostgreSQL, Redis and Celery: a rollout job ->
+"""Self-improvement on the tiny model, with real PostgreSQL, Redis and Celery: rollout jobs ->
 ``RolloutSampled``/``RolloutScored`` events -> experience from verified samples -> a training run
 -> the contract -> promotion, and no reference answer anywhere in what was trained on.
 
@@ -9,14 +9,13 @@ the contract asks the same of held-out prompts, greedily and without the grammar
 from __future__ import annotations
 
 import json
-import subprocess
 import uuid
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from celery.result import AsyncResult
 
 from core.contract import Task
 from core.errors import TaskBankInvalid
@@ -28,20 +27,21 @@ from core.events import (
     RolloutScored,
     RolloutStep,
 )
+from core.log import EventLog
 from core.settings import Settings
+from infra.postgres.db import Pool
 from learners.files import load_yaml_model
 from learners.loop import Runtime
 from learners.rollouts import RolloutJob, rollout_key, run_rollouts
 from learners.tasks import TaskBank
-from learners.worker import configure as configure_celery
-from learners.worker import enqueue_rollouts
 from macaron import wiring
+from macaron.demo import run_demo
 from server.releases import ensure_root_release
 from server.router import RouterService
 from streams.experience import ExperienceBuilder
 from streams.processor import content_hash
 from streams.replay import replay
-from tests.serving import Running, celery_worker, following, running_server, wait_for_promotion
+from streams.runner import catch_up
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 BANK = DATA / "bank-self-e2e.yaml"
@@ -70,66 +70,72 @@ def bank_tasks() -> list[Task]:
     return load_yaml_model(BANK, TaskBank, TaskBankInvalid).tasks
 
 
+@dataclass
+class Stored:
+    """What the loop left in PostgreSQL and the log."""
+
+    pool: Pool
+    log: EventLog
+
+    def events(self, key: str | None = None) -> list[Any]:
+        return list(self.log.read(key=key))
+
+
 @pytest.fixture
-def worker(self_settings: Settings, tmp_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    with celery_worker(self_settings, tmp_path / "worker.log") as process:
-        yield process
+def stored(self_settings: Settings) -> Iterator[Stored]:
+    pool = wiring.pool(self_settings)
+    log = wiring.event_log(self_settings, pool)
+    yield Stored(pool, log)
+    log.close()
+    pool.close()
 
 
-def test_rollouts_train_a_successor_without_any_reference_answer(
-    self_settings: Settings,
-    router: RouterService,
-    worker: subprocess.Popen[bytes],
-    tmp_path: Path,
+def test_the_self_mode_demo_trains_a_successor_without_any_reference_answer(
+    self_settings: Settings, router: RouterService, stored: Stored, tmp_path: Path
 ) -> None:
-    configure_celery(self_settings)
-    job = RolloutJob(
-        job_id=uuid.uuid4(),
-        specialist="genui",
-        environments=[task.id for task in bank_tasks() if task.checker.kind == "regex"],
+    """One generation of ``macaron demo --mode self``: rollout jobs through the Celery worker,
+    the trigger, a run, the contract and a promotion."""
+    report = run_demo(
+        self_settings,
+        generations=1,
+        turns_per_generation=16,
+        concurrency=2,
+        out_dir=tmp_path / "demo",
+        specialists=("genui",),
+        router=router,
+        run_timeout_s=300,
+        mode="self",
         samples=4,
     )
-    with running_server(self_settings, router=router) as served:
-        with following(served) as hosts:
-            enqueue_rollouts(job)
-            promoted = wait_for_promotion(served, tmp_path / "worker.log", worker)
-            summary = AsyncResult(str(job.job_id)).get(timeout=60)
-        sampled, scored = rollouts(served, job)
-        assert len(sampled) == len(scored) == 8 * 4  # no hint for a regex: no hinted group
-        assert {s.verifier_version for s in scored} == {"verifier-1"}
-        passed = sum(s.passed for s in scored)
-        assert 0 < passed < len(scored)
-        assert (summary["samples"], summary["passed"]) == (len(scored), passed)
-        trained_on = snapshot_records(served, promoted.release_id)
-        assert_only_own_samples(served, trained_on, sampled, scored)
-        [builder] = [h for h in hosts if isinstance(h.processor, ExperienceBuilder)]
-        assert_replay_matches_live(served, builder)
-        assert_learned_from_itself(served, promoted.run_id)
+    _, first = report.generations
+    assert (first.mode, first.turns, first.simulated_pass_rate) == ("self", 0, {})
+    assert set(first.phase_seconds) == {"traffic", "runs", "measure"}
+    [run] = first.runs
+    assert (run.specialist, run.half, run.outcome) == ("genui", "adapter", "promoted")
+    assert run.candidate["genui"] > run.parent["genui"]  # learned from itself
+    assert first.scores == run.candidate
+    sampled = [e.payload for e in stored.events() if isinstance(e.payload, RolloutSampled)]
+    scored = [e.payload for e in stored.events() if isinstance(e.payload, RolloutScored)]
+    rolled = first.rollouts["genui"]
+    assert len(sampled) == len(scored) == rolled["samples"] + 4 * rolled["hinted_groups"]
+    assert {s.verifier_version for s in scored} == {"verifier-1"}
+    assert 0 < rolled["passed"] < rolled["samples"]
+    assert 0 < rolled["pass_at_1"] <= rolled["pass_at_k"] <= 1
+    trained_on = snapshot_records(stored, first.release_id)
+    assert_only_own_samples(stored, trained_on, sampled, scored)
+    assert_trained_on_every_kind(stored)
+    assert_replay_matches_live(self_settings, stored)
 
 
-def assert_learned_from_itself(served: Running, run_id: uuid.UUID | None) -> None:
-    """The run trained on SFT examples, preference pairs and rollout groups (policy gradient),
-    and its candidate beat its parent on the held-out GenUI suite."""
-    with served.server.pool.connection() as conn:
-        [evaluation] = conn.execute(
-            "SELECT scores FROM evaluations WHERE run_id = %s", (run_id,)
-        ).fetchall()
-    scores = evaluation["scores"]
-    assert scores["candidate"]["genui"] > scores["parent"]["genui"]
-    [trained] = [e.payload for e in served.events() if isinstance(e.payload, CandidateTrained)]
+def assert_trained_on_every_kind(stored: Stored) -> None:
+    """The run trained on SFT examples, preference pairs and rollout groups (policy gradient)."""
+    [trained] = [e.payload for e in stored.events() if isinstance(e.payload, CandidateTrained)]
     assert min(trained.metrics[kind] for kind in ("examples", "pairs", "samples")) >= 1
 
 
-def rollouts(served: Running, job: RolloutJob) -> tuple[list[RolloutSampled], list[RolloutScored]]:
-    events = [e.payload for e in served.events(rollout_key(job.job_id))]
-    sampled = [p for p in events if isinstance(p, RolloutSampled)]
-    scored = [p for p in events if isinstance(p, RolloutScored)]
-    return sampled, scored
-
-
-def snapshot_records(served: Running, release_id: str) -> list[Any]:
+def snapshot_records(stored: Stored, release_id: str) -> list[Any]:
     """The recorded events of the snapshot the promoted release was trained on."""
-    with served.server.pool.connection() as conn:
+    with stored.pool.connection() as conn:
         run = conn.execute(
             "SELECT s.start_positions, s.end_positions FROM releases rel "
             "JOIN training_runs r ON r.run_id = rel.run_id "
@@ -141,7 +147,7 @@ def snapshot_records(served: Running, release_id: str) -> list[Any]:
     [(_, end)] = run["end_positions"].items()
     return [
         e
-        for e in served.events("experience.genui")
+        for e in stored.events("experience.genui")
         if isinstance(e.payload, ExperienceRecorded)
         and e.position.partition == int(partition)
         and start <= e.position.offset < end
@@ -149,7 +155,7 @@ def snapshot_records(served: Running, release_id: str) -> list[Any]:
 
 
 def assert_only_own_samples(
-    served: Running,
+    stored: Stored,
     trained_on: Sequence[Any],
     sampled: Sequence[RolloutSampled],
     scored: Sequence[RolloutScored],
@@ -160,7 +166,7 @@ def assert_only_own_samples(
     answers = {s.rollout_id: s.steps[0].output for s in sampled}
     verdict = {s.rollout_id: s.passed for s in scored}
     scored_events = {
-        e.envelope.event_id for e in served.events() if isinstance(e.payload, RolloutScored)
+        e.envelope.event_id for e in stored.events() if isinstance(e.payload, RolloutScored)
     }
     assert trained_on
     for event in trained_on:
@@ -182,21 +188,22 @@ def assert_only_own_samples(
             rejected = uuid.UUID(str(body["rejected_rollout_id"]))
             assert (body["chosen"], body["rejected"]) == (answers[chosen], answers[rejected])
             assert verdict[chosen] and not verdict[rejected]
-    everything = json.dumps([e.envelope.to_json() for e in served.events()])
+    everything = json.dumps([e.envelope.to_json() for e in stored.events()])
     for task in bank_tasks():
         assert task.reference not in everything
-    assert not [e for e in served.events() if isinstance(e.payload, FeedbackGiven)]
+    assert not [e for e in stored.events() if isinstance(e.payload, FeedbackGiven)]
 
 
-def assert_replay_matches_live(served: Running, host: Any) -> None:
+def assert_replay_matches_live(settings: Settings, stored: Stored) -> None:
     """The experience builder replayed into a fresh schema gives the live tables' hash,
     rollout join state included."""
+    hosts = wiring.processor_hosts(settings, stored.log, stored.pool)
+    [host] = [h for h in hosts if isinstance(h.processor, ExperienceBuilder)]
+    catch_up(host)  # whatever the demo's processors had not read when it stopped
     assert "experience_rollouts" in host.processor.tables
-    with served.server.pool.connection() as conn:
+    with stored.pool.connection() as conn:
         live = content_hash(conn, host.processor)
-    digest, handled = replay(
-        host.processor, served.server.log, served.server.pool, end=host.positions()
-    )
+    digest, handled = replay(host.processor, stored.log, stored.pool, end=host.positions())
     assert handled > 0 and digest == live
 
 
