@@ -3,8 +3,10 @@ and the training run share, so a snapshot replays to the hash it was defined wit
 
 from __future__ import annotations
 
+from uuid import UUID
+
 from core.canonical import canonical_json, sha256_hex
-from core.events import ExperienceRecorded
+from core.events import Envelope, ExperienceRecorded, NewEvent
 
 FILTER_VERSION = "experience-1"
 EMPTY_CHAIN = "0" * 64
@@ -13,6 +15,22 @@ EMPTY_CHAIN = "0" * 64
 def experience_key(specialist: str) -> str:
     """The log key of a specialist's experience records (one key, so one partition, in order)."""
     return f"experience.{specialist}"
+
+
+def experience_event(
+    record: ExperienceRecorded, tenant_id: str, cause: Envelope, correlation_id: UUID
+) -> NewEvent:
+    """A record as the event the experience builder appends: on its specialist's key, its id
+    the record's, caused by (and dated as) the event it was derived from."""
+    return NewEvent(
+        payload=record,
+        tenant_id=tenant_id,
+        key=experience_key(record.specialist),
+        event_id=record.experience_id,
+        causation_id=cause.event_id,
+        correlation_id=correlation_id,
+        occurred_at=cause.occurred_at,
+    )
 
 
 def chain_record(running_hash: str, record: ExperienceRecorded) -> str:

@@ -43,7 +43,7 @@ from core.events import (
     TurnCompleted,
     TurnReceived,
 )
-from core.experience import FILTER_VERSION, experience_key
+from core.experience import FILTER_VERSION, experience_event
 from core.harness.hcp import HISTORY_TURNS, build_context
 from core.ids import derived_id
 from core.log import RecordedEvent
@@ -215,12 +215,4 @@ def _record(
         filter_version=FILTER_VERSION,
         record={**record, "adapter_version": turn.adapter_version, "release_id": turn.release_id},
     )
-    return NewEvent(
-        payload=payload,
-        tenant_id=turn.tenant_id,
-        key=experience_key(turn.specialist),
-        event_id=payload.experience_id,
-        causation_id=event.envelope.event_id,
-        correlation_id=turn.turn_id,
-        occurred_at=event.envelope.occurred_at,
-    )
+    return experience_event(payload, turn.tenant_id, event.envelope, turn.turn_id)

@@ -21,7 +21,7 @@ from typing import Literal
 from pydantic import JsonValue
 
 from core.events import ExperienceRecorded, NewEvent, RolloutSampled, RolloutScored
-from core.experience import FILTER_VERSION, experience_key
+from core.experience import FILTER_VERSION, experience_event
 from core.ids import derived_id
 from core.log import RecordedEvent
 from infra.postgres import rollouts as store
@@ -121,12 +121,4 @@ def _record(
             "release_id": sample.release_id,
         },
     )
-    return NewEvent(
-        payload=payload,
-        tenant_id=sample.tenant_id,
-        key=experience_key(sample.specialist),
-        event_id=payload.experience_id,
-        causation_id=event.envelope.event_id,
-        correlation_id=sample.group_id,
-        occurred_at=event.envelope.occurred_at,
-    )
+    return experience_event(payload, sample.tenant_id, event.envelope, sample.group_id)
