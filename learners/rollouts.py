@@ -6,9 +6,11 @@ A job names a specialist, the bank tasks to roll out and K. Each environment's K
 group, sampled concurrently through the ``Engine`` port (the engine batches them and shares the
 prompt's prefill through its prefix cache), each with its own seed, in the specialist's context
 under the release's harness, its output grammar always enforced (so the reward measures
-content). When no sample of a group passes and the environment
-has a hint, K more are sampled with the hint after the prompt (STaR-style rationalization); the
-experience builder trains on what verifies without the hint.
+content) and, where the verifier judges a tool call, a tool call required as the first step
+(otherwise the base model of an agent answers in prose and no sample can pass). When no sample
+of a group passes and the environment has a hint, K more are sampled with the hint after the
+prompt (STaR-style rationalization); the experience builder trains on what verifies without the
+hint.
 
 Ids derive from the job, the environment and the sample, and a group's events are appended in
 one batch, so a redelivered job skips the groups its log already holds and appends nothing
@@ -18,16 +20,17 @@ twice.
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from core.contract import ToolCallChecker
 from core.conversation import empty_tool_state
 from core.engine import Engine, GenerationRequest, SamplingParams
 from core.errors import MacaronError
@@ -136,12 +139,15 @@ class Sampler:
     temperature: float
     max_tokens: int
 
-    @functools.cached_property
-    def grammar(self) -> HarnessSpec:
-        """The harness with the specialist's output grammar enforced: a tool call or a GenUI
-        tree is well-formed by construction, so the reward measures content."""
+    def grammar(self, tool_required: bool) -> HarnessSpec:
+        """The harness with the specialist's output grammar enforced (a tool call or a GenUI
+        tree is well-formed by construction, so the reward measures content) and, where the
+        environment's verifier judges a tool call, a tool call required as the first step."""
         spec = self.harness.spec
-        own = spec.for_specialist(self.specialist).model_copy(update={"enforce_grammar": True})
+        update: dict[str, Any] = {"enforce_grammar": True}
+        if tool_required:
+            update["tool_choice"] = "required"
+        own = spec.for_specialist(self.specialist).model_copy(update=update)
         return spec.model_copy(update={"specialists": {**spec.specialists, self.specialist: own}})
 
     async def episode(
@@ -151,13 +157,14 @@ class Sampler:
         until it answers in text or the episode has used its steps."""
         user = environment.task.prompt if hint is None else f"{environment.task.prompt}\n\n{hint}"
         context = build_context(self.harness, self.specialist, [], user)
+        grammar = self.grammar(isinstance(environment.task.checker, ToolCallChecker))
         state = empty_tool_state()
         steps: list[RolloutStep] = []
         scratch: list[ChatMessage] = []
         for n in range(ROLLOUT_MAX_STEPS):
             messages = context.model_copy(update={"scratch": tuple(scratch)}).messages()
             async with slots:
-                text = await self._generate(messages, seed + n, first_step=n == 0)
+                text = await self._generate(messages, seed + n, grammar, first_step=n == 0)
             call = tool_call_of(text) if "tool_call" in context.grammars else None
             if call is None:
                 steps.append(RolloutStep(output=text))
@@ -177,7 +184,7 @@ class Sampler:
         return steps
 
     async def _generate(
-        self, messages: list[dict[str, str]], seed: int, *, first_step: bool
+        self, messages: list[dict[str, str]], seed: int, grammar: HarnessSpec, *, first_step: bool
     ) -> str:
         request = GenerationRequest(
             request_id=f"rollout-{seed}",
@@ -186,7 +193,7 @@ class Sampler:
             params=SamplingParams(
                 temperature=self.temperature, seed=seed, max_tokens=self.max_tokens
             ),
-            constraint=output_constraint(self.grammar, self.specialist, first_step=first_step),
+            constraint=output_constraint(grammar, self.specialist, first_step=first_step),
         )
         return "".join([chunk.text async for chunk in self.engine.generate(request)])
 

@@ -27,6 +27,7 @@ from core.events import (
     RolloutScored,
     RolloutStep,
 )
+from core.harness.hcp import tool_call_of
 from core.log import EventLog
 from core.settings import Settings
 from infra.postgres.db import Pool
@@ -280,3 +281,23 @@ def test_an_unsolved_environment_is_sampled_again_with_its_hint(runtime: Runtime
     assert len({s.group_id for s in sampled}) == 2
     assert all(s.messages == sampled[0].messages for s in sampled)
     assert "Zanzibar" not in json.dumps([m.model_dump() for m in sampled[0].messages])
+
+
+def test_an_agent_episode_calls_a_tool_sees_the_result_and_goes_on(runtime: Runtime) -> None:
+    """Where the verifier judges a tool call, the first step is one by construction; the
+    episode's tool state runs it and the model is shown the result before its next step."""
+    job = RolloutJob(
+        job_id=uuid.uuid4(), specialist="agent", environments=["self-agent-1"], samples=2
+    )
+    run_rollouts(runtime, job)
+    sampled = [
+        e.payload
+        for e in runtime.log.read(key=rollout_key(job.job_id))
+        if isinstance(e.payload, RolloutSampled) and e.payload.hint is None
+    ]
+    assert len(sampled) == 2
+    for episode in sampled:
+        first = episode.steps[0]
+        assert tool_call_of(first.output) is not None and first.action is not None
+        assert first.action["name"] == tool_call_of(first.output).tool  # type: ignore[union-attr]
+        assert len(episode.steps) == 2  # it went on after seeing the result
