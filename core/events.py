@@ -363,7 +363,7 @@ class RolloutStep(BaseModel):
 class RolloutSampled(EventPayload):
     """One sampled episode of a rollout group: the ``group_size`` samples a rollout job drew for
     one environment from the release then active. ``messages`` is the context without
-    ``hint``; a hinted sample saw the hint as one more system message."""
+    ``hint``; a hinted sample saw the hint after the prompt, in the user's message."""
 
     event_type = "RolloutSampled"
     rollout_id: UUID

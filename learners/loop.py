@@ -192,7 +192,7 @@ def _train(
     progress: Progress | None,
 ) -> str:
     records, older = materialize(rt, snapshot)
-    examples = _examples(records, older)
+    examples = _examples(records, older, f"{parent['specialist']}@{parent['version']}")
     parent_dir = rt.store.verified_path(parent["sha256"], parent["path"])
     with tempfile.TemporaryDirectory() as scratch:
         result = train_successor_adapter(
@@ -347,9 +347,10 @@ class Examples:
     older: list[SFTExample]
 
 
-def _examples(records: list[Any], older: list[Any]) -> Examples:
-    """The snapshot's SFT examples, preference pairs and rollout groups, and the older SFT
-    examples."""
+def _examples(records: list[Any], older: list[Any], parent: str) -> Examples:
+    """The snapshot's SFT examples, preference pairs and the rollout groups ``parent`` sampled
+    (a policy gradient's ratio and KL are taken to the policy that drew the answers), and the
+    older SFT examples."""
     return Examples(
         sft=[
             SFTExample(messages=r.record["messages"], target=r.record["target"])
@@ -372,7 +373,7 @@ def _examples(records: list[Any], older: list[Any]) -> Examples:
                 rewards=[s["reward"] for s in r.record["samples"]],
             )
             for r in records
-            if r.kind == "group"
+            if r.kind == "group" and r.record["adapter_version"] == parent
         ],
         older=[
             SFTExample(messages=r.record["messages"], target=r.record["target"])

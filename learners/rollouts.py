@@ -21,19 +21,20 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 from core.contract import ToolCallChecker
 from core.conversation import empty_tool_state
 from core.engine import Engine, GenerationRequest, SamplingParams
-from core.errors import MacaronError
+from core.errors import EventIdConflict, MacaronError
 from core.events import ChatMessage, NewEvent, RolloutSampled, RolloutScored, RolloutStep
 from core.harness.actions import execute
 from core.harness.artifact import HarnessSpec, HarnessVersion
@@ -60,6 +61,7 @@ from learners.tasks import BANK_V1
 ROLLOUT_MAX_STEPS = 2
 """Steps of one episode: a tool call and, after its result, the answer."""
 ROLLOUT_TENANT = "system"
+_log = logging.getLogger(__name__)
 _EPISODE_TIME = datetime(2026, 1, 1, tzinfo=UTC)
 """The clock tools see in an episode: fixed, so an episode replays alike."""
 
@@ -77,11 +79,21 @@ class RolloutJob(BaseModel):
 
     job_id: UUID
     specialist: SpecialistName
-    environments: list[str] = Field(min_length=1, max_length=1000)
-    """Bank task ids, each rolled out once."""
+    environments: list[str] = Field(min_length=1, max_length=256)
+    """Bank task ids, each rolled out once (a job of many is better split: its groups are
+    recorded as they finish, but a job longer than the task visibility timeout is given to a
+    second worker while the first still runs)."""
     samples: int = Field(default=4, ge=1, le=16)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     temperature: float = Field(default=0.8, gt=0.0, le=2.0)
+
+    @field_validator("environments")
+    @classmethod
+    def _each_once(cls, environments: list[str]) -> list[str]:
+        repeated = sorted({e for e in environments if environments.count(e) > 1})
+        if repeated:
+            raise ValueError(f"environments named more than once: {', '.join(repeated)}")
+        return environments
 
 
 class RolloutSummary(BaseModel):
@@ -199,8 +211,10 @@ class Sampler:
 
 
 def sample_seed(job: RolloutJob, environment: Environment, hinted: bool, sample: int) -> int:
-    """A sample's seed: derived from the job's, so a redelivered job samples alike."""
-    return derived_id("rollout-seed", job.seed, environment.id, hinted, sample).int % 2**31
+    """A sample's seed: derived from the job (its id and seed), so a redelivered job samples
+    alike and another job on the same prompt explores anew."""
+    parts = ("rollout-seed", job.job_id, job.seed, environment.id, hinted, sample)
+    return derived_id(*parts).int % 2**31
 
 
 async def sample_groups(
@@ -208,37 +222,32 @@ async def sample_groups(
     job: RolloutJob,
     environments: Sequence[Environment],
     verifier: Verifier,
+    record: Callable[[Group], None],
     *,
     hinted: bool,
 ) -> list[Group]:
     """Every environment's K episodes at once (the engine batches them, at most ``CONCURRENCY``
-    requests in flight), then their verdicts (verifiers may block: they run once generation is
-    done)."""
-    slots = asyncio.Semaphore(CONCURRENCY)
+    requests in flight); as each group is sampled, its verdicts and ``record`` (both may
+    block: they run in a thread, one group at a time), so what a job did survives a crash."""
+    slots, recording = asyncio.Semaphore(CONCURRENCY), asyncio.Lock()
 
-    async def group(environment: Environment) -> list[list[RolloutStep]]:
+    async def group(environment: Environment) -> Group:
         hint = environment.hint if hinted else None
-        return list(
-            await asyncio.gather(
-                *(
-                    sampler.episode(
-                        environment, hint, sample_seed(job, environment, hinted, k), slots
-                    )
-                    for k in range(job.samples)
-                )
+        episodes = await asyncio.gather(
+            *(
+                sampler.episode(environment, hint, sample_seed(job, environment, hinted, k), slots)
+                for k in range(job.samples)
             )
         )
+        async with recording:
+            verdicts = await asyncio.to_thread(
+                lambda: [judge(verifier, environment.task, steps) for steps in episodes]
+            )
+            done = Group(environment, hint, list(episodes), verdicts)
+            await asyncio.to_thread(record, done)
+        return done
 
-    episodes = await asyncio.gather(*(group(env) for env in environments))
-    return [
-        Group(
-            environment=env,
-            hint=env.hint if hinted else None,
-            episodes=samples,
-            verdicts=[judge(verifier, env.task, steps) for steps in samples],
-        )
-        for env, samples in zip(environments, episodes, strict=True)
-    ]
+    return list(await asyncio.gather(*(group(env) for env in environments)))
 
 
 # --- events -----------------------------------------------------------------------------------
@@ -385,10 +394,16 @@ def _roll(
     """Sample and record the groups of ``environments`` the log does not hold yet."""
     recorded = recorded_groups(rt.log, job.job_id)
     todo = [e for e in environments if group_id_of(job.job_id, e, hinted) not in recorded]
-    groups = asyncio.run(sample_groups(sampler, job, todo, verifier, hinted=hinted))
-    for group in groups:
-        rt.log.append(group_events(job, release, harness, group, verifier))
-    return groups
+
+    def record(group: Group) -> None:
+        try:
+            rt.log.append(group_events(job, release, harness, group, verifier))
+        except EventIdConflict:  # a redelivered job ran beside the first: its samples stand
+            _log.warning(
+                "group %s of job %s was recorded meanwhile", group.environment.id, job.job_id
+            )
+
+    return asyncio.run(sample_groups(sampler, job, todo, verifier, record, hinted=hinted))
 
 
 def _summary(

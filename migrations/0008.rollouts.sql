@@ -13,6 +13,7 @@ CREATE TABLE experience_rollouts (
     adapter_version TEXT,
     messages        JSONB   NOT NULL,  -- the context without the hint: what a record teaches in
     answer          TEXT    NOT NULL,  -- the episode's first step: what a record teaches
+    hinted          BOOLEAN NOT NULL,  -- sampled with a hint: off the policy of its context
     scored          BOOLEAN NOT NULL DEFAULT false,
     reward          DOUBLE PRECISION,
     passed          BOOLEAN,

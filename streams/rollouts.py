@@ -5,8 +5,10 @@ rollout group teaches.
   the sample saw, and the answer; STaR-style rationalization trains without the hint);
 - a passed and a failed answer of the same group, paired in sample order: a preference pair
   (passed chosen, failed rejected);
-- the group's verified answers with their rewards, when the rewards differ: a ``group`` record
-  for policy gradient (RLOO advantages need at least two answers that scored apart);
+- the group's verified answers with their rewards, when the rewards differ and the group was
+  sampled without a hint: a ``group`` record for policy gradient (RLOO advantages need two
+  answers that scored apart, and a policy gradient needs answers drawn in the context it
+  trains in);
 - a sample whose verifier failed (crashed, timed out, gave a reward out of range) teaches
   nothing, and neither does a group whose verified answers all scored alike.
 No record holds anything but the model's own samples: no reference answer reaches training
@@ -46,6 +48,7 @@ def record_sampled(conn: DictConnection, event: RecordedEvent, sampled: RolloutS
             "adapter_version": sampled.adapter_version,
             "messages": [m.model_dump() for m in sampled.messages],
             "answer": sampled.steps[0].output,
+            "hinted": sampled.hint is not None,
         },
     )
 
@@ -81,7 +84,7 @@ def group_records(group: list[ScoredSample], event: RecordedEvent) -> list[NewEv
         }
         records.append(_record(event, chosen, "preference", n, body))
     rewards = [s.reward for s in verified if s.reward is not None]
-    if len(set(rewards)) > 1:
+    if len(set(rewards)) > 1 and not group[0].hinted:
         body = {
             "samples": [
                 {"answer": s.answer, "reward": s.reward, "rollout_id": str(s.rollout_id)}

@@ -26,18 +26,20 @@ class ScoredSample:
     adapter_version: str | None
     messages: tuple[ChatMessage, ...]
     answer: str
+    hinted: bool
     reward: float | None
     passed: bool
     failure: str | None
 
 
 def record_sample(conn: DictConnection, row: dict[str, Any]) -> None:
-    """Store a sampled episode (``row``: the table's columns up to ``answer``)."""
+    """Store a sampled episode (``row``: the table's columns up to ``hinted``)."""
     conn.execute(
         "INSERT INTO experience_rollouts (rollout_id, group_id, sample, group_size, tenant_id, "
-        "specialist, release_id, adapter_version, messages, answer) VALUES (%(rollout_id)s, "
-        "%(group_id)s, %(sample)s, %(group_size)s, %(tenant_id)s, %(specialist)s, "
-        "%(release_id)s, %(adapter_version)s, %(messages)s, %(answer)s) ON CONFLICT DO NOTHING",
+        "specialist, release_id, adapter_version, messages, answer, hinted) VALUES "
+        "(%(rollout_id)s, %(group_id)s, %(sample)s, %(group_size)s, %(tenant_id)s, "
+        "%(specialist)s, %(release_id)s, %(adapter_version)s, %(messages)s, %(answer)s, "
+        "%(hinted)s) ON CONFLICT DO NOTHING",
         {**row, "messages": Jsonb(row["messages"])},
     )
 
@@ -77,6 +79,7 @@ def scored_group(conn: DictConnection, group_id: UUID) -> list[ScoredSample] | N
             adapter_version=r["adapter_version"],
             messages=tuple(ChatMessage.model_validate(m) for m in r["messages"]),
             answer=r["answer"],
+            hinted=r["hinted"],
             reward=r["reward"],
             passed=r["passed"],
             failure=r["failure"],

@@ -524,14 +524,14 @@ def train_successor_adapter(
 ) -> TrainingResult:
     """Train the successor of the adapter in ``parent_adapter_dir`` and write it to
     ``out_dir`` in PEFT format (``adapter_config.json`` and ``adapter_model.safetensors``)."""
-    groups = groups or []
-    if not sft and not preferences and not (groups and config.pg_weight > 0):
-        raise NothingToTrain(
-            "a successor adapter needs SFT examples, preference pairs or rollout groups"
-        )
     started = time.perf_counter()
     torch.manual_seed(config.seed)
-    run = setup(base_model_dir, parent_adapter_dir, config, sft, preferences, older, groups)
+    run = setup(base_model_dir, parent_adapter_dir, config, sft, preferences, older, groups or [])
+    if not run.sft and not run.pairs and not run.samples:
+        raise NothingToTrain(
+            "a successor adapter needs SFT examples, or preference pairs or rollout groups "
+            "with a weight in the config and something to learn (answers that scored apart)"
+        )
     losses = train(run, config, progress)
     save(run.model, out_dir)
     return TrainingResult(

@@ -21,7 +21,7 @@ from rich.progress import (
 
 from infra.postgres.keys import create_key
 from infra.telemetry import configure_telemetry, serve_metrics
-from learners.tasks import load_bank
+from learners.tasks import BANK_V1, load_bank
 from learners.worker import configure as configure_celery
 from learners.worker import install_runtime
 from macaron import wiring
@@ -90,7 +90,8 @@ def simulate(
     Each user asks task-bank prompts over the WebSocket; the oracle checks every answer and
     sends feedback: up when it is right, else an edit with the task's reference."""
     cfg = settings(ctx)
-    plan = pick_tasks(bank_tasks(load_bank(), specialist_names(specialists)), turns, seed)
+    bank = load_bank(cfg.task_bank_path or BANK_V1)
+    plan = pick_tasks(bank_tasks(bank, specialist_names(specialists)), turns, seed)
     if key is None:
         with wiring.pool(cfg) as pool, pool.connection() as conn:
             key_id, key = create_key(conn, SIMULATOR_TENANT, {"chat"})

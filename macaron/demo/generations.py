@@ -205,7 +205,9 @@ class _Demo:
                 job = RolloutJob(
                     job_id=uuid4(),
                     specialist=specialist,
-                    environments=[task.id for task in chunk if task.specialist == specialist],
+                    environments=list(
+                        dict.fromkeys(t.id for t in chunk if t.specialist == specialist)
+                    ),  # a chunk across two rounds of the play order may hold a task twice
                     samples=self.traffic.samples,
                     seed=self.traffic.seed,
                 )

@@ -320,12 +320,29 @@ def test_policy_gradient_raises_rewarded_answers_over_the_others(
 
 
 def test_nothing_to_train(tiny_model: Path, parent: Path, tmp_path: Path) -> None:
-    with pytest.raises(NothingToTrain) as caught:
-        train_successor_adapter(
-            tiny_model, parent, tmp_path, sft=[], preferences=[], older=SFT, config=CONFIG
-        )
-    assert caught.value.code == "nothing_to_train"
-    assert not list(tmp_path.iterdir())
+    """Older examples alone, pairs at DPO weight 0, groups at policy-gradient weight 0 or
+    groups whose answers all scored alike: nothing to learn, and nothing written."""
+    pairs = [PreferencePair(messages=SFT[0].messages, chosen=TREE, rejected="No.")]
+    alike = [GROUPS[0].model_copy(update={"rewards": [1.0] * 4})]
+    for preferences, groups, config in [
+        ([], [], CONFIG),
+        (pairs, [], CONFIG.model_copy(update={"dpo_weight": 0.0})),
+        ([], GROUPS, CONFIG),
+        ([], alike, RLOO),
+    ]:
+        with pytest.raises(NothingToTrain) as caught:
+            train_successor_adapter(
+                tiny_model,
+                parent,
+                tmp_path,
+                sft=[],
+                preferences=preferences,
+                older=SFT,
+                config=config,
+                groups=groups,
+            )
+        assert caught.value.code == "nothing_to_train"
+        assert not list(tmp_path.iterdir())
 
 
 def test_dpo_loss_matches_hand_computed_values() -> None:

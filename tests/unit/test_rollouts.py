@@ -50,7 +50,9 @@ TASK = Task(
 )
 
 
-def sample(n: int, answer: str, passed: bool, failure: str | None = None) -> ScoredSample:
+def sample(
+    n: int, answer: str, passed: bool, failure: str | None = None, *, hinted: bool = False
+) -> ScoredSample:
     return ScoredSample(
         rollout_id=uuid.UUID(int=n + 1),
         group_id=GROUP,
@@ -61,6 +63,7 @@ def sample(n: int, answer: str, passed: bool, failure: str | None = None) -> Sco
         adapter_version="genui@1",
         messages=MESSAGES,
         answer=answer,
+        hinted=hinted,
         reward=None if failure else float(passed),
         passed=passed,
         failure=failure,
@@ -121,6 +124,12 @@ def test_passed_samples_are_sft_examples_and_pair_with_failed_ones() -> None:
     assert [e.event_id for e in events] == [
         e.event_id for e in group_records(group, scored_event())
     ]
+
+
+def test_a_hinted_group_teaches_its_passes_and_pairs_but_is_no_policy_gradient_group() -> None:
+    """Its answers were drawn with the hint in the context, not in the one records teach in."""
+    group = [sample(0, "Hello", True, hinted=True), sample(1, "nope", False, hinted=True)]
+    assert [r.kind for r in records(group)] == ["sft", "preference"]
 
 
 def test_a_repeated_answer_is_taught_once_and_a_group_without_a_pass_teaches_nothing() -> None:
