@@ -83,28 +83,40 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
             first_turns = teach(served)
             promoted = wait_for_promotion(served, tmp_path / "worker.log", worker)
             assert_harness_proposed_and_judged(served, tmp_path, worker, loop_settings)
-            with served.connect(served.key("learner")) as ws:
-                frames_until(ws, "ready")
-                send(
-                    ws,
-                    type="user_turn",
-                    client_msg_id="after",
-                    content="Show the status.",
-                    specialist_hint="genui",
-                )
-                after = frames_until(ws, "turn_completed")
+            shown = after_training(served, promoted.release_id)
         assert_replay_matches_live(served, hosts)
-        assert after[0]["adapter_version"] == "genui@1"
         [trained] = [e.payload for e in served.events() if isinstance(e.payload, CandidateTrained)]
         assert trained.metrics["pairs"] >= 1  # the snapshot's edit pairs, trained by DPO
-        assert after[0]["release_id"] == promoted.release_id
-        shown = "".join(f["delta"] for f in after if f["type"] == "token")
-        shown += "".join(json.dumps(f["tree"]) for f in after if f["type"] == "genui")
         assert "green" in shown  # what the users taught
         assert_lineage(served, promoted.release_id, first_turns)
         assert_outcomes_recorded(served, promoted, load_contract(DATA / "contract-e2e.yaml"))
         assert_audit(loop_settings)
         assert_admin_api(served, promoted.release_id)  # ends with a rollback
+
+
+def after_training(served: Running, release_id: str, tries: int = 3) -> str:
+    """What genui@1 shows for a new genui turn, each try in a fresh session. The turn is
+    sampled (temperature 0.7, seeded by its random turn id), and how sure the tiny model is of
+    "green" depends on the random answers the users corrected, so a try that strays is asked
+    again: the untrained genui@0 never writes "green", however often it is asked."""
+    for n in range(tries):
+        with served.connect(served.key("learner")) as ws:
+            frames_until(ws, "ready")
+            send(
+                ws,
+                type="user_turn",
+                client_msg_id=f"after-{n}",
+                content="Show the status.",
+                specialist_hint="genui",
+            )
+            after = frames_until(ws, "turn_completed")
+        assert after[0]["adapter_version"] == "genui@1"
+        assert after[0]["release_id"] == release_id
+        shown = "".join(f["delta"] for f in after if f["type"] == "token")
+        shown += "".join(json.dumps(f["tree"]) for f in after if f["type"] == "genui")
+        if "green" in shown:
+            break
+    return shown
 
 
 def assert_replay_matches_live(served: Running, hosts: list[Any]) -> None:
