@@ -3,6 +3,9 @@ and the training run share, so a snapshot replays to the hash it was defined wit
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any
 from uuid import UUID
 
 from core.canonical import canonical_json, sha256_hex
@@ -42,3 +45,12 @@ def chain_record(running_hash: str, record: ExperienceRecorded) -> str:
         del data["rollout_group_id"]
     record_hash = sha256_hex(canonical_json(data))
     return sha256_hex(f"{running_hash}{record_hash}".encode())
+
+
+def first_step(actions: Sequence[Mapping[str, Any]], answer: str | None) -> str:
+    """What the model answered to a turn's context first: the tool call it made, when it made
+    one (a record's context is the turn's start, so that is the step to teach), else its
+    answer."""
+    if actions:
+        return json.dumps({"tool": actions[0]["name"], "args": actions[0]["args"]})
+    return str(answer)

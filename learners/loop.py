@@ -31,7 +31,13 @@ from core.events import (
     PromotionRejected,
     TrainingRequested,
 )
-from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record, experience_key
+from core.experience import (
+    EMPTY_CHAIN,
+    FILTER_VERSION,
+    chain_record,
+    experience_key,
+    first_step,
+)
 from core.harness.artifact import HarnessVersion, harness_name
 from core.harness.proposals import RECIPE_PREFIX, changes, exemplar_of, next_change, propose
 from core.ids import derived_id
@@ -67,6 +73,7 @@ from infra.postgres.runs import (
 )
 from learners.contract import ContractRun, load_contract, run_contract
 from learners.recipes.lora import (
+    LiveSample,
     PreferencePair,
     RolloutGroup,
     SFTExample,
@@ -154,7 +161,8 @@ def _renewing(rt: Runtime, run_id: UUID, progress: Progress | None) -> Progress:
 
 def materialize(rt: Runtime, snapshot: dict[str, Any]) -> tuple[list[Any], list[Any]]:
     """Replay the snapshot's log range: its records, and the older records of the same
-    specialist (against forgetting). The records must hash to the snapshot's hash."""
+    specialist (against forgetting). The records must hash to the snapshot's hash, and as many
+    of them teach as it counted (live rewards are hashed, not counted: ``streams.trigger``)."""
     [(part, start)] = snapshot["start_positions"].items()
     [(_, end)] = snapshot["end_positions"].items()
     partition = int(part)
@@ -163,7 +171,7 @@ def materialize(rt: Runtime, snapshot: dict[str, Any]) -> tuple[list[Any], list[
     key = experience_key(snapshot["specialist"])
     for event in rt.log.read(key=key, types=["ExperienceRecorded"]):
         payload: Any = event.payload
-        if payload.filter_version != FILTER_VERSION or payload.kind == "trajectory":
+        if payload.filter_version != FILTER_VERSION:
             continue
         offset = event.position.offset
         if event.position.partition == partition and start <= offset < end:
@@ -172,7 +180,8 @@ def materialize(rt: Runtime, snapshot: dict[str, Any]) -> tuple[list[Any], list[
             _link_to(event.envelope.trace)
         elif offset < start:
             older.append(payload)
-    if running != snapshot["content_hash"] or len(records) != snapshot["record_count"]:
+    teaching = sum(1 for r in records if r.kind != "trajectory")
+    if running != snapshot["content_hash"] or teaching != snapshot["record_count"]:
         raise RunFailed(f"snapshot {snapshot['snapshot_id']} does not replay to its hash")
     return records, older
 
@@ -192,7 +201,7 @@ def _train(
     progress: Progress | None,
 ) -> str:
     records, older = materialize(rt, snapshot)
-    examples = _examples(records, older, f"{parent['specialist']}@{parent['version']}")
+    examples = training_examples(records, older, f"{parent['specialist']}@{parent['version']}")
     parent_dir = rt.store.verified_path(parent["sha256"], parent["path"])
     with tempfile.TemporaryDirectory() as scratch:
         result = train_successor_adapter(
@@ -204,6 +213,7 @@ def _train(
             older=examples.older,
             config=rt.training,
             groups=examples.groups,
+            live=examples.live,
             progress=progress,
         )
         sha, stored = rt.store.put(Path(scratch))
@@ -344,13 +354,15 @@ class Examples:
     sft: list[SFTExample]
     pairs: list[PreferencePair]
     groups: list[RolloutGroup]
+    live: list[LiveSample]
     older: list[SFTExample]
 
 
-def _examples(records: list[Any], older: list[Any], parent: str) -> Examples:
-    """The snapshot's SFT examples, preference pairs and the rollout groups ``parent`` sampled
-    (a policy gradient's ratio and KL are taken to the policy that drew the answers), and the
-    older SFT examples."""
+def training_examples(records: list[Any], older: list[Any], parent: str) -> Examples:
+    """The snapshot's SFT examples, preference pairs, and the rollout groups and live rewards
+    of answers ``parent`` gave (a policy gradient's ratio and KL are taken to the policy that
+    drew the answers; a live reward trains the turn's first step), and the older SFT
+    examples."""
     return Examples(
         sft=[
             SFTExample(messages=r.record["messages"], target=r.record["target"])
@@ -374,6 +386,15 @@ def _examples(records: list[Any], older: list[Any], parent: str) -> Examples:
             )
             for r in records
             if r.kind == "group" and r.record["adapter_version"] == parent
+        ],
+        live=[
+            LiveSample(
+                messages=r.record["messages"],
+                answer=first_step(r.record["actions"], r.record["answer"]),
+                reward=r.record["reward"],
+            )
+            for r in records
+            if r.kind == "trajectory" and r.record["adapter_version"] == parent
         ],
         older=[
             SFTExample(messages=r.record["messages"], target=r.record["target"])

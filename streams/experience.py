@@ -7,12 +7,13 @@ records out):
   used tools its first tool call);
 - edit: an SFT example with the user's edit as target, and a preference pair (edit chosen,
   the model's answer rejected);
-- a completed agent turn with actions: a trajectory whose reward is the share of actions
-  that succeeded;
+- live rewards, each a ``trajectory`` record (the context, the turn's actions and answer, and a
+  reward in [0, 1]; the policy gradient trains the turn's first step by it, see
+  ``learners.loop``): a completed agent turn with actions is rewarded the share of its actions
+  that succeeded; thumbs down and ``regenerate`` reward the answer 0;
 - thumbs up on a turn that answered another again (a ``regenerate``), when both were served
   by the same specialist and answered differently: a preference pair in the first turn's
   context (the kept answer chosen, the regenerated one rejected);
-- thumbs down teaches nothing on its own in this version (a lone negative has no baseline);
 - rollouts: see ``streams.rollouts``.
 Ids are derived from the filter version, the turn and the feedback event, so a redelivery
 re-derives the same events. The join state lives in PostgreSQL (``infra.postgres.experience``).
@@ -43,7 +44,7 @@ from core.events import (
     TurnCompleted,
     TurnReceived,
 )
-from core.experience import FILTER_VERSION, experience_event
+from core.experience import FILTER_VERSION, experience_event, first_step
 from core.harness.hcp import HISTORY_TURNS, build_context
 from core.ids import derived_id
 from core.log import RecordedEvent
@@ -138,7 +139,8 @@ def _kept_regeneration(
     """The pair a kept regeneration gives, in the context the first answer had."""
     if replaced is None or replaced.response is None or replaced.specialist != turn.specialist:
         return []
-    chosen, rejected = first_step(turn), first_step(replaced)
+    chosen = first_step(turn.actions, turn.response)
+    rejected = first_step(replaced.actions, replaced.response)
     if chosen == rejected:
         return []
     messages: Any = context_messages(replaced)
@@ -156,23 +158,16 @@ def context_messages(turn: JoinedTurn) -> list[dict[str, str]]:
     return build_context(turn.harness, turn.specialist, history, turn.content).messages()
 
 
-def first_step(turn: JoinedTurn) -> str:
-    """What the model answered to the context first: the tool call it made, when it made
-    one (the context of a record is the turn's start, so that is the step to teach)."""
-    if turn.actions:
-        first = turn.actions[0]
-        return json.dumps({"tool": first["name"], "args": first["args"]})
-    return str(turn.response)
-
-
 def _from_feedback(
     turn: JoinedTurn, event: RecordedEvent, feedback: FeedbackGiven
 ) -> list[NewEvent]:
     if turn.response is None:
         return []
+    if feedback.kind in ("down", "regenerate"):
+        return [_rewarded(turn, event, 0.0)]
     messages: Any = context_messages(turn)
     if feedback.kind == "up":
-        target = first_step(turn)
+        target = first_step(turn.actions, turn.response)
         return [_record(event, turn, "sft", {"messages": messages, "target": target})]
     if feedback.kind == "edit" and feedback.edited_text:
         edited = feedback.edited_text
@@ -192,15 +187,19 @@ def _trajectory(turn: JoinedTurn, event: RecordedEvent) -> list[NewEvent]:
     if not turn.actions:
         return []
     actions = turn.actions
-    reward = sum(1 for a in actions if a["ok"]) / len(actions)
+    return [_rewarded(turn, event, sum(1 for a in actions if a["ok"]) / len(actions))]
+
+
+def _rewarded(turn: JoinedTurn, event: RecordedEvent, reward: float) -> NewEvent:
+    """The turn as it ran (context, actions, answer) with the reward ``event`` gave it."""
     messages: Any = context_messages(turn)
     record: dict[str, JsonValue] = {
         "messages": messages,
-        "actions": json.loads(json.dumps(list(actions))),
+        "actions": json.loads(json.dumps(list(turn.actions))),
         "answer": turn.response,
         "reward": reward,
     }
-    return [_record(event, turn, "trajectory", record)]
+    return _record(event, turn, "trajectory", record)
 
 
 def _record(

@@ -1,12 +1,16 @@
-"""The training trigger: when a specialist has ``threshold`` new experience records since its
-last snapshot and no run in flight, it defines a dataset snapshot (the log range of those
-records, the filter version, their content hash), records a queued training run and a
-``TrainingRequested`` event, and, after the commit, enqueues the run (task id = run id).
+"""The training trigger: when a specialist has ``threshold`` new teaching records (SFT,
+preference, rollout group) since its last snapshot and no run in flight, it defines a dataset
+snapshot (the log range of those records, the filter version, their content hash), records a
+queued training run and a ``TrainingRequested`` event, and, after the commit, enqueues the run
+(task id = run id).
 
 A specialist's records are the events of one key, so one partition in order: the snapshot is
 ``[start_offset, end_offset)`` there, and its hash chains the records' payload hashes in log
-order, which is exactly what replaying that range gives back. The rules (``counted``, ``due``,
-``training_request``) are pure; the state lives in PostgreSQL (``infra.postgres.trigger``).
+order, which is exactly what replaying that range gives back. Live rewards (``trajectory``
+records) ride along: they are in the range and the hash but do not count toward the threshold
+(a busy agent would otherwise start runs with little else to learn from). The rules
+(``counted``, ``due``, ``training_request``) are pure; the state lives in PostgreSQL
+(``infra.postgres.trigger``).
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ class TrainingTrigger:
 
     def handle(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
         record = event.payload
-        if not isinstance(record, ExperienceRecorded) or record.kind == "trajectory":
+        if not isinstance(record, ExperienceRecorded):
             return []
         where = event.position
         pending = counted(
@@ -85,9 +89,11 @@ class TrainingTrigger:
 
 
 def counted(pending: PendingRecords, record: ExperienceRecorded) -> PendingRecords:
-    """``pending`` with one more record."""
+    """``pending`` with one more record (counted toward the threshold unless a live reward)."""
     return replace(
-        pending, count=pending.count + 1, running_hash=chain_record(pending.running_hash, record)
+        pending,
+        count=pending.count + (record.kind != "trajectory"),
+        running_hash=chain_record(pending.running_hash, record),
     )
 
 

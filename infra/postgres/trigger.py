@@ -12,7 +12,8 @@ from infra.postgres.db import DictConnection
 @dataclass(frozen=True)
 class PendingRecords:
     """A specialist's records since its last snapshot: they start at ``start_offset`` of
-    ``partition``; ``running_hash`` chains the ``count`` of them in log order."""
+    ``partition``; ``running_hash`` chains them all in log order, ``count`` is how many of
+    them teach (live rewards are not counted)."""
 
     specialist: str
     partition: int

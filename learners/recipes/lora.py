@@ -40,6 +40,8 @@ CPU_CONFIG = Path(__file__).with_name("lora-cpu.yaml")
 """Fewer, smaller steps and no DPO: what ``macaron demo`` trains with unless configured."""
 RLOO_CONFIG = Path(__file__).with_name("lora-rloo.yaml")
 """The CPU recipe with policy gradient on rollout groups beside SFT."""
+ALIKE = 1e-9
+"""An advantage this close to 0 is rounding of rewards that were alike (2/3 and 2/3)."""
 IGNORE = -100  # label of a token that carries no loss (prompt and padding)
 Progress = Callable[[int, int, dict[str, float]], None]
 
@@ -113,6 +115,18 @@ class RolloutGroup(BaseModel):
         return self
 
 
+class LiveSample(BaseModel):
+    """An answer the parent gave in live traffic and the reward it earned (a user's down or
+    regenerate 0, an agent turn the share of its tool calls that worked). Each is its own
+    context, so the baseline of its advantage is the other live samples' mean reward."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    messages: list[ChatMessage]
+    answer: str
+    reward: float = Field(ge=0.0, le=1.0)
+
+
 class TrainingResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -123,7 +137,8 @@ class TrainingResult(BaseModel):
     examples: int
     pairs: int
     samples: int = 0
-    """Rollout answers with a non-zero advantage, trained on by policy gradient."""
+    """Rollout answers and live samples with a non-zero advantage, trained on by policy
+    gradient."""
 
 
 # --- tokenising -------------------------------------------------------------------------------
@@ -366,15 +381,20 @@ def reference_token_logprobs(
     return found
 
 
-def group_samples(groups: list[RolloutGroup]) -> list[tuple[list[ChatMessage], str, float]]:
-    """Each answer of ``groups`` whose RLOO advantage is not 0, with its context and advantage
-    (a group whose answers scored alike teaches nothing)."""
-    return [
+def group_samples(
+    groups: list[RolloutGroup], live: list[LiveSample]
+) -> list[tuple[list[ChatMessage], str, float]]:
+    """Each answer of ``groups`` and ``live`` whose RLOO advantage is not 0, with its context
+    and advantage: within a group over the group's other answers, for a live sample over the
+    other live samples (answers that all scored alike teach nothing)."""
+    sampled = [
         (group.messages, answer, advantage)
         for group in groups
         for answer, advantage in zip(group.answers, rloo_advantages(group.rewards), strict=True)
-        if advantage != 0.0
     ]
+    advantages = rloo_advantages([s.reward for s in live])
+    sampled += [(s.messages, s.answer, a) for s, a in zip(live, advantages, strict=True)]
+    return [sample for sample in sampled if abs(sample[2]) > ALIKE]
 
 
 def setup(
@@ -385,6 +405,7 @@ def setup(
     preferences: list[PreferencePair],
     older: list[SFTExample],
     groups: list[RolloutGroup],
+    live: list[LiveSample],
 ) -> Run:
     model, tokenizer = load_model(base_model_dir, parent_adapter_dir)
     end = end_of_turn_ids(tokenizer)
@@ -397,7 +418,7 @@ def setup(
     used = preferences if config.dpo_weight > 0 else []
     pairs = [(turn(p.messages, p.chosen), turn(p.messages, p.rejected)) for p in used]
     reference = reference_logprobs(model, pairs, pad_id, config.batch_size)
-    rolled = group_samples(groups) if config.pg_weight > 0 else []
+    rolled = group_samples(groups, live) if config.pg_weight > 0 else []
     samples = [turn(messages, answer) for messages, answer, _ in rolled]
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
@@ -520,17 +541,28 @@ def train_successor_adapter(
     older: list[SFTExample],
     config: TrainingConfig,
     groups: list[RolloutGroup] | None = None,
+    live: list[LiveSample] | None = None,
     progress: Progress | None = None,
 ) -> TrainingResult:
     """Train the successor of the adapter in ``parent_adapter_dir`` and write it to
     ``out_dir`` in PEFT format (``adapter_config.json`` and ``adapter_model.safetensors``)."""
     started = time.perf_counter()
     torch.manual_seed(config.seed)
-    run = setup(base_model_dir, parent_adapter_dir, config, sft, preferences, older, groups or [])
+    run = setup(
+        base_model_dir,
+        parent_adapter_dir,
+        config,
+        sft,
+        preferences,
+        older,
+        groups or [],
+        live or [],
+    )
     if not run.sft and not run.pairs and not run.samples:
         raise NothingToTrain(
-            "a successor adapter needs SFT examples, or preference pairs or rollout groups "
-            "with a weight in the config and something to learn (answers that scored apart)"
+            "a successor adapter needs SFT examples, or preference pairs, rollout groups or "
+            "live rewards with a weight in the config and something to learn (answers that "
+            "scored apart)"
         )
     losses = train(run, config, progress)
     save(run.model, out_dir)

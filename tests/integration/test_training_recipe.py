@@ -23,6 +23,7 @@ from learners.recipes.lora import (
     IGNORE,
     RLOO_CONFIG,
     SHARED_PREFIX_MIN,
+    LiveSample,
     PreferencePair,
     RolloutGroup,
     SFTExample,
@@ -33,6 +34,7 @@ from learners.recipes.lora import (
     collate,
     dpo_loss,
     end_of_turn_ids,
+    group_samples,
     load_config,
     load_model,
     sft_loss,
@@ -319,16 +321,38 @@ def test_policy_gradient_raises_rewarded_answers_over_the_others(
     assert after > before + 1.0, (before, after)
 
 
+LIVE = [
+    LiveSample(messages=SFT[0].messages, answer=TREE, reward=1.0),
+    LiveSample(messages=SFT[1].messages, answer="No.", reward=0.0),
+    LiveSample(messages=SFT[2].messages, answer='{"tool": "calculator", "args": {}}', reward=0.5),
+]
+
+
+def test_live_samples_take_the_other_live_rewards_as_their_baseline() -> None:
+    """Each live sample is its own context: its advantage is its reward minus the mean of the
+    other live samples'; a group's answers are judged within the group; alike rewards (also
+    after rounding) teach nothing."""
+    found = group_samples([], LIVE)  # the third scored the others' mean: advantage 0
+    assert [(m, a) for m, a, _ in found] == [(s.messages, s.answer) for s in LIVE[:2]]
+    assert [a for _, _, a in found] == pytest.approx([0.75, -0.75])
+    third = [LiveSample(messages=SFT[0].messages, answer=TREE, reward=2 / 3)] * 3
+    assert group_samples([], third) == [] and group_samples([], LIVE[:1]) == []
+    mixed = group_samples(GROUPS[:1], LIVE[:2])
+    assert [a for _, _, a in mixed] == pytest.approx([2 / 3, -2 / 3, 2 / 3, -2 / 3, 1.0, -1.0])
+
+
 def test_nothing_to_train(tiny_model: Path, parent: Path, tmp_path: Path) -> None:
-    """Older examples alone, pairs at DPO weight 0, groups at policy-gradient weight 0 or
-    groups whose answers all scored alike: nothing to learn, and nothing written."""
+    """Older examples alone, pairs at DPO weight 0, groups or live rewards at policy-gradient
+    weight 0, or groups and live samples whose answers all scored alike: nothing to learn,
+    and nothing written."""
     pairs = [PreferencePair(messages=SFT[0].messages, chosen=TREE, rejected="No.")]
     alike = [GROUPS[0].model_copy(update={"rewards": [1.0] * 4})]
-    for preferences, groups, config in [
-        ([], [], CONFIG),
-        (pairs, [], CONFIG.model_copy(update={"dpo_weight": 0.0})),
-        ([], GROUPS, CONFIG),
-        ([], alike, RLOO),
+    downs = [s.model_copy(update={"reward": 0.0}) for s in LIVE]
+    for preferences, groups, live, config in [
+        ([], [], [], CONFIG),
+        (pairs, [], [], CONFIG.model_copy(update={"dpo_weight": 0.0})),
+        ([], GROUPS, LIVE, CONFIG),
+        ([], alike, downs, RLOO),
     ]:
         with pytest.raises(NothingToTrain) as caught:
             train_successor_adapter(
@@ -340,6 +364,7 @@ def test_nothing_to_train(tiny_model: Path, parent: Path, tmp_path: Path) -> Non
                 older=SFT,
                 config=config,
                 groups=groups,
+                live=live,
             )
         assert caught.value.code == "nothing_to_train"
         assert not list(tmp_path.iterdir())

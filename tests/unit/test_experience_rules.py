@@ -20,11 +20,12 @@ from core.events import (
     TurnCompleted,
     TurnReceived,
 )
+from core.experience import first_step
 from core.harness.artifact import root_version
 from core.harness.hcp import build_context
 from core.log import LogPosition, RecordedEvent
 from infra.postgres.experience import JoinedTurn
-from streams.experience import context_messages, experience_from, first_step
+from streams.experience import context_messages, experience_from
 
 TURN = UUID("0190f0a0-0000-7000-8000-000000000001")
 CONVERSATION = UUID("0190f0a0-0000-7000-8000-0000000000c0")
@@ -128,8 +129,8 @@ def test_thumbs_up_on_an_agent_turn_teaches_its_first_tool_call() -> None:
 
 
 def test_first_step_is_the_answer_when_no_tool_was_called() -> None:
-    assert first_step(CHAT_TURN) == "Paris."
-    assert first_step(replace(AGENT_TURN, actions=())) == "4 and 9."
+    assert first_step(CHAT_TURN.actions, CHAT_TURN.response) == "Paris."
+    assert first_step((), AGENT_TURN.response) == "4 and 9."
 
 
 def test_an_edit_is_an_sft_example_and_a_preference_pair() -> None:
@@ -160,9 +161,25 @@ def test_an_edit_without_text_teaches_nothing(edited: str | None) -> None:
 
 
 @pytest.mark.parametrize("kind", ["down", "regenerate"])
-def test_thumbs_down_and_regenerate_teach_nothing(kind: str) -> None:
-    assert experience_from(CHAT_TURN, feedback(kind)) == []
-    assert experience_from(AGENT_TURN, feedback(kind)) == []
+@pytest.mark.parametrize("turn", [CHAT_TURN, AGENT_TURN], ids=["chat", "agent"])
+def test_thumbs_down_and_regenerate_reward_the_turn_zero(kind: str, turn: JoinedTurn) -> None:
+    """A live reward: the turn as it ran, its actions included, rewarded 0."""
+    [event] = experience_from(turn, feedback(kind))
+    [record] = payloads([event])
+    assert record.kind == "trajectory" and event.causation_id == FEEDBACK
+    assert record.record == {
+        "messages": context_messages(turn),
+        "actions": [dict(a) for a in turn.actions],
+        "answer": turn.response,
+        "reward": 0.0,
+        "adapter_version": turn.adapter_version,
+        "release_id": "rel-1",
+    }
+
+
+@pytest.mark.parametrize("kind", ["down", "regenerate"])
+def test_a_negative_on_a_turn_without_an_answer_teaches_nothing(kind: str) -> None:
+    assert experience_from(replace(CHAT_TURN, response=None), feedback(kind)) == []
 
 
 @pytest.mark.parametrize("kind", ["up", "edit"])
@@ -332,4 +349,7 @@ def test_a_regeneration_pairs_nothing_unless_two_answers_of_one_specialist_diffe
 
 
 def test_only_thumbs_up_keeps_a_regeneration() -> None:
-    assert payloads(experience_from(SECOND, feedback("down"), CHAT_TURN)) == []
+    found = payloads(experience_from(SECOND, feedback("down"), CHAT_TURN))
+    assert [(r.kind, r.turn_id, r.record["reward"]) for r in found] == [
+        ("trajectory", REGENERATED, 0.0)
+    ]

@@ -36,6 +36,18 @@ def record(n: int, specialist: str = "coding") -> ExperienceRecorded:
     )
 
 
+def reward(n: int) -> ExperienceRecorded:
+    """A live reward: a thumbs down on answer ``n``."""
+    return ExperienceRecorded(
+        experience_id=UUID(int=1000 + n),
+        kind="trajectory",
+        specialist="coding",
+        turn_id=TURN,
+        filter_version="experience-1",
+        record={"messages": [], "actions": [], "answer": f"answer {n}", "reward": 0.0},
+    )
+
+
 def recorded(payload: EventPayload, partition: int = 0, offset: int = 10) -> RecordedEvent:
     sealed = NewEvent(
         payload=payload, tenant_id="acme", key="experience.coding", event_id=EVENT, occurred_at=AT
@@ -56,6 +68,14 @@ def test_a_record_counts_and_extends_the_chain() -> None:
     assert two.count == 2
     assert two.start_offset == 7
     assert two.running_hash == chain_record(chain_record(EMPTY_CHAIN, record(1)), record(2))
+
+
+def test_a_live_reward_is_chained_but_not_counted() -> None:
+    """It rides in the next snapshot (its range and hash) without starting one."""
+    one = counted(counted(fresh(), record(1)), reward(1))
+    assert one.count == 1
+    assert one.running_hash == chain_record(chain_record(EMPTY_CHAIN, record(1)), reward(1))
+    assert not due(counted(fresh(), reward(1)), 1)
 
 
 def test_the_chain_is_pinned() -> None:

@@ -1,0 +1,45 @@
+"""What a snapshot's records train: ``learners.loop.training_examples`` without a database."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from core.events import ChatMessage, ExperienceRecorded
+from learners.loop import training_examples
+from learners.recipes.lora import LiveSample
+
+MESSAGES: Any = [{"role": "user", "content": "What is 2+2?"}]
+CHAT = [ChatMessage(role="user", content="What is 2+2?")]
+CALL = {"name": "calculator", "args": {"expression": "2+2"}, "result": "4", "ok": True}
+
+
+def record(n: int, kind: str, adapter: str = "agent@1", **body: Any) -> ExperienceRecorded:
+    return ExperienceRecorded(
+        experience_id=UUID(int=n),
+        kind=kind,  # type: ignore[arg-type]
+        specialist="agent",
+        turn_id=UUID(int=100 + n),
+        filter_version="experience-1",
+        record={"messages": MESSAGES, "adapter_version": adapter, "release_id": "r", **body},
+    )
+
+
+def test_live_rewards_of_the_parents_answers_train_each_turns_first_step() -> None:
+    records = [
+        record(1, "sft", target="4"),
+        record(2, "trajectory", actions=[CALL], answer="It is 4.", reward=1.0),
+        record(3, "trajectory", actions=[], answer="Five.", reward=0.0),  # a thumbs down
+        record(4, "trajectory", "agent@0", actions=[], answer="Six.", reward=0.0),  # older policy
+    ]
+    found = training_examples(records, [], "agent@1")
+    assert [e.target for e in found.sft] == ["4"]
+    assert found.live == [
+        LiveSample(
+            messages=CHAT,
+            answer='{"tool": "calculator", "args": {"expression": "2+2"}}',
+            reward=1.0,
+        ),
+        LiveSample(messages=CHAT, answer="Five.", reward=0.0),
+    ]
+    assert found.pairs == [] and found.groups == [] and found.older == []
