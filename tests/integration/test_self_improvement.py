@@ -9,8 +9,10 @@ the contract asks the same of held-out prompts, greedily and without the grammar
 from __future__ import annotations
 
 import json
+import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,8 @@ from learners.files import load_yaml_model
 from learners.loop import Runtime
 from learners.rollouts import RolloutJob, rollout_key, run_rollouts
 from learners.tasks import TaskBank
+from learners.worker import configure as configure_celery
+from learners.worker import enqueue_rollouts
 from macaron import wiring
 from macaron.demo import run_demo
 from server.releases import ensure_root_release
@@ -43,6 +47,7 @@ from streams.experience import ExperienceBuilder
 from streams.processor import content_hash
 from streams.replay import replay
 from streams.runner import catch_up
+from tests.serving import celery_worker
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 BANK = DATA / "bank-self-e2e.yaml"
@@ -301,3 +306,52 @@ def test_an_agent_episode_calls_a_tool_sees_the_result_and_goes_on(runtime: Runt
         assert tool_call_of(first.output) is not None and first.action is not None
         assert first.action["name"] == tool_call_of(first.output).tool  # type: ignore[union-attr]
         assert len(episode.steps) == 2  # it went on after seeing the result
+
+
+def test_a_worker_killed_mid_rollout_is_redelivered_and_appends_nothing_twice(
+    self_settings: Settings, runtime: Runtime, tmp_path: Path
+) -> None:
+    """SIGKILL once the first group is recorded: the job goes back to the queue, another
+    worker samples what was left (the seeds derive from the job, so a half-sampled group is
+    sampled again alike) and every group is in the log once."""
+    settings = self_settings.model_copy(update={"task_visibility_timeout": 5})
+    configure_celery(settings)
+    environments = [f"self-genui-{n}" for n in range(1, 9)]
+    job = RolloutJob(job_id=uuid.uuid4(), specialist="genui", environments=environments, samples=8)
+
+    def scored() -> int:
+        events = runtime.log.read(key=rollout_key(job.job_id))
+        return sum(1 for e in events if isinstance(e.payload, RolloutScored))
+
+    with celery_worker(settings, tmp_path / "worker-1.log") as first:
+        enqueue_rollouts(job)
+        wait_until(lambda: scored() > 0, 180, first, tmp_path / "worker-1.log")
+        first.kill()  # SIGKILL
+        first.wait(timeout=30)
+    assert scored() < 8 * len(environments)  # killed mid-job
+    with celery_worker(settings, tmp_path / "worker-2.log") as second:
+        done = f"macaron.sample_rollouts[{job.job_id}] succeeded"
+        log = tmp_path / "worker-2.log"
+        wait_until(lambda: done in log.read_text(errors="replace"), 300, second, log)
+    sampled = [
+        e.payload
+        for e in runtime.log.read(key=rollout_key(job.job_id))
+        if isinstance(e.payload, RolloutSampled)
+    ]
+    verdicts = [
+        e.payload.rollout_id
+        for e in runtime.log.read(key=rollout_key(job.job_id))
+        if isinstance(e.payload, RolloutScored)
+    ]
+    assert len({s.rollout_id for s in sampled}) == len(sampled) == len(set(verdicts))
+    assert len(verdicts) == len(sampled)
+    unhinted = Counter(s.environment.split("/")[-1] for s in sampled if s.hint is None)
+    assert unhinted == dict.fromkeys(environments, 8)
+
+
+def wait_until(done: Callable[[], bool], timeout_s: float, worker: Any, log: Path) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not done():
+        if worker.poll() is not None or time.monotonic() > deadline:
+            raise AssertionError(log.read_text(errors="replace")[-4000:])
+        time.sleep(0.1)
