@@ -325,7 +325,34 @@ class FeedbackGiven(EventPayload):
     edited_text: str | None = None
 
 
+class RoutingCorrected(EventPayload):
+    """A user saying which specialist should have answered a completed turn (a ``reroute``;
+    the turn is then answered again by that specialist)."""
+
+    event_type = "RoutingCorrected"
+    turn_id: UUID
+    specialist: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$")
+
+
 # --- learning events ----------------------------------------------------------------------
+
+
+RoutingSource = Literal["hint", "correction", "kept", "up"]
+
+
+class RoutingLabelled(EventPayload):
+    """Routing experience: the words of a user turn and the specialist that should answer
+    them, derived by the experience builder (``streams.routing``) on key ``routing``.
+    ``source`` says what taught it: the user's own pick of a specialist (``hint``), a
+    ``reroute`` (``correction``), an answer of another specialist kept after a regenerate
+    (``kept``), or a thumbs-up on a turn the classifier routed (``up``)."""
+
+    event_type = "RoutingLabelled"
+    label_id: UUID
+    turn_id: UUID
+    text: str = Field(min_length=1)
+    specialist: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$")
+    source: RoutingSource
 
 
 class ExperienceRecorded(EventPayload):
@@ -478,7 +505,9 @@ CATALOGUE: dict[str, type[EventPayload]] = {
         ModelResponded,
         TurnCompleted,
         FeedbackGiven,
+        RoutingCorrected,
         ExperienceRecorded,
+        RoutingLabelled,
         RolloutSampled,
         RolloutScored,
         TrainingRequested,

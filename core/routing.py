@@ -3,7 +3,7 @@
 Pure: features (a sentence embedding) and the active specialists go in, a decision comes out.
 The classifier is data (a multinomial logistic regression: one weight row and one bias per
 specialist), so a logged decision can be recomputed from its turn and its router version alone.
-This module also decides which logged turns become training examples (corrections and feedback).
+This module also turns routing experience (``RoutingLabelled``) into training examples.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from core.errors import (
     NoActiveSpecialist,
     UnknownSpecialist,
 )
-from core.events import HarnessStamp, RouterDecided
+from core.events import HarnessStamp, RouterDecided, RoutingLabelled, RoutingSource
 
 SPECIALIST_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 """The specialist part of an adapter name (``coding`` in ``coding@7``)."""
@@ -221,61 +221,25 @@ class LabelledTurn(BaseModel):
     weight: float = Field(default=1.0, gt=0.0)
 
 
-class RoutedTurn(BaseModel):
-    """A logged decision joined with its turn's text (``TurnReceived`` + ``RouterDecided``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    turn_id: UUID
-    text: str = Field(min_length=1)
-    specialist: SpecialistName
+CORRECTING: frozenset[RoutingSource] = frozenset({"correction", "kept"})
+"""Label sources where a user said the router was wrong (weighed by ``correction_weight``)."""
 
 
-class RoutingCorrection(BaseModel):
-    """A user or operator saying which specialist should have answered a turn."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    turn_id: UUID
-    specialist: SpecialistName
-
-
-class RoutingFeedback(BaseModel):
-    """Feedback on a turn's answer, as in ``FeedbackGiven``."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    turn_id: UUID
-    kind: Literal["up", "down", "edit", "regenerate"]
-
-
-def labels_from_log(
-    turns: Iterable[RoutedTurn],
-    corrections: Iterable[RoutingCorrection] = (),
-    feedback: Iterable[RoutingFeedback] = (),
-    *,
-    correction_weight: float = 1.0,
+def labels_of(
+    labels: Iterable[RoutingLabelled], *, correction_weight: float = 1.0
 ) -> list[LabelledTurn]:
-    """The training examples that logged turns give, in log order.
-
-    A correction labels its turn (the latest one wins) with ``correction_weight``. Otherwise the
-    latest thumbs (up or down) decides: up confirms the logged specialist; down says only "not
-    that one" and usually judges the answer rather than the routing, so the turn is left out.
-    Unreviewed turns are left out too: the router's own guess is no evidence. Corrections and
-    feedback for turns not in ``turns`` are ignored (they belong to another window of the log).
-    """
-    corrected = {c.turn_id: c.specialist for c in corrections}
-    thumbs = {f.turn_id: f.kind for f in feedback if f.kind in ("up", "down")}
-    examples: list[LabelledTurn] = []
-    for turn in turns:
-        if turn.turn_id in corrected:
-            examples.append(
-                LabelledTurn(
-                    text=turn.text,
-                    specialist=corrected[turn.turn_id],
-                    weight=correction_weight,
-                )
-            )
-        elif thumbs.get(turn.turn_id) == "up":
-            examples.append(LabelledTurn(text=turn.text, specialist=turn.specialist))
-    return examples
+    """The training examples routing experience gives (``streams.routing`` derives it from the
+    log), in the order of each turn's latest label: a turn's latest label wins, and a
+    correction or a kept answer of another specialist weighs ``correction_weight``."""
+    latest: dict[UUID, RoutingLabelled] = {}
+    for label in labels:
+        latest.pop(label.turn_id, None)
+        latest[label.turn_id] = label
+    return [
+        LabelledTurn(
+            text=label.text,
+            specialist=label.specialist,
+            weight=correction_weight if label.source in CORRECTING else 1.0,
+        )
+        for label in latest.values()
+    ]

@@ -96,6 +96,12 @@ class ChatService:
         """Record feedback on a completed turn of this tenant's conversation."""
         return await self._feedback.feedback(principal, conversation_id, frame)
 
+    async def reroute(
+        self, principal: Principal, conversation_id: UUID | None, frame: wire.Reroute
+    ) -> TurnRequest:
+        """Record a routing correction on a completed turn; the turn that answers it again."""
+        return await self._feedback.reroute(principal, conversation_id, frame, self.router.active)
+
     async def ui_event_turn(
         self, principal: Principal, conversation_id: UUID | None, frame: wire.UIEvent
     ) -> TurnRequest:

@@ -91,6 +91,15 @@ class Feedback(Frame):
     edited_text: Text | None = Field(default=None, min_length=1, max_length=MAX_CONTENT_CHARS)
 
 
+class Reroute(Frame):
+    """The specialist that should have answered a completed turn: recorded as a routing
+    correction, and the turn's words are answered again by that specialist."""
+
+    type: Literal["reroute"]
+    turn_id: UUID
+    specialist: SpecialistName
+
+
 class UIEvent(Frame):
     type: Literal["ui_event"]
     turn_id: UUID
@@ -109,7 +118,7 @@ class Ping(Frame):
 
 
 ClientFrame = Annotated[
-    Hello | UserTurn | Feedback | UIEvent | Cancel | Ping, Field(discriminator="type")
+    Hello | UserTurn | Feedback | Reroute | UIEvent | Cancel | Ping, Field(discriminator="type")
 ]
 _CLIENT: TypeAdapter[ClientFrame] = TypeAdapter(ClientFrame)
 

@@ -22,15 +22,13 @@ from core.errors import (
     SpecialistExists,
     UnknownSpecialist,
 )
+from core.events import RoutingLabelled
 from core.routing import (
     LabelledTurn,
-    RoutedTurn,
     RouterDecision,
     RouterModel,
-    RoutingCorrection,
-    RoutingFeedback,
     decide,
-    labels_from_log,
+    labels_of,
     specialist_name,
 )
 from server.router_training import SEED_EXAMPLES, TrainingConfig, fit_router, load_examples
@@ -195,20 +193,13 @@ class RouterService:
     def activate(self, name: str) -> None:
         self._active = self._active | {self._known(name)}
 
-    def retrain(
-        self,
-        turns: Iterable[RoutedTurn],
-        corrections: Iterable[RoutingCorrection] = (),
-        feedback: Iterable[RoutingFeedback] = (),
-    ) -> RouterModel:
-        """Refit on the base examples plus what the logged turns teach (see ``labels_from_log``).
+    def retrain(self, labels: Iterable[RoutingLabelled]) -> RouterModel:
+        """Refit on the base examples plus routing experience (``core.routing.labels_of``).
 
         Pass the whole window of the log each time: the result depends only on it and the base
         examples, so replaying the same log gives the same router version.
         """
-        learned = labels_from_log(
-            turns, corrections, feedback, correction_weight=self._config.correction_weight
-        )
+        learned = labels_of(labels, correction_weight=self._config.correction_weight)
         self._model = self._fit([*self._base, *learned])
         self._learned = learned
         return self._model

@@ -194,6 +194,10 @@ class ChatConnection:
                             regenerates=turn.turn_id,
                         )
                     )
+            case wire.Reroute():
+                self._start_turn(
+                    await self.service.reroute(self.principal, self.conversation_id, frame)
+                )
             case wire.UIEvent():
                 request = await self.service.ui_event_turn(
                     self.principal, self.conversation_id, frame

@@ -1,5 +1,6 @@
 """The experience builder: joins each turn's decision, context, response, actions and feedback
-into ``ExperienceRecorded`` events, the training data of the learning loop.
+into ``ExperienceRecorded`` events, the training data of the learning loop, and into
+``RoutingLabelled`` events, the router's (``streams.routing``).
 
 Filter rules ``experience-1`` (``experience_from``, pure: a joined turn and an event in, the
 records out):
@@ -41,6 +42,7 @@ from core.events import (
     RolloutSampled,
     RolloutScored,
     RouterDecided,
+    RoutingCorrected,
     TurnCompleted,
     TurnReceived,
 )
@@ -52,6 +54,7 @@ from infra.postgres import experience as store
 from infra.postgres.db import DictConnection
 from infra.postgres.experience import JoinedTurn
 from streams import rollouts
+from streams.routing import routing_labels
 
 _log = logging.getLogger(__name__)
 
@@ -84,6 +87,8 @@ class ExperienceBuilder:
                     content=p.content,
                     harness_version=None if p.harness is None else p.harness.harness_version,
                     regenerates=p.regenerates,
+                    specialist_hint=p.specialist_hint,
+                    input_kind=p.input_kind,
                 )
             case RouterDecided():
                 store.record_route(conn, p.turn_id, p.specialist, p.adapter_version)
@@ -95,7 +100,7 @@ class ExperienceBuilder:
             case TurnCompleted():
                 store.record_completion(conn, p.turn_id)
                 return self._derive(conn, event, p.turn_id)
-            case FeedbackGiven():
+            case FeedbackGiven() | RoutingCorrected():
                 return self._derive(conn, event, p.turn_id)
             case RolloutSampled():
                 rollouts.record_sampled(conn, event, p)
@@ -113,7 +118,9 @@ class ExperienceBuilder:
         except HarnessNotFound as exc:  # its context cannot be rebuilt: nothing to learn from
             _log.warning("turn %s gives no experience: %s", turn_id, exc.message)
             return []
-        return [] if turn is None else experience_from(turn, event, replaced)
+        if turn is None:
+            return []
+        return experience_from(turn, event, replaced) + routing_labels(turn, event, replaced)
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:
         return None

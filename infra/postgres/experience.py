@@ -39,6 +39,10 @@ class JoinedTurn:
     before the builder kept it)."""
     regenerates: UUID | None = None
     """The turn this one answered again, when the user asked to regenerate that one."""
+    specialist_hint: str | None = None
+    """The specialist the turn's message asked for (a user's pick, or the one a regenerate or
+    a reroute named)."""
+    input_kind: str = "text"
 
 
 def record_conversation(
@@ -60,12 +64,24 @@ def record_turn(
     content: str,
     harness_version: str | None,
     regenerates: UUID | None = None,
+    specialist_hint: str | None = None,
+    input_kind: str = "text",
 ) -> None:
     conn.execute(
-        "INSERT INTO experience_turns (turn_id, conversation_id, tenant_id, "
-        "position, content, harness_version, regenerates) VALUES (%s, %s, %s, %s, %s, %s, %s) "
-        "ON CONFLICT DO NOTHING",
-        (turn_id, conversation_id, tenant_id, position, content, harness_version, regenerates),
+        "INSERT INTO experience_turns (turn_id, conversation_id, tenant_id, position, content, "
+        "harness_version, regenerates, specialist_hint, input_kind) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        (
+            turn_id,
+            conversation_id,
+            tenant_id,
+            position,
+            content,
+            harness_version,
+            regenerates,
+            specialist_hint,
+            input_kind,
+        ),
     )
 
 
@@ -127,6 +143,8 @@ def joined_turn(conn: DictConnection, turn_id: UUID, history_turns: int) -> Join
         earlier=tuple((content, response) for content, response in row["earlier"]),
         harness=_harness(conn, row["harness_version"]),
         regenerates=row["regenerates"],
+        specialist_hint=row["specialist_hint"],
+        input_kind=row["input_kind"],
     )
 
 

@@ -1,5 +1,6 @@
-"""What users say about completed turns: feedback (up, down, edit, regenerate), and GenUI
-interactions, which become turns of their own."""
+"""What users say about completed turns: feedback (up, down, edit, regenerate), routing
+corrections (``reroute``) and GenUI interactions; a reroute and an interaction become turns of
+their own."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pydantic import JsonValue
 
 from core.auth import Principal
 from core.conversation import Conversation, Turn
-from core.errors import InvalidFrame, TurnNotFound
-from core.events import FeedbackGiven
+from core.errors import InvalidFrame, TurnNotFound, UnknownSpecialist
+from core.events import FeedbackGiven, RoutingCorrected
 from core.harness.genui import interactive_ids
 from core.ids import uuid7
 from infra import observe
@@ -44,6 +45,42 @@ class TurnFeedback:
         ):
             await self._store.append(conversation, [payload], correlation_id=turn.turn_id)
         return turn
+
+    async def reroute(
+        self,
+        principal: Principal,
+        conversation_id: UUID | None,
+        frame: wire.Reroute,
+        active: frozenset[str],
+    ) -> TurnRequest:
+        """Record that ``frame.specialist`` should have answered a completed turn, and the
+        turn that answers its words again with that specialist."""
+        conversation, turn = await self._completed(principal, conversation_id, frame.turn_id)
+        if frame.specialist not in active:
+            raise UnknownSpecialist(
+                f"no active specialist {frame.specialist!r}: choose one of {sorted(active)}"
+            )
+        if frame.specialist == turn.specialist:
+            raise InvalidFrame(f"turn {turn.turn_id} was answered by {turn.specialist} already")
+        if turn.input_kind != "text":
+            raise InvalidFrame("only a typed message can be rerouted")
+        payload = RoutingCorrected(turn_id=turn.turn_id, specialist=frame.specialist)
+        with observe.tracer.start_as_current_span(
+            "ws.reroute",
+            context=observe.context_of(turn.trace),
+            attributes={
+                "macaron.turn_id": str(turn.turn_id),
+                "macaron.specialist": frame.specialist,
+            },
+        ):
+            await self._store.append(conversation, [payload], correlation_id=turn.turn_id)
+        return TurnRequest(
+            client_msg_id=f"reroute-{uuid7()}",
+            content=turn.content,
+            conversation_id=conversation_id,
+            specialist_hint=frame.specialist,
+            regenerates=turn.turn_id,
+        )
 
     async def ui_event_turn(
         self, principal: Principal, conversation_id: UUID | None, frame: wire.UIEvent

@@ -26,6 +26,11 @@ class Router(Protocol):
     @property
     def specialists(self) -> tuple[str, ...]: ...
 
+    @property
+    def active(self) -> frozenset[str]:
+        """The specialists it may choose (a turn may be rerouted to one of these)."""
+        ...
+
     def route(self, text: str, hint: str | None = None) -> RouterDecision: ...
 
 

@@ -18,6 +18,8 @@ from core.events import (
     FeedbackGiven,
     GenUIRendered,
     HarnessActionExecuted,
+    RoutingCorrected,
+    RoutingLabelled,
     TurnReceived,
 )
 from core.harness.actions import MAX_ACTIONS_PER_TURN, ActionOutcome, replay, verify_replay
@@ -248,3 +250,49 @@ def assert_the_kept_regeneration_is_a_preference_pair(
     messages: Any = pair.record["messages"]
     assert [m["content"] for m in messages if m["role"] == "user"] == ["hello"]
     assert first != second
+
+
+def test_a_reroute_answers_again_with_the_named_specialist_and_teaches_the_router(
+    served: Running,
+) -> None:
+    """Over the WebSocket: a ``reroute`` frame records the correction and the turn's words are
+    answered by the named specialist; bad reroutes get typed errors and change nothing; the
+    experience builder turns the user's own pick, the correction and the kept answer into
+    routing labels."""
+    with served.connect(served.key("routing-tenant")) as ws:
+        frames_until(ws, "ready")
+        picked = turn(served, ws, "show me a card", "genui")
+        answered = turn(served, ws, "hello")
+        turn_id = answered[0]["turn_id"]
+        for specialist, code in [("poetry", "unknown_specialist"), ("chat", "invalid_frame")]:
+            send(ws, type="reroute", turn_id=turn_id, specialist=specialist)
+            assert frames_until(ws, "error")[-1]["code"] == code
+        send(ws, type="reroute", turn_id=str(uuid.uuid4()), specialist="genui")
+        assert frames_until(ws, "error")[-1]["code"] == "turn_not_found"
+        send(ws, type="reroute", turn_id=turn_id, specialist="Genui!")
+        assert frames_until(ws, "error")[-1]["code"] == "invalid_frame"
+        send(ws, type="reroute", turn_id=turn_id, specialist="genui")
+        again = frames_until(ws, "turn_completed")
+        send(ws, type="feedback", turn_id=again[0]["turn_id"], kind="up")
+        send(ws, type="ping")
+        frames_until(ws, "pong")
+    assert answered[0]["specialist"] == "chat" and again[0]["specialist"] == "genui"
+    events = served.events(answered[0]["conversation_id"])
+    corrected = [e.payload for e in events if isinstance(e.payload, RoutingCorrected)]
+    assert [(str(c.turn_id), c.specialist) for c in corrected] == [(turn_id, "genui")]
+    received = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
+    assert [(r.content, str(r.regenerates)) for r in received][-1] == ("hello", turn_id)
+    hosts = wiring.processor_hosts(served.settings, served.server.log, served.server.pool)
+    [builder] = [h for h in hosts if isinstance(h.processor, ExperienceBuilder)]
+    catch_up(builder)
+    mine = {picked[0]["turn_id"], turn_id, again[0]["turn_id"]}
+    labels = [
+        (str(e.payload.turn_id), e.payload.text, e.payload.specialist, e.payload.source)
+        for e in served.events("routing")
+        if isinstance(e.payload, RoutingLabelled) and str(e.payload.turn_id) in mine
+    ]
+    assert labels == [
+        (picked[0]["turn_id"], "show me a card", "genui", "hint"),
+        (turn_id, "hello", "genui", "correction"),
+        (again[0]["turn_id"], "hello", "genui", "kept"),
+    ]

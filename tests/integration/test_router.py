@@ -12,12 +12,10 @@ import pytest
 import torch
 
 from core.errors import RoutingError, SpecialistExists, UnknownSpecialist
+from core.events import RoutingLabelled, RoutingSource
 from core.routing import (
     DEFAULT_SPECIALISTS,
     LabelledTurn,
-    RoutedTurn,
-    RoutingCorrection,
-    RoutingFeedback,
 )
 from server.router import RouterService, SentenceEmbedder
 from server.router_training import SEED_EXAMPLES, load_examples
@@ -151,32 +149,34 @@ def test_a_hint_overrides_the_classifier(seed_router: RouterService) -> None:
     assert seed_router.route(text, hint="nonexistent").specialist == "coding"
 
 
+def label(text: str, specialist: str, source: RoutingSource) -> RoutingLabelled:
+    turn_id = uuid.uuid4()
+    return RoutingLabelled(
+        label_id=turn_id, turn_id=turn_id, text=text, specialist=specialist, source=source
+    )
+
+
 def test_corrections_retrain_the_router(router: RouterService) -> None:
     corrected = "Show me my calendar for next week"
     first = router.route(corrected)
     assert first.specialist == "agent", "precondition: the seed router sends it to agent"
-    turns = [
-        RoutedTurn(turn_id=uuid.uuid4(), text=corrected, specialist=first.specialist),
-        RoutedTurn(turn_id=uuid.uuid4(), text="Plot my running pace per km", specialist="genui"),
-        RoutedTurn(turn_id=uuid.uuid4(), text="Text Bob I'm on my way", specialist="coding"),
-    ]
     before = router.version
-
-    # thumbs-down alone teaches nothing: same training data, same classifier
-    down = [RoutingFeedback(turn_id=turns[2].turn_id, kind="down")]
-    assert router.retrain(turns, feedback=down).version == before
+    assert router.retrain([]).version == before  # no experience: the seed's classifier
 
     with pytest.raises(UnknownSpecialist):
-        router.retrain(turns, [RoutingCorrection(turn_id=turns[0].turn_id, specialist="poetry")])
+        router.retrain([label(corrected, "poetry", "correction")])
     assert router.version == before
 
-    correction = [RoutingCorrection(turn_id=turns[0].turn_id, specialist="genui")]
-    up = [RoutingFeedback(turn_id=turns[1].turn_id, kind="up")]
-    model = router.retrain(turns, correction, [*up, *down])
+    labels = [
+        label(corrected, "genui", "correction"),
+        label("Plot my running pace per km", "genui", "up"),
+    ]
+    model = router.retrain(labels)
     assert model.version != before
     after = router.route(corrected)
     assert after.specialist == "genui"
     assert after.router_version == model.version != first.router_version
+    assert router.retrain(labels).version == model.version  # the same log, the same router
 
     # a specialist added later keeps what the corrections taught
     router.add_specialist("legal", LEGAL_EXAMPLES)

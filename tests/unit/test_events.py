@@ -45,6 +45,8 @@ def test_catalogue_names_every_event_of_the_data_flow() -> None:
         "ModelResponded",
         "TurnCompleted",
         "FeedbackGiven",
+        "RoutingCorrected",
+        "RoutingLabelled",
         "ExperienceRecorded",
         "RolloutSampled",
         "RolloutScored",

@@ -17,6 +17,8 @@ from core.events import (
     ExperienceRecorded,
     FeedbackGiven,
     NewEvent,
+    RoutingCorrected,
+    RoutingLabelled,
     TurnCompleted,
     TurnReceived,
 )
@@ -26,6 +28,7 @@ from core.harness.hcp import build_context
 from core.log import LogPosition, RecordedEvent
 from infra.postgres.experience import JoinedTurn
 from streams.experience import context_messages, experience_from
+from streams.routing import routing_labels
 
 TURN = UUID("0190f0a0-0000-7000-8000-000000000001")
 CONVERSATION = UUID("0190f0a0-0000-7000-8000-0000000000c0")
@@ -353,3 +356,50 @@ def test_only_thumbs_up_keeps_a_regeneration() -> None:
     assert [(r.kind, r.turn_id, r.record["reward"]) for r in found] == [
         ("trajectory", REGENERATED, 0.0)
     ]
+
+
+# --- routing labels -------------------------------------------------------------------------
+
+
+def labels(turn: JoinedTurn, event: RecordedEvent, replaced: JoinedTurn | None = None) -> Any:
+    found = [e.payload for e in routing_labels(turn, event, replaced)]
+    return [
+        (p.turn_id, p.text, p.specialist, p.source) for p in found if isinstance(p, RoutingLabelled)
+    ] + [p for p in found if not isinstance(p, RoutingLabelled)]
+
+
+PICKED = replace(CHAT_TURN, specialist_hint="chat")
+TEXT = CHAT_TURN.content
+
+
+def test_a_users_pick_answered_by_that_specialist_is_a_hint_label() -> None:
+    assert labels(PICKED, completed()) == [(TURN, TEXT, "chat", "hint")]
+    assert labels(CHAT_TURN, completed()) == []  # the router chose: no evidence yet
+    assert labels(replace(PICKED, specialist="agent"), completed()) == []  # not honoured
+
+
+def test_a_reroute_labels_the_turns_words_with_the_named_specialist() -> None:
+    corrected = recorded(RoutingCorrected(turn_id=TURN, specialist="genui"))
+    [event] = routing_labels(CHAT_TURN, corrected)
+    assert (event.key, event.causation_id, event.tenant_id) == ("routing", FEEDBACK, "acme")
+    assert labels(CHAT_TURN, corrected) == [(TURN, TEXT, "genui", "correction")]
+    assert experience_from(CHAT_TURN, corrected) == []  # no answer to learn from
+
+
+def test_thumbs_up_confirms_the_routers_choice_and_down_teaches_routing_nothing() -> None:
+    assert labels(CHAT_TURN, feedback("up")) == [(TURN, TEXT, "chat", "up")]
+    assert labels(PICKED, feedback("up")) == []  # the pick was labelled when it completed
+    assert labels(CHAT_TURN, feedback("down")) == []
+    assert labels(CHAT_TURN, feedback("edit", "Paris!")) == []
+
+
+def test_an_answer_of_another_specialist_kept_after_a_reroute_is_a_kept_label() -> None:
+    rerouted = replace(SECOND, specialist="genui", specialist_hint="genui")
+    assert labels(rerouted, feedback("up"), CHAT_TURN) == [(REGENERATED, TEXT, "genui", "kept")]
+    assert labels(SECOND, feedback("up"), CHAT_TURN) == []  # the same specialist again
+    assert labels(rerouted, completed()) == []  # a regeneration's hint is not a user's pick
+
+
+def test_a_ui_event_is_not_a_users_words() -> None:
+    ui = replace(PICKED, input_kind="ui_event")
+    assert labels(ui, completed()) == labels(ui, feedback("up")) == []

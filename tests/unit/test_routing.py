@@ -18,17 +18,14 @@ from core.errors import (
     NoActiveSpecialist,
     UnknownSpecialist,
 )
-from core.events import HarnessStamp, NewEvent, RouterDecided
+from core.events import HarnessStamp, NewEvent, RouterDecided, RoutingLabelled, RoutingSource
 from core.routing import (
     DEFAULT_SPECIALISTS,
     LabelledTurn,
-    RoutedTurn,
     RouterDecision,
     RouterModel,
-    RoutingCorrection,
-    RoutingFeedback,
     decide,
-    labels_from_log,
+    labels_of,
     specialist_name,
 )
 
@@ -241,35 +238,27 @@ def test_a_decision_must_be_consistent() -> None:
 # --- training labels from the log ------------------------------------------------------------
 
 
-def test_labels_from_log_follow_corrections_and_feedback() -> None:
-    ids = [uuid.uuid4() for _ in range(7)]
-    turns = [RoutedTurn(turn_id=i, text=f"turn {n}", specialist="chat") for n, i in enumerate(ids)]
-    corrections = [
-        RoutingCorrection(turn_id=ids[0], specialist="agent"),
-        RoutingCorrection(turn_id=ids[1], specialist="agent"),
-        RoutingCorrection(turn_id=ids[1], specialist="genui"),  # the latest correction wins
-        RoutingCorrection(turn_id=uuid.uuid4(), specialist="coding"),  # not in this window
+def test_the_latest_label_of_a_turn_wins_and_corrections_weigh_more() -> None:
+    ids = [uuid.uuid4() for _ in range(3)]
+
+    def label(n: int, specialist: str, source: RoutingSource) -> RoutingLabelled:
+        return RoutingLabelled(
+            label_id=uuid.uuid4(),
+            turn_id=ids[n],
+            text=f"turn {n}",
+            specialist=specialist,
+            source=source,
+        )
+
+    labels = [
+        label(0, "chat", "hint"),
+        label(1, "chat", "up"),
+        label(0, "agent", "correction"),  # later: it wins, and moves to its place in the log
+        label(2, "genui", "kept"),
     ]
-    feedback = [
-        RoutingFeedback(turn_id=ids[0], kind="down"),  # the correction says where it belongs
-        RoutingFeedback(turn_id=ids[2], kind="up"),
-        RoutingFeedback(turn_id=ids[3], kind="down"),
-        RoutingFeedback(turn_id=ids[4], kind="down"),
-        RoutingFeedback(turn_id=ids[4], kind="up"),  # the latest thumbs wins
-        RoutingFeedback(turn_id=ids[5], kind="regenerate"),
-        RoutingFeedback(turn_id=ids[5], kind="edit"),
-    ]
-    labels = labels_from_log(turns, corrections, feedback, correction_weight=3.0)
-    assert labels == [
+    assert labels_of(labels, correction_weight=3.0) == [
+        LabelledTurn(text="turn 1", specialist="chat"),
         LabelledTurn(text="turn 0", specialist="agent", weight=3.0),
-        LabelledTurn(text="turn 1", specialist="genui", weight=3.0),
-        LabelledTurn(text="turn 2", specialist="chat"),
-        LabelledTurn(text="turn 4", specialist="chat"),
+        LabelledTurn(text="turn 2", specialist="genui", weight=3.0),
     ]
-    # turn 3 (thumbs down only), turn 5 (no thumbs) and turn 6 (unreviewed) teach nothing
-
-
-def test_thumbs_down_alone_is_never_a_positive_example() -> None:
-    turn = RoutedTurn(turn_id=uuid.uuid4(), text="book me a flight", specialist="coding")
-    down = RoutingFeedback(turn_id=turn.turn_id, kind="down")
-    assert labels_from_log([turn], feedback=[down]) == []
+    assert labels_of([]) == []

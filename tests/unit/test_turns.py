@@ -23,6 +23,7 @@ from core.errors import (
     RateLimited,
     TurnInFlight,
     TurnNotFound,
+    UnknownSpecialist,
 )
 from core.events import (
     ChatMessage,
@@ -31,6 +32,7 @@ from core.events import (
     HarnessActionExecuted,
     ModelResponded,
     RouterDecided,
+    RoutingCorrected,
     TurnCompleted,
     TurnReceived,
 )
@@ -87,6 +89,7 @@ class HintRouter:
 
     version = "router-test"
     specialists = SPECIALISTS
+    active = frozenset(SPECIALISTS)
 
     def route(self, text: str, hint: str | None = None) -> RouterDecision:
         chosen = hint or "chat"
@@ -637,6 +640,40 @@ def test_feedback_is_recorded_and_an_edit_needs_its_text() -> None:
     assert [(f.kind, f.edited_text) for f in h.payloads(FeedbackGiven)] == [
         ("edit", "better answer")
     ]
+
+
+def test_a_reroute_is_a_routing_correction_and_answers_again_with_that_specialist() -> None:
+    h = Harness(fixed_reply("an answer"))
+
+    def reroute(turn_id: uuid.UUID, specialist: str) -> wire.Reroute:
+        return wire.Reroute(type="reroute", turn_id=turn_id, specialist=specialist)
+
+    async def case() -> TurnOutcome:
+        done = await h.turn("write me a haiku")  # chat, by the test router
+        cid, tid = done.conversation_id, done.turn_id
+        with pytest.raises(UnknownSpecialist, match="no active specialist 'poetry'"):
+            await h.chat.reroute(h.principal, cid, reroute(tid, "poetry"))
+        with pytest.raises(InvalidFrame, match="answered by chat already"):
+            await h.chat.reroute(h.principal, cid, reroute(tid, "chat"))
+        with pytest.raises(TurnNotFound):
+            await h.chat.reroute(h.principal, cid, reroute(uuid.uuid4(), "coding"))
+        with pytest.raises(ConversationNotFound):  # another tenant's
+            await h.chat.reroute(principal("tenant-b"), cid, reroute(tid, "coding"))
+        request = await h.chat.reroute(h.principal, cid, reroute(tid, "coding"))
+        assert (request.content, request.specialist_hint, request.regenerates) == (
+            "write me a haiku",
+            "coding",
+            tid,
+        )
+        return await h.chat.run_turn(h.principal, request, h.sink, asyncio.Event())
+
+    again = run(case)
+    assert [(c.turn_id, c.specialist) for c in h.payloads(RoutingCorrected)] == [
+        (h.payloads(TurnReceived)[0].turn_id, "coding")
+    ]
+    assert h.payloads(RouterDecided)[-1].specialist == "coding"
+    assert h.payloads(TurnReceived)[-1].regenerates == h.payloads(TurnReceived)[0].turn_id
+    assert again.turn_id == h.payloads(TurnReceived)[-1].turn_id
 
 
 def feedback(turn_id: uuid.UUID, kind: str, text: str | None = None) -> wire.Feedback:

@@ -1,0 +1,6 @@
+-- depends: 0009.regenerations
+-- The experience builder derives routing labels (`RoutingLabelled`) from turns: it keeps the
+-- specialist a user picked for a typed message (`TurnReceived.specialist_hint`) and the kind of
+-- input, so a GenUI interaction or a regeneration is never taken for the user's own pick.
+ALTER TABLE experience_turns ADD COLUMN specialist_hint TEXT;
+ALTER TABLE experience_turns ADD COLUMN input_kind TEXT NOT NULL DEFAULT 'text';
