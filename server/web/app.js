@@ -230,6 +230,7 @@
     if (t.started) resetTurn(t);
     t.started = true;
     t.badge.textContent = `${str(f.specialist)} · ${str(f.adapter_version)}`;
+    t.specialist = str(f.specialist);
     turnMsg.set(f.turn_id, f.client_msg_id);
     setConversation(f.conversation_id);
     if (f.release_id) releaseId = str(f.release_id);
@@ -307,7 +308,19 @@
     down.addEventListener("click", () => vote("down", down, up));
     regen.addEventListener("click", () => send({ type: "feedback", turn_id: t.id, kind: "regenerate" }));
     edit.addEventListener("click", () => openEditor(t));
-    return el("div", { class: "feedback", role: "group", "aria-label": "Feedback" }, up, down, edit, regen);
+    return el("div", { class: "feedback", role: "group", "aria-label": "Feedback" }, up, down, edit, regen, rerouteMenu(t));
+  }
+
+  // A routing correction: "another specialist should have answered this" (the reroute frame).
+  function rerouteMenu(t) {
+    const others = [...ui.specialist.options].map((o) => o.value).filter((v) => v && v !== t.specialist);
+    const menu = el("select", { class: "reroute", "data-testid": "reroute", "aria-label": "Ask another specialist", title: "Ask another specialist" },
+      el("option", { value: "", text: "ask…" }), ...others.map((v) => el("option", { value: v, text: v })));
+    menu.addEventListener("change", () => {
+      if (menu.value) send({ type: "reroute", turn_id: t.id, specialist: menu.value });
+      menu.value = "";
+    });
+    return menu;
   }
 
   function openEditor(t) {

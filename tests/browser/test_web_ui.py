@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from playwright.sync_api import Page, WebSocket, expect, sync_playwright
 
-from core.events import FeedbackGiven, TurnReceived
+from core.events import FeedbackGiven, RoutingCorrected, TurnReceived
 from infra.local_stack import LocalStack
 from server.engines.instant import InstantEngine
 from server.router import RouterService
@@ -114,9 +114,16 @@ def test_chat_genui_and_feedback_in_the_browser(served: Running, page: Page) -> 
     page.locator('[data-component-id="book"]').click()
     expect(page.get_by_test_id("assistant").nth(2)).to_contain_text("Booked.")
 
+    answer.get_by_test_id("reroute").select_option("coding")  # another specialist, please
+    rerouted = page.get_by_test_id("assistant").nth(3)
+    expect(rerouted.get_by_test_id("badge")).to_contain_text("coding")
+    expect(rerouted).to_contain_text("Hello! I am a streaming answer")
+
     events = served.events()
     kinds = [e.payload.kind for e in events if isinstance(e.payload, FeedbackGiven)]
     assert kinds == ["up"]
     inputs = [e.payload.input_kind for e in events if isinstance(e.payload, TurnReceived)]
-    assert inputs == ["text", "text", "ui_event"]
+    assert inputs == ["text", "text", "ui_event", "text"]
+    [corrected] = [e.payload for e in events if isinstance(e.payload, RoutingCorrected)]
+    assert corrected.specialist == "coding"
     assert SCREENSHOT.stat().st_size > 10_000
