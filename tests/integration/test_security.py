@@ -73,6 +73,7 @@ def test_no_api_reaches_another_tenants_conversation(served: Running) -> None:
             },
             {"type": "feedback", "turn_id": turn_id, "kind": "up"},
             {"type": "feedback", "turn_id": turn_id, "kind": "regenerate"},
+            {"type": "reroute", "turn_id": turn_id, "specialist": "genui"},
             {"type": "ui_event", "turn_id": turn_id, "component_id": "a", "action": "click"},
             {"type": "cancel", "turn_id": turn_id},
         ]
