@@ -4,3 +4,5 @@
 -- input, so a GenUI interaction or a regeneration is never taken for the user's own pick.
 ALTER TABLE experience_turns ADD COLUMN specialist_hint TEXT;
 ALTER TABLE experience_turns ADD COLUMN input_kind TEXT NOT NULL DEFAULT 'text';
+-- Whether a GenUI turn's tree was valid (`GenUIRendered.valid`): a live reward of its answer.
+ALTER TABLE experience_turns ADD COLUMN genui_valid BOOLEAN;

@@ -11,7 +11,8 @@ records out):
 - live rewards, each a ``trajectory`` record (the context, the turn's actions and answer, and a
   reward in [0, 1]; the policy gradient trains the turn's first step by it, see
   ``learners.loop``): a completed agent turn with actions is rewarded the share of its actions
-  that succeeded; thumbs down and ``regenerate`` reward the answer 0;
+  that succeeded, a completed GenUI turn 1 if its tree was valid, else 0; thumbs down and
+  ``regenerate`` reward the answer 0;
 - thumbs up on a turn that answered another again (a ``regenerate``), when both were served
   by the same specialist and answered differently: a preference pair in the first turn's
   context (the kept answer chosen, the regenerated one rejected);
@@ -36,6 +37,7 @@ from core.events import (
     ConversationStarted,
     ExperienceRecorded,
     FeedbackGiven,
+    GenUIRendered,
     HarnessActionExecuted,
     ModelResponded,
     NewEvent,
@@ -95,6 +97,8 @@ class ExperienceBuilder:
             case HarnessActionExecuted():
                 action = {"name": p.name, "args": p.args, "result": p.result, "ok": p.ok}
                 store.record_action(conn, p.turn_id, action)
+            case GenUIRendered():
+                store.record_genui(conn, p.turn_id, p.valid)
             case ModelResponded():
                 store.record_response(conn, p.turn_id, p.text, p.release_id)
             case TurnCompleted():
@@ -191,10 +195,12 @@ def _from_feedback(
 
 
 def _trajectory(turn: JoinedTurn, event: RecordedEvent) -> list[NewEvent]:
-    if not turn.actions:
-        return []
-    actions = turn.actions
-    return [_rewarded(turn, event, sum(1 for a in actions if a["ok"]) / len(actions))]
+    if turn.actions:
+        actions = turn.actions
+        return [_rewarded(turn, event, sum(1 for a in actions if a["ok"]) / len(actions))]
+    if turn.genui_valid is not None and turn.response is not None:
+        return [_rewarded(turn, event, 1.0 if turn.genui_valid else 0.0)]
+    return []
 
 
 def _rewarded(turn: JoinedTurn, event: RecordedEvent, reward: float) -> NewEvent:

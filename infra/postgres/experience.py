@@ -43,6 +43,8 @@ class JoinedTurn:
     """The specialist the turn's message asked for (a user's pick, or the one a regenerate or
     a reroute named)."""
     input_kind: str = "text"
+    genui_valid: bool | None = None
+    """Whether the GenUI tree the turn answered with was valid (``None``: not a GenUI turn)."""
 
 
 def record_conversation(
@@ -108,6 +110,12 @@ def record_response(conn: DictConnection, turn_id: UUID, text: str, release_id: 
     )
 
 
+def record_genui(conn: DictConnection, turn_id: UUID, valid: bool) -> None:
+    conn.execute(
+        "UPDATE experience_turns SET genui_valid = %s WHERE turn_id = %s", (valid, turn_id)
+    )
+
+
 def record_completion(conn: DictConnection, turn_id: UUID) -> None:
     conn.execute("UPDATE experience_turns SET completed = true WHERE turn_id = %s", (turn_id,))
 
@@ -145,6 +153,7 @@ def joined_turn(conn: DictConnection, turn_id: UUID, history_turns: int) -> Join
         regenerates=row["regenerates"],
         specialist_hint=row["specialist_hint"],
         input_kind=row["input_kind"],
+        genui_valid=row["genui_valid"],
     )
 
 

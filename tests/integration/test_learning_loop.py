@@ -23,6 +23,7 @@ from core.events import (
     HarnessProposed,
     PromotionRejected,
     ReleasePromoted,
+    TurnCompleted,
 )
 from core.settings import Settings
 from infra.postgres.registry import active_release
@@ -275,8 +276,13 @@ def assert_lineage(served: Running, release_id: str, first_turns: set[str]) -> N
         and start <= e.position.offset < end
     ]
     assert trained_on and {str(e.payload.turn_id) for e in trained_on} <= first_turns
-    causes = {e.envelope.causation_id for e in trained_on}
+    causes = {e.envelope.causation_id for e in trained_on if e.payload.kind != "trajectory"}
     feedback = {
         e.envelope.event_id for e in served.events() if isinstance(e.payload, FeedbackGiven)
     }
-    assert causes <= feedback  # each record was caused by a user's feedback event
+    assert causes <= feedback  # each record it counted was caused by a user's feedback event
+    rewards = {e.envelope.causation_id for e in trained_on if e.payload.kind == "trajectory"}
+    completions = {
+        e.envelope.event_id for e in served.events() if isinstance(e.payload, TurnCompleted)
+    }
+    assert rewards and rewards <= completions  # live rewards (GenUI validity) ride along

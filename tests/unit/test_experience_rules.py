@@ -246,6 +246,19 @@ def test_the_reward_is_the_share_of_actions_that_succeeded(
     assert record.record["reward"] == reward
 
 
+@pytest.mark.parametrize(("valid", "reward"), [(True, 1.0), (False, 0.0)])
+def test_a_completed_genui_turn_is_rewarded_by_its_trees_validity(
+    valid: bool, reward: float
+) -> None:
+    ui = replace(CHAT_TURN, specialist="genui", response='{"type": "Text"}', genui_valid=valid)
+    [record] = payloads(experience_from(ui, completed()))
+    assert (record.kind, record.record["reward"], record.record["actions"]) == (
+        "trajectory",
+        reward,
+        [],
+    )
+
+
 def test_a_completed_turn_without_actions_teaches_nothing() -> None:
     assert experience_from(CHAT_TURN, completed()) == []
     assert experience_from(replace(AGENT_TURN, actions=()), completed()) == []
