@@ -23,7 +23,7 @@ from core import errors
 from core.auth import bearer_key
 from infra import observe
 from infra.telemetry import metrics_exposition
-from server import admin
+from server import admin, feedback_api
 from server.chat import ChatService
 from server.gate import Gate
 from server.openai_api import chat_completions, models
@@ -136,6 +136,16 @@ def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> St
             Route("/v1/models", models),
             Route("/metrics", metrics),
             Route("/v1/conversations/{conversation_id}", conversation),
+            Route(
+                "/v1/conversations/{conversation_id}/turns/{turn_id}/feedback",
+                feedback_api.feedback,
+                methods=["POST"],
+            ),
+            Route(
+                "/v1/conversations/{conversation_id}/turns/{turn_id}/reroute",
+                feedback_api.reroute,
+                methods=["POST"],
+            ),
             Route("/admin/lineage/{ref}", admin.lineage_endpoint),
             Route("/admin/scores", admin.scores_endpoint),
             Route("/admin/promote", admin.promote_endpoint, methods=["POST"]),

@@ -58,7 +58,7 @@ class ChatCompletionRequest(BaseModel):
     user: str | None = Field(default=None, max_length=200)
 
 
-async def _principal(request: Request, gate: Gate) -> Principal:
+async def principal_of(request: Request, gate: Gate) -> Principal:
     return await gate.authenticate(bearer_key(request.headers.get("authorization")), "chat")
 
 
@@ -93,13 +93,21 @@ def _content(outcome: TurnOutcome, frames: list[wire.Frame]) -> str:
 
 async def chat_completions(request: Request) -> Response:
     service: ChatService = request.app.state.chat
-    principal = await _principal(request, request.app.state.gate)
+    principal = await principal_of(request, request.app.state.gate)
     body = await read_json(request, ChatCompletionRequest)
     turn = _turn_request(body, service)
     if body.stream:
         return StreamingResponse(
             _stream(service, principal, turn, body), media_type="text/event-stream"
         )
+    return JSONResponse(await completion(service, principal, turn))
+
+
+async def completion(
+    service: ChatService, principal: Principal, turn: TurnRequest
+) -> dict[str, Any]:
+    """Answer ``turn`` whole, as an OpenAI ``chat.completion`` object (with the ids and
+    versions that served it under ``macaron``)."""
     frames: list[wire.Frame] = []
 
     async def collect(frame: wire.Frame) -> None:
@@ -108,23 +116,21 @@ async def chat_completions(request: Request) -> Response:
     with _span(principal):
         outcome = await service.run_turn(principal, turn, collect, asyncio.Event())
     started = next(f for f in frames if isinstance(f, wire.TurnStarted))
-    return JSONResponse(
-        {
-            "id": f"chatcmpl-{outcome.turn_id}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": started.specialist,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": _content(outcome, frames)},
-                    "finish_reason": _finish(outcome.finish_reason),
-                }
-            ],
-            "usage": _usage(outcome.prompt_tokens, outcome.completion_tokens),
-            "macaron": _provenance(started),
-        }
-    )
+    return {
+        "id": f"chatcmpl-{outcome.turn_id}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": started.specialist,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": _content(outcome, frames)},
+                "finish_reason": _finish(outcome.finish_reason),
+            }
+        ],
+        "usage": _usage(outcome.prompt_tokens, outcome.completion_tokens),
+        "macaron": _provenance(started),
+    }
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -215,7 +221,7 @@ def _event(base: dict[str, Any], delta: dict[str, str], finish: str | None) -> s
 
 async def models(request: Request) -> Response:
     service: ChatService = request.app.state.chat
-    await _principal(request, request.app.state.gate)
+    await principal_of(request, request.app.state.gate)
     release = service.release
     created = int(time.time())
     data = [

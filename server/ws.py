@@ -18,11 +18,11 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from core.auth import Principal, bearer_key
 from core.errors import InvalidApiKey, InvalidFrame, MacaronError, TooManyConnections, TurnNotFound
-from core.ids import uuid7
 from infra import observe
 from server import protocol as wire
 from server.chat import ChatService
 from server.gate import Gate
+from server.turns.feedback import regeneration
 from server.turns.request import TurnRequest
 
 CLOSE_UNAUTHENTICATED = 4401
@@ -185,15 +185,7 @@ class ChatConnection:
             case wire.Feedback():
                 turn = await self.service.feedback(self.principal, self.conversation_id, frame)
                 if frame.kind == "regenerate":  # a new answer to the same words
-                    self._start_turn(
-                        TurnRequest(
-                            client_msg_id=f"regenerate-{uuid7()}",
-                            content=turn.content,
-                            conversation_id=self.conversation_id,
-                            specialist_hint=turn.specialist,
-                            regenerates=turn.turn_id,
-                        )
-                    )
+                    self._start_turn(regeneration(turn, self.conversation_id))
             case wire.Reroute():
                 self._start_turn(
                     await self.service.reroute(self.principal, self.conversation_id, frame)

@@ -21,6 +21,17 @@ from server.turns.conversations import ConversationStore
 from server.turns.request import TurnRequest
 
 
+def regeneration(turn: Turn, conversation_id: UUID | None) -> TurnRequest:
+    """The turn that answers ``turn``'s words again (a ``regenerate``), by its specialist."""
+    return TurnRequest(
+        client_msg_id=f"regenerate-{uuid7()}",
+        content=turn.content,
+        conversation_id=conversation_id,
+        specialist_hint=turn.specialist,
+        regenerates=turn.turn_id,
+    )
+
+
 class TurnFeedback:
     def __init__(self, store: ConversationStore) -> None:
         self._store = store

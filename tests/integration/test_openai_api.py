@@ -10,7 +10,13 @@ import httpx
 import openai
 import pytest
 
-from core.events import ConversationStarted, ModelResponded, TurnReceived
+from core.events import (
+    ConversationStarted,
+    FeedbackGiven,
+    ModelResponded,
+    RoutingCorrected,
+    TurnReceived,
+)
 from infra.local_stack import LocalStack
 from server.router import RouterService
 from tests.serving import Running, serving
@@ -104,3 +110,59 @@ def test_a_chat_key_cannot_be_used_without_its_scope(served: Running) -> None:
     admin_only = served.key(f"oa-{uuid.uuid4().hex[:6]}", "admin")
     with pytest.raises(openai.PermissionDeniedError):
         client(served, admin_only).models.list()
+
+
+def test_feedback_and_reroute_over_http_teach_as_the_websocket_does(served: Running) -> None:
+    """A client of the OpenAI API gives feedback on a completion and asks another specialist,
+    naming the conversation and turn the completion's ``macaron`` block gave."""
+    key = served.key("oa-feedback")
+    reply = client(served, key).chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "hello there"}]
+    )
+    ids = (reply.model_extra or {})["macaron"]
+    turn = f"{served.http}/v1/conversations/{ids['conversation_id']}/turns/{ids['turn_id']}"
+    auth = {"Authorization": f"Bearer {key}"}
+
+    def post(path: str, body: object, headers: dict[str, str] = auth) -> httpx.Response:
+        return httpx.post(f"{turn}/{path}", json=body, headers=headers, timeout=60)
+
+    up = post("feedback", {"kind": "up"})
+    assert up.status_code == 200 and up.json() == {
+        "turn_id": ids["turn_id"],
+        "kind": "up",
+        "recorded": True,
+    }
+    for path, body, status, code in [
+        ("feedback", {"kind": "edit"}, 400, "invalid_frame"),  # an edit needs its text
+        ("feedback", {"kind": "meh"}, 400, "invalid_frame"),
+        ("feedback", {"kind": "up", "extra": 1}, 400, "invalid_frame"),
+        ("reroute", {"specialist": "chat"}, 400, "invalid_frame"),  # it answered already
+        ("reroute", {"specialist": "poetry"}, 404, "unknown_specialist"),
+    ]:
+        refused = post(path, body)
+        assert (refused.status_code, refused.json()["error"]["code"]) == (status, code), body
+    other = {"Authorization": f"Bearer {served.key('oa-other')}"}
+    assert post("feedback", {"kind": "down"}, other).status_code == 404  # another tenant's
+    assert post("feedback", {"kind": "down"}, {}).status_code == 401
+    unknown = httpx.post(
+        f"{served.http}/v1/conversations/{ids['conversation_id']}/turns/{uuid.uuid4()}/feedback",
+        json={"kind": "up"},
+        headers=auth,
+    )
+    assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "turn_not_found"
+
+    again = post("feedback", {"kind": "regenerate"})
+    assert again.status_code == 200 and again.json()["object"] == "chat.completion"
+    rerouted = post("reroute", {"specialist": "coding"})
+    assert rerouted.status_code == 200 and rerouted.json()["model"] == "coding"
+    events = served.events(ids["conversation_id"])
+    kinds = [e.payload.kind for e in events if isinstance(e.payload, FeedbackGiven)]
+    assert kinds == ["up", "regenerate"]
+    [corrected] = [e.payload for e in events if isinstance(e.payload, RoutingCorrected)]
+    assert (str(corrected.turn_id), corrected.specialist) == (ids["turn_id"], "coding")
+    received = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
+    assert [str(r.regenerates) for r in received] == ["None", ids["turn_id"], ids["turn_id"]]
+    assert [
+        again.json()["macaron"]["turn_id"],
+        rerouted.json()["macaron"]["turn_id"],
+    ] == [str(r.turn_id) for r in received[1:]]
