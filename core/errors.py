@@ -175,6 +175,12 @@ class BaseModelNotServed(MacaronError):
     code = "base_model_not_served"
 
 
+class ContextLengthExceeded(MacaronError):
+    """The turn's context (system prompt, history and message) is longer than the model takes."""
+
+    code = "context_length_exceeded"
+
+
 class EngineError(MacaronError):
     """The engine failed while generating this request; other requests keep being served."""
 

@@ -38,6 +38,7 @@ STATUS: dict[type[errors.MacaronError], int] = {
     errors.Forbidden: 403,
     errors.InvalidFrame: 400,
     errors.PayloadTooLarge: 413,
+    errors.ContextLengthExceeded: 400,
     errors.ConversationNotFound: 404,
     errors.TurnNotFound: 404,
     errors.UnknownSpecialist: 404,

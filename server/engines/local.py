@@ -22,6 +22,7 @@ from core.engine import ADAPTER_NAME, GenerationChunk, GenerationRequest, Output
 from core.errors import (
     AdapterCapacityExceeded,
     AdapterInvalid,
+    ContextLengthExceeded,
     EngineOverloaded,
     EngineUnavailable,
     ModelUnavailable,
@@ -172,6 +173,12 @@ class LocalEngine:
     def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
         return chat_prompt_ids(self.tokenizer, messages)
 
+    @property
+    def max_prompt_tokens(self) -> int:
+        """The longest prompt served: the engine's limit, within the model's positions."""
+        positions = getattr(self.model.config, "max_position_embeddings", None) or 2**31
+        return min(self.limits.max_prompt_tokens, int(positions))
+
     def _checked_prompt(self, request: GenerationRequest) -> list[int]:
         """The prompt's token ids, within the prompt limit and the model's vocabulary."""
         prompt = (
@@ -179,8 +186,13 @@ class LocalEngine:
             if isinstance(request.prompt, tuple)
             else self.encode(request.prompt)
         )
-        if not prompt or len(prompt) > self.limits.max_prompt_tokens:
-            raise ValueError(f"prompt must be 1 to {self.limits.max_prompt_tokens} tokens")
+        if not prompt:
+            raise ValueError("the prompt must hold at least one token")
+        if len(prompt) > self.max_prompt_tokens:
+            raise ContextLengthExceeded(
+                f"the context is {len(prompt)} tokens; this model takes at most "
+                f"{self.max_prompt_tokens}: send a shorter message or fewer earlier ones"
+            )
         vocab = self.model.config.vocab_size
         if any(not 0 <= t < vocab for t in prompt):
             raise ValueError(f"prompt token ids must be in [0, {vocab})")

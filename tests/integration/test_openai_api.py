@@ -19,7 +19,7 @@ from core.events import (
 )
 from infra.local_stack import LocalStack
 from server.router import RouterService
-from tests.serving import Running, serving
+from tests.serving import Running, frames_until, send, serving
 
 
 @pytest.fixture(scope="module")
@@ -166,3 +166,33 @@ def test_feedback_and_reroute_over_http_teach_as_the_websocket_does(served: Runn
         again.json()["macaron"]["turn_id"],
         rerouted.json()["macaron"]["turn_id"],
     ] == [str(r.turn_id) for r in received[1:]]
+
+
+def test_a_context_longer_than_the_model_takes_is_a_typed_400_and_closes_the_turn(
+    served: Running,
+) -> None:
+    """A 15,000-character message (the protocol allows 16,000) is more tokens than the model
+    takes: 400 ``context_length_exceeded`` over HTTP and an error frame over the WebSocket;
+    each turn is closed in the log by a response of finish ``error``, nothing left open."""
+    long = ("ab1 " * 3750)[:15_000]
+    key = served.key("oa-long")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client(served, key).chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": long}]
+        )
+    assert refused.value.code == "context_length_exceeded"
+    with served.connect(key) as ws:
+        frames_until(ws, "ready")
+        send(ws, type="user_turn", client_msg_id="long", content=long, specialist_hint="chat")
+        error = frames_until(ws, "error")[-1]
+    assert error["code"] == "context_length_exceeded" and not error["retryable"]
+    received = [
+        e
+        for e in served.events()
+        if isinstance(e.payload, TurnReceived) and e.payload.content == long
+    ]
+    assert len(received) == 2
+    for turn in received:
+        events = served.events(turn.envelope.key)
+        [responded] = [e.payload for e in events if isinstance(e.payload, ModelResponded)]
+        assert responded.finish_reason == "error"
