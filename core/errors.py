@@ -205,6 +205,13 @@ class InvalidFrame(MacaronError):
     code = "invalid_frame"
 
 
+class UnsupportedParameter(InvalidFrame):
+    """A request parameter this server does not apply, named in the message (refused rather
+    than silently ignored)."""
+
+    code = "unsupported_parameter"
+
+
 class PayloadTooLarge(InvalidFrame):
     """An HTTP body over the server's limit (it is not read further)."""
 

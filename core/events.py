@@ -246,14 +246,28 @@ class HarnessStamp(BaseModel):
     hcp_version: str = Field(min_length=1, max_length=100)
 
 
+class RequestedSampling(BaseModel):
+    """How a client asked a turn to be sampled (the OpenAI API's parameters), over the
+    specialist's harness settings; the server's ``max_new_tokens`` stays a cap."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    max_tokens: int | None = Field(default=None, ge=1, le=8192)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    seed: int | None = Field(default=None, ge=0, le=2**62)
+    stop: tuple[str, ...] = Field(default=(), max_length=4)
+
+
 class TurnReceived(EventPayload):
     """v2 renamed ``text`` to ``content`` and added ``client_msg_id`` and ``specialist_hint``;
     v3 added the serving release, the harness stamp (``None`` on turns upcast from before the
     harness existed) and ``input_kind`` (a typed message, or a GenUI ``ui_event``); v4 added
-    ``regenerates``, the turn this one answers again (the user asked to regenerate it)."""
+    ``regenerates``, the turn this one answers again (the user asked to regenerate it); v5
+    added ``sampling``, what the client asked of the sampling (``None``: the harness's)."""
 
     event_type = "TurnReceived"
-    schema_version = 4
+    schema_version = 5
     conversation_id: UUID
     turn_id: UUID
     client_msg_id: str = Field(min_length=1, max_length=200)
@@ -263,6 +277,7 @@ class TurnReceived(EventPayload):
     release_id: str | None
     harness: HarnessStamp | None
     regenerates: UUID | None = None
+    sampling: RequestedSampling | None = None
 
 
 class RouterDecided(EventPayload):
@@ -544,6 +559,13 @@ def _turn_received_v2(payload: dict[str, Any]) -> dict[str, Any]:
 def _turn_received_v3(payload: dict[str, Any]) -> dict[str, Any]:
     """v3 turns were never regenerations (regenerating was not recorded as a link)."""
     payload.setdefault("regenerates", None)
+    return payload
+
+
+@UPCASTERS.register("TurnReceived", 4)
+def _turn_received_v4(payload: dict[str, Any]) -> dict[str, Any]:
+    """v4 turns were sampled as their harness said."""
+    payload.setdefault("sampling", None)
     return payload
 
 

@@ -26,7 +26,7 @@ from infra.telemetry import metrics_exposition
 from server import admin, feedback_api
 from server.chat import ChatService
 from server.gate import Gate
-from server.openai_api import chat_completions, models
+from server.openai_api import chat_completions, model, models
 from server.promotion import PromotionListener
 from server.turns.transcript import transcript
 from server.ws import ChatConnection
@@ -135,6 +135,7 @@ def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> St
             WebSocketRoute("/v1/ws", websocket_chat),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models),
+            Route("/v1/models/{model_id}", model),
             Route("/metrics", metrics),
             Route("/v1/conversations/{conversation_id}", conversation),
             Route(

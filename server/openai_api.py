@@ -13,10 +13,9 @@ import json
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager
-from typing import Any, Literal
+from typing import Any
 
 from opentelemetry.trace import Span
-from pydantic import BaseModel, ConfigDict, Field, StrictBool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
@@ -29,33 +28,10 @@ from server import protocol as wire
 from server.bodies import read_json
 from server.chat import ChatService
 from server.gate import Gate
-from server.protocol import MAX_CONTENT_CHARS, Text
+from server.openai_request import ChatCompletionRequest
 from server.turns.request import TurnOutcome, TurnRequest
 
 AUTO = "auto"
-
-
-class ChatCompletionMessage(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    role: Literal["system", "user", "assistant"]
-    content: Text = Field(max_length=MAX_CONTENT_CHARS)
-
-
-class StreamOptions(BaseModel):
-    include_usage: StrictBool = False
-
-
-class ChatCompletionRequest(BaseModel):
-    """The fields we honour; other OpenAI parameters are refused, not silently ignored."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    model: str = Field(min_length=1, max_length=100)
-    messages: list[ChatCompletionMessage] = Field(min_length=1, max_length=200)
-    stream: StrictBool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = Field(default=None, max_length=200)
 
 
 async def principal_of(request: Request, gate: Gate) -> Principal:
@@ -64,7 +40,7 @@ async def principal_of(request: Request, gate: Gate) -> Principal:
 
 def _turn_request(body: ChatCompletionRequest, service: ChatService) -> TurnRequest:
     *earlier, last = body.messages
-    if last.role != "user" or not last.content:
+    if last.role != "user" or not last.text:
         raise InvalidFrame("messages must end with a non-empty user message")
     hint = None
     if body.model != AUTO:
@@ -73,9 +49,10 @@ def _turn_request(body: ChatCompletionRequest, service: ChatService) -> TurnRequ
         hint = body.model
     return TurnRequest(
         client_msg_id=f"openai-{uuid7()}",
-        content=last.content,
+        content=last.text,
         specialist_hint=hint,
-        history=tuple(ChatMessage(role=m.role, content=m.content) for m in earlier),
+        history=tuple(ChatMessage(role=m.chat_role, content=m.text) for m in earlier),
+        sampling=body.sampling(),
     )
 
 
@@ -220,11 +197,25 @@ def _event(base: dict[str, Any], delta: dict[str, str], finish: str | None) -> s
 
 
 async def models(request: Request) -> Response:
-    service: ChatService = request.app.state.chat
+    """``GET /v1/models``: ``auto`` and each specialist the active release serves."""
     await principal_of(request, request.app.state.gate)
+    return JSONResponse({"object": "list", "data": _models(request.app.state.chat)})
+
+
+async def model(request: Request) -> Response:
+    """``GET /v1/models/{id}``: one of them."""
+    await principal_of(request, request.app.state.gate)
+    wanted = request.path_params["model_id"]
+    for found in _models(request.app.state.chat):
+        if found["id"] == wanted:
+            return JSONResponse(found)
+    raise UnknownSpecialist(f"no model {wanted!r}: use auto or a specialist name")
+
+
+def _models(service: ChatService) -> list[dict[str, Any]]:
     release = service.release
     created = int(time.time())
-    data = [
+    data: list[dict[str, Any]] = [
         {
             "id": AUTO,
             "object": "model",
@@ -245,4 +236,4 @@ async def models(request: Request) -> Response:
         }
         for name, adapter in sorted(release.adapters.items())
     ]
-    return JSONResponse({"object": "list", "data": data})
+    return data

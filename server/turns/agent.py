@@ -9,8 +9,8 @@ from collections.abc import Callable
 from datetime import datetime
 
 from core.conversation import Conversation
-from core.engine import Engine
-from core.events import ChatMessage, HarnessActionExecuted, HarnessStamp
+from core.engine import Engine, SamplingParams
+from core.events import ChatMessage, HarnessActionExecuted, HarnessStamp, RequestedSampling
 from core.harness.actions import MAX_ACTIONS_PER_TURN, ToolCall, execute
 from core.harness.artifact import Decoding, HarnessSpec
 from core.harness.genui import parse_genui_output
@@ -45,16 +45,19 @@ class AgentLoop:
         adapter: AdapterRef,
         harness: HarnessSpec,
         specialist: str,
+        requested: RequestedSampling | None,
         outcome: TurnOutcome,
         sink: Sink,
         cancel: asyncio.Event,
         receipt: asyncio.Task[None],
     ) -> None:
         """Fill ``outcome`` with the turn's answer, each step sampled as ``harness`` says for
-        ``specialist`` and decoded under the grammar it enforces, if any. Actions wait for
-        ``receipt`` (the turn's first events), so the log's order is the turn's order."""
+        ``specialist`` (or as the client ``requested``) and decoded under the grammar it
+        enforces, if any. Actions wait for ``receipt`` (the turn's first events), so the log's
+        order is the turn's order."""
         scratch: list[ChatMessage] = []
-        sampling = _sampling(harness.for_specialist(specialist).decoding, self._limits())
+        decoding = harness.for_specialist(specialist).decoding
+        sampling = _sampling(decoding, requested or RequestedSampling(), self._limits())
         for step in range(MAX_ACTIONS_PER_TURN + 1):
             step_context = context.model_copy(update={"scratch": tuple(scratch)})
             text = await generate(
@@ -123,8 +126,16 @@ class AgentLoop:
         return action
 
 
-def _sampling(decoding: Decoding, limits: ChatLimits) -> Decoding:
-    """The specialist's decoding settings, its answer length capped by the server's."""
-    return decoding.model_copy(
-        update={"max_new_tokens": min(decoding.max_new_tokens, limits.max_new_tokens)}
+def _sampling(
+    decoding: Decoding, requested: RequestedSampling, limits: ChatLimits
+) -> SamplingParams:
+    """The turn's sampling: what the client asked, else the specialist's harness settings; the
+    answer's length capped by the server's (the seed, if not asked, is the turn's)."""
+    temperature = decoding.temperature if requested.temperature is None else requested.temperature
+    return SamplingParams(
+        max_tokens=min(requested.max_tokens or decoding.max_new_tokens, limits.max_new_tokens),
+        temperature=temperature,
+        top_p=requested.top_p or decoding.top_p,
+        seed=requested.seed,
+        stop=requested.stop,
     )

@@ -20,7 +20,7 @@ from core.engine import (
     OutputConstraint,
     SamplingParams,
 )
-from core.harness.artifact import Decoding, OutputKind
+from core.harness.artifact import OutputKind
 from core.harness.hcp import HarnessContext, looks_structured, tool_call_of
 from core.release import AdapterRef
 from infra import observe
@@ -63,7 +63,7 @@ class _Timing:
 
 async def generate(
     engine: Engine,
-    decoding: Decoding,
+    sampling: SamplingParams,
     constraint: OutputConstraint | None,
     context: HarnessContext,
     adapter: AdapterRef,
@@ -73,18 +73,14 @@ async def generate(
     cancel: asyncio.Event,
 ) -> str:
     """Run step ``step`` of a turn under ``constraint`` (if any), streaming what hold-back
-    allows to ``sink``; returns the text. The sampling seed is the turn id and the step, so a
-    rerun of the turn samples alike."""
+    allows to ``sink``; returns the text. The sampling seed is the client's seed, else the turn
+    id, plus the step, so a rerun of the turn samples alike."""
+    seed = outcome.turn_id.int if sampling.seed is None else sampling.seed
     request = GenerationRequest(
         request_id=f"{outcome.turn_id}.{step}",
         prompt=engine.chat_prompt(context.messages()),
         adapter=adapter.name,
-        params=SamplingParams(
-            max_tokens=decoding.max_new_tokens,
-            temperature=decoding.temperature,
-            top_p=decoding.top_p,
-            seed=(outcome.turn_id.int + step) % 2**63,
-        ),
+        params=sampling.model_copy(update={"seed": (seed + step) % 2**63}),
         constraint=constraint,
     )
     holdback = HoldBack(context.grammars)

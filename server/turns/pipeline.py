@@ -25,6 +25,7 @@ from core.events import (
     EventPayload,
     GenUIRendered,
     ModelResponded,
+    RequestedSampling,
     TurnCompleted,
     TurnReceived,
 )
@@ -94,7 +95,7 @@ class TurnPipeline:
             conversation = Conversation(uuid7(), principal.tenant_id)
         else:
             conversation = await self._store.get(principal, request.conversation_id)
-        key = conversation.conversation_id
+        key, tenant = conversation.conversation_id, principal.tenant_id
         with self._store.answering(key), self._tracker.turn() as (release, harness):
             trace.get_current_span().set_attribute("macaron.conversation_id", str(key))
             opening: list[EventPayload] = []
@@ -114,10 +115,7 @@ class TurnPipeline:
             except MacaronError as exc:
                 observe.turns.add(1, {"outcome": exc.code})
                 _log.warning(
-                    "turn in conversation %s failed: %s (tenant %s)",
-                    key,
-                    exc.code,
-                    principal.tenant_id,
+                    "turn of conversation %s failed: %s (tenant %s)", key, exc.code, tenant
                 )
                 raise
         seconds = time.monotonic() - started
@@ -128,7 +126,7 @@ class TurnPipeline:
             outcome.turn_id,
             outcome.finish_reason,
             seconds * 1000,
-            principal.tenant_id,
+            tenant,
             key,
         )
         return outcome
@@ -181,7 +179,9 @@ class TurnPipeline:
             )
         )
         outcome = TurnOutcome(turn_id, conversation.conversation_id, "", "stop")
-        await self._answer(conversation, context, route, outcome, sink, cancel, receipt)
+        await self._answer(
+            conversation, context, route, request.sampling, outcome, sink, cancel, receipt
+        )
         await self._complete(conversation, route, outcome, sink, started)
         return outcome
 
@@ -207,6 +207,7 @@ class TurnPipeline:
         conversation: Conversation,
         context: HarnessContext,
         route: Route,
+        requested: RequestedSampling | None,
         outcome: TurnOutcome,
         sink: Sink,
         cancel: asyncio.Event,
@@ -221,6 +222,7 @@ class TurnPipeline:
                 route.adapter,
                 route.harness.spec,
                 route.specialist,
+                requested,
                 outcome,
                 sink,
                 cancel,
@@ -293,4 +295,5 @@ def _received(
         release_id=route.release.release_id,
         harness=route.harness.stamp,
         regenerates=request.regenerates,
+        sampling=request.sampling,
     )

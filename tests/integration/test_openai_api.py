@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -35,8 +36,21 @@ def served(
         yield running
 
 
+_OPEN: list[openai.OpenAI] = []
+
+
+@pytest.fixture(autouse=True)
+def _close_clients() -> Iterator[None]:
+    """Each test's clients are closed after it (an open pooled socket would be a warning)."""
+    yield
+    while _OPEN:
+        _OPEN.pop().close()
+
+
 def client(served: Running, key: str) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{served.http}/v1", api_key=key, max_retries=0)
+    made = openai.OpenAI(base_url=f"{served.http}/v1", api_key=key, max_retries=0)
+    _OPEN.append(made)
+    return made
 
 
 def test_models_lists_the_specialists_with_their_adapter_versions(served: Running) -> None:
@@ -196,3 +210,84 @@ def test_a_context_longer_than_the_model_takes_is_a_typed_400_and_closes_the_tur
         events = served.events(turn.envelope.key)
         [responded] = [e.payload for e in events if isinstance(e.payload, ModelResponded)]
         assert responded.finish_reason == "error"
+
+
+def test_the_sampling_parameters_clients_send_are_applied_and_recorded(served: Running) -> None:
+    """``max_tokens``/``max_completion_tokens``, ``temperature``, ``top_p``, ``seed`` and ``stop``
+    reach the engine and the turn's ``TurnReceived.sampling``; content may come as text parts
+    and ``developer`` is a system message; a parameter not applied is refused by name."""
+    oa = client(served, served.key("oa-params"))
+    asked: dict[str, Any] = {"temperature": 0.9, "top_p": 0.95, "seed": 7, "stop": "zq"}
+    same = [
+        oa.chat.completions.create(
+            model="chat",
+            messages=[
+                {"role": "developer", "content": "Be brief."},
+                {
+                    "role": "user",
+                    "content": [{"type": "text", "text": "say "}, {"type": "text", "text": "hi"}],
+                },
+            ],
+            max_tokens=6,
+            **asked,
+        )
+        for _ in range(2)
+    ]
+    assert same[0].choices[0].message.content == same[1].choices[0].message.content  # one seed
+    assert same[0].usage is not None and same[0].usage.completion_tokens <= 6
+    ids = (same[0].model_extra or {})["macaron"]
+    events = served.events(ids["conversation_id"])
+    [started] = [e.payload for e in events if isinstance(e.payload, ConversationStarted)]
+    assert [(m.role, m.content) for m in started.history] == [("system", "Be brief.")]
+    [received] = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
+    assert received.content == "say hi"
+    assert received.sampling is not None
+    assert received.sampling.model_dump() == {
+        "max_tokens": 6,
+        "temperature": 0.9,
+        "top_p": 0.95,
+        "seed": 7,
+        "stop": ("zq",),
+    }
+    short = oa.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=2
+    )
+    assert short.usage is not None and short.usage.completion_tokens <= 2
+    plain = oa.chat.completions.create(model="chat", messages=[{"role": "user", "content": "hi"}])
+    plain_ids = (plain.model_extra or {})["macaron"]
+    [default] = [
+        e.payload
+        for e in served.events(plain_ids["conversation_id"])
+        if isinstance(e.payload, TurnReceived)
+    ]
+    assert default.sampling is None  # the harness's settings
+    refusals: list[tuple[dict[str, Any], str]] = [
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"n": 2}, "n"),
+        ({"logprobs": True}, "logprobs"),
+    ]
+    for refused, name in refusals:
+        with pytest.raises(openai.BadRequestError) as caught:
+            oa.chat.completions.create(
+                model="chat", messages=[{"role": "user", "content": "hi"}], **refused
+            )
+        assert caught.value.code == "unsupported_parameter" and name in str(caught.value)
+    accepted = oa.chat.completions.create(
+        model="chat", messages=[{"role": "user", "content": "hi"}], n=1, presence_penalty=0
+    )
+    assert accepted.choices[0].finish_reason in {"stop", "length"}
+    with pytest.raises(openai.BadRequestError) as caught:
+        oa.chat.completions.create(
+            model="chat", messages=[{"role": "user", "content": "hi"}], stop=["a"] * 5
+        )
+    assert caught.value.code == "invalid_frame"
+
+
+def test_one_model_is_retrieved_by_id(served: Running) -> None:
+    oa = client(served, served.key("oa-model"))
+    coding = oa.models.retrieve("coding")
+    assert coding.id == "coding" and (coding.model_extra or {})["adapter_version"] == "coding@0"
+    assert oa.models.retrieve("auto").id == "auto"
+    with pytest.raises(openai.NotFoundError) as caught:
+        oa.models.retrieve("poetry")
+    assert caught.value.code == "unknown_specialist"

@@ -137,7 +137,7 @@ def test_upcaster_registry() -> None:
         registry.register("Thing", 1)(v1)
 
 
-def test_turn_received_v1_is_upcast_to_v4() -> None:
+def test_turn_received_v1_is_upcast_to_v5() -> None:
     turn_id = uuid.uuid4()
     stored = Envelope.validate(
         raw_envelope(
@@ -155,7 +155,7 @@ def test_turn_received_v1_is_upcast_to_v4() -> None:
         None,
     )
     assert (payload.input_kind, payload.release_id, payload.harness) == ("text", None, None)
-    assert payload.regenerates is None
+    assert payload.regenerates is None and payload.sampling is None
     assert stored.payload["text"] == "hi"  # decoding never changes the stored envelope
 
 
