@@ -246,9 +246,11 @@ class HarnessStamp(BaseModel):
     hcp_version: str = Field(min_length=1, max_length=100)
 
 
-class RequestedSampling(BaseModel):
-    """How a client asked a turn to be sampled (the OpenAI API's parameters), over the
-    specialist's harness settings; the server's ``max_new_tokens`` stays a cap."""
+class RequestedDecoding(BaseModel):
+    """How a client asked a turn to be decoded (the OpenAI API's parameters), over the
+    specialist's harness settings; the server's ``max_new_tokens`` stays a cap. ``json``: any
+    JSON value; ``json_schema``: a JSON value valid against ``json_schema`` (each enforced
+    token by token, in place of the harness's grammar)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -257,6 +259,14 @@ class RequestedSampling(BaseModel):
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     seed: int | None = Field(default=None, ge=0, le=2**62)
     stop: tuple[str, ...] = Field(default=(), max_length=4)
+    output: Literal["json", "json_schema"] | None = None
+    json_schema: dict[str, JsonValue] | None = None
+
+    @model_validator(mode="after")
+    def _schema_for_its_output(self) -> RequestedDecoding:
+        if (self.output == "json_schema") != (self.json_schema is not None):
+            raise ValueError("json_schema is required for output json_schema, and only for it")
+        return self
 
 
 class TurnReceived(EventPayload):
@@ -264,7 +274,7 @@ class TurnReceived(EventPayload):
     v3 added the serving release, the harness stamp (``None`` on turns upcast from before the
     harness existed) and ``input_kind`` (a typed message, or a GenUI ``ui_event``); v4 added
     ``regenerates``, the turn this one answers again (the user asked to regenerate it); v5
-    added ``sampling``, what the client asked of the sampling (``None``: the harness's)."""
+    added ``decoding``, what the client asked of the decoding (``None``: the harness's)."""
 
     event_type = "TurnReceived"
     schema_version = 5
@@ -277,7 +287,7 @@ class TurnReceived(EventPayload):
     release_id: str | None
     harness: HarnessStamp | None
     regenerates: UUID | None = None
-    sampling: RequestedSampling | None = None
+    decoding: RequestedDecoding | None = None
 
 
 class RouterDecided(EventPayload):
@@ -565,7 +575,7 @@ def _turn_received_v3(payload: dict[str, Any]) -> dict[str, Any]:
 @UPCASTERS.register("TurnReceived", 4)
 def _turn_received_v4(payload: dict[str, Any]) -> dict[str, Any]:
     """v4 turns were sampled as their harness said."""
-    payload.setdefault("sampling", None)
+    payload.setdefault("decoding", None)
     return payload
 
 

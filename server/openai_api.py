@@ -52,7 +52,7 @@ def _turn_request(body: ChatCompletionRequest, service: ChatService) -> TurnRequ
         content=last.text,
         specialist_hint=hint,
         history=tuple(ChatMessage(role=m.chat_role, content=m.text) for m in earlier),
-        sampling=body.sampling(),
+        decoding=body.decoding(),
     )
 
 

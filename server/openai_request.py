@@ -3,12 +3,12 @@ applies, and a typed refusal (``unsupported_parameter``, naming it) for those it
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, model_validator
 
 from core.errors import InvalidFrame, UnsupportedParameter
-from core.events import RequestedSampling
+from core.events import RequestedDecoding
 from server.protocol import MAX_CONTENT_CHARS, Text
 
 
@@ -43,6 +43,26 @@ class ChatCompletionMessage(BaseModel):
     @property
     def chat_role(self) -> Literal["system", "user", "assistant"]:
         return "system" if self.role == "developer" else self.role
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = Field(default=None, max_length=2000)
+    schema_: dict[str, JsonValue] = Field(alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """``text`` (the harness decides), ``json_object`` (a JSON value; the API says an
+    object) or ``json_schema`` (a value valid against the schema, which must be
+    bounded: see ``core.harness.grammars.unbounded_paths``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class StreamOptions(BaseModel):
@@ -83,8 +103,9 @@ class ChatCompletionRequest(BaseModel):
     logprobs: StrictBool | None = None
     top_logprobs: int | None = None
     n: int | None = None
+    response_format: ResponseFormat | None = None
 
-    def sampling(self) -> RequestedSampling | None:
+    def decoding(self) -> RequestedDecoding | None:
         """What the request asks of the sampling (``None``: nothing), refusing by name what
         this server does not apply."""
         for name, neutral in NEUTRAL.items():
@@ -96,11 +117,22 @@ class ChatCompletionRequest(BaseModel):
         stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
         if len(stop) > 4 or any(not s for s in stop):
             raise InvalidFrame("stop is up to 4 non-empty strings")
-        asked = RequestedSampling(
+        asked = RequestedDecoding(
             max_tokens=self.max_completion_tokens or self.max_tokens,
             temperature=self.temperature,
             top_p=self.top_p,
             seed=self.seed,
             stop=stop,
+            **self._output(),
         )
-        return None if asked == RequestedSampling() else asked
+        return None if asked == RequestedDecoding() else asked
+
+    def _output(self) -> dict[str, Any]:
+        wanted = self.response_format
+        if wanted is None or wanted.type == "text":
+            return {}
+        if wanted.type == "json_object":
+            return {"output": "json"}
+        if wanted.json_schema is None:
+            raise InvalidFrame("response_format of type json_schema needs json_schema")
+        return {"output": "json_schema", "json_schema": wanted.json_schema.schema_}

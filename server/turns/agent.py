@@ -9,8 +9,8 @@ from collections.abc import Callable
 from datetime import datetime
 
 from core.conversation import Conversation
-from core.engine import Engine, SamplingParams
-from core.events import ChatMessage, HarnessActionExecuted, HarnessStamp, RequestedSampling
+from core.engine import Engine, OutputConstraint, SamplingParams
+from core.events import ChatMessage, HarnessActionExecuted, HarnessStamp, RequestedDecoding
 from core.harness.actions import MAX_ACTIONS_PER_TURN, ToolCall, execute
 from core.harness.artifact import Decoding, HarnessSpec
 from core.harness.genui import parse_genui_output
@@ -45,7 +45,7 @@ class AgentLoop:
         adapter: AdapterRef,
         harness: HarnessSpec,
         specialist: str,
-        requested: RequestedSampling | None,
+        requested: RequestedDecoding | None,
         outcome: TurnOutcome,
         sink: Sink,
         cancel: asyncio.Event,
@@ -56,14 +56,15 @@ class AgentLoop:
         enforces, if any. Actions wait for ``receipt`` (the turn's first events), so the log's
         order is the turn's order."""
         scratch: list[ChatMessage] = []
-        decoding = harness.for_specialist(specialist).decoding
-        sampling = _sampling(decoding, requested or RequestedSampling(), self._limits())
+        asked = requested or RequestedDecoding()
+        sampling = _sampling(harness.for_specialist(specialist).decoding, asked, self._limits())
+        client = _client_constraint(asked)  # the client's format: no tool runs, no GenUI
         for step in range(MAX_ACTIONS_PER_TURN + 1):
             step_context = context.model_copy(update={"scratch": tuple(scratch)})
             text = await generate(
                 self.engine,
                 sampling,
-                output_constraint(harness, specialist, first_step=step == 0),
+                client or output_constraint(harness, specialist, first_step=step == 0),
                 step_context,
                 adapter,
                 outcome,
@@ -71,7 +72,8 @@ class AgentLoop:
                 sink,
                 cancel,
             )
-            call = tool_call_of(text) if "tool_call" in context.grammars else None
+            acts = client is None and "tool_call" in context.grammars
+            call = tool_call_of(text) if acts else None
             if call is None or outcome.finish_reason == "cancelled":
                 break
             if step == MAX_ACTIONS_PER_TURN:
@@ -84,7 +86,7 @@ class AgentLoop:
             scratch.append(ChatMessage(role="assistant", content=text.strip()))
             scratch.append(ChatMessage(role="user", content=f"Tool result: {result}"))
         outcome.text = text
-        if "genui" in context.grammars and outcome.finish_reason != "cancelled":
+        if client is None and "genui" in context.grammars and outcome.finish_reason != "cancelled":
             outcome.genui = parse_genui_output(text)
 
     async def _act(
@@ -126,8 +128,15 @@ class AgentLoop:
         return action
 
 
+def _client_constraint(asked: RequestedDecoding) -> OutputConstraint | None:
+    """The output format the client asked for, enforced while decoding (``None``: none)."""
+    if asked.output is None:
+        return None
+    return OutputConstraint(kind=asked.output, json_schema=asked.json_schema)
+
+
 def _sampling(
-    decoding: Decoding, requested: RequestedSampling, limits: ChatLimits
+    decoding: Decoding, requested: RequestedDecoding, limits: ChatLimits
 ) -> SamplingParams:
     """The turn's sampling: what the client asked, else the specialist's harness settings; the
     answer's length capped by the server's (the seed, if not asked, is the turn's)."""

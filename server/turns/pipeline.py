@@ -25,7 +25,7 @@ from core.events import (
     EventPayload,
     GenUIRendered,
     ModelResponded,
-    RequestedSampling,
+    RequestedDecoding,
     TurnCompleted,
     TurnReceived,
 )
@@ -180,7 +180,7 @@ class TurnPipeline:
         )
         outcome = TurnOutcome(turn_id, conversation.conversation_id, "", "stop")
         await self._answer(
-            conversation, context, route, request.sampling, outcome, sink, cancel, receipt
+            conversation, context, route, request.decoding, outcome, sink, cancel, receipt
         )
         await self._complete(conversation, route, outcome, sink, started)
         return outcome
@@ -207,7 +207,7 @@ class TurnPipeline:
         conversation: Conversation,
         context: HarnessContext,
         route: Route,
-        requested: RequestedSampling | None,
+        requested: RequestedDecoding | None,
         outcome: TurnOutcome,
         sink: Sink,
         cancel: asyncio.Event,
@@ -295,5 +295,5 @@ def _received(
         release_id=route.release.release_id,
         harness=route.harness.stamp,
         regenerates=request.regenerates,
-        sampling=request.sampling,
+        decoding=request.decoding,
     )

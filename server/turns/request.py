@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from uuid import UUID
 
-from core.events import ChatMessage, HarnessActionExecuted, RequestedSampling
+from core.events import ChatMessage, HarnessActionExecuted, RequestedDecoding
 from core.harness.genui import GenUIResult, text_fallback
 from core.routing import RouterDecision
 from server import protocol as wire
@@ -55,8 +55,8 @@ class TurnRequest:
     """Earlier messages for a new conversation (the OpenAI API brings them)."""
     regenerates: UUID | None = None
     """The turn this one answers again (a ``regenerate``)."""
-    sampling: RequestedSampling | None = None
-    """What the client asked of the sampling (the OpenAI API's parameters)."""
+    decoding: RequestedDecoding | None = None
+    """What the client asked of the decoding (the OpenAI API's parameters)."""
 
 
 @dataclass

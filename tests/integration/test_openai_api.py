@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 from core.events import (
     ConversationStarted,
     FeedbackGiven,
+    HarnessActionExecuted,
     ModelResponded,
     RoutingCorrected,
     TurnReceived,
@@ -214,7 +216,7 @@ def test_a_context_longer_than_the_model_takes_is_a_typed_400_and_closes_the_tur
 
 def test_the_sampling_parameters_clients_send_are_applied_and_recorded(served: Running) -> None:
     """``max_tokens``/``max_completion_tokens``, ``temperature``, ``top_p``, ``seed`` and ``stop``
-    reach the engine and the turn's ``TurnReceived.sampling``; content may come as text parts
+    reach the engine and the turn's ``TurnReceived.decoding``; content may come as text parts
     and ``developer`` is a system message; a parameter not applied is refused by name."""
     oa = client(served, served.key("oa-params"))
     asked: dict[str, Any] = {"temperature": 0.9, "top_p": 0.95, "seed": 7, "stop": "zq"}
@@ -241,13 +243,15 @@ def test_the_sampling_parameters_clients_send_are_applied_and_recorded(served: R
     assert [(m.role, m.content) for m in started.history] == [("system", "Be brief.")]
     [received] = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
     assert received.content == "say hi"
-    assert received.sampling is not None
-    assert received.sampling.model_dump() == {
+    assert received.decoding is not None
+    assert received.decoding.model_dump() == {
         "max_tokens": 6,
         "temperature": 0.9,
         "top_p": 0.95,
         "seed": 7,
         "stop": ("zq",),
+        "output": None,
+        "json_schema": None,
     }
     short = oa.chat.completions.create(
         model="chat", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=2
@@ -260,7 +264,7 @@ def test_the_sampling_parameters_clients_send_are_applied_and_recorded(served: R
         for e in served.events(plain_ids["conversation_id"])
         if isinstance(e.payload, TurnReceived)
     ]
-    assert default.sampling is None  # the harness's settings
+    assert default.decoding is None  # the harness's settings
     refusals: list[tuple[dict[str, Any], str]] = [
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"n": 2}, "n"),
@@ -291,3 +295,57 @@ def test_one_model_is_retrieved_by_id(served: Running) -> None:
     with pytest.raises(openai.NotFoundError) as caught:
         oa.models.retrieve("poetry")
     assert caught.value.code == "unknown_specialist"
+
+
+def test_response_format_constrains_the_answer_while_decoding(served: Running) -> None:
+    """``json_schema`` (a bounded schema): the random tiny model's answer is valid against it
+    by construction; ``json_object``: a JSON value; an unbounded schema is refused (422)."""
+    oa = client(served, served.key("oa-format"))
+    schema = {
+        "type": "object",
+        "properties": {"ok": {"type": "boolean"}},
+        "required": ["ok"],
+        "additionalProperties": False,
+    }
+    message: Any = [{"role": "user", "content": "are you ok?"}]
+    shaped = oa.chat.completions.create(
+        model="agent",  # a JSON answer in the client's format is not run as a tool call
+        messages=message,
+        max_tokens=32,
+        response_format=as_format(
+            {"type": "json_schema", "json_schema": {"name": "status", "schema": schema}}
+        ),
+    )
+    answer = json.loads(shaped.choices[0].message.content or "")
+    assert set(answer) == {"ok"} and isinstance(answer["ok"], bool)
+    ids = (shaped.model_extra or {})["macaron"]
+    events = served.events(ids["conversation_id"])
+    [received] = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
+    assert received.decoding is not None and received.decoding.json_schema == schema
+    assert not [e for e in events if isinstance(e.payload, HarnessActionExecuted)]
+    anything = oa.chat.completions.create(
+        model="chat",
+        messages=message,
+        max_tokens=64,
+        response_format=as_format({"type": "json_object"}),
+    )
+    text = anything.choices[0].message.content or ""
+    if anything.choices[0].finish_reason == "stop":
+        json.loads(text)  # complete: valid JSON
+    else:
+        assert text[:1] in set('{["-0123456789tfn')  # cut at max_tokens inside a JSON value
+    loose = {"type": "object", "properties": {"note": {"type": "string"}}}
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        oa.chat.completions.create(
+            model="chat",
+            messages=message,
+            response_format=as_format(
+                {"type": "json_schema", "json_schema": {"name": "x", "schema": loose}}
+            ),
+        )
+    assert caught.value.code == "grammar_unbounded"
+
+
+def as_format(value: dict[str, Any]) -> Any:
+    """A ``response_format`` as the client sends it (the SDK's typed dicts, untyped here)."""
+    return value

@@ -155,7 +155,7 @@ def test_turn_received_v1_is_upcast_to_v5() -> None:
         None,
     )
     assert (payload.input_kind, payload.release_id, payload.harness) == ("text", None, None)
-    assert payload.regenerates is None and payload.sampling is None
+    assert payload.regenerates is None and payload.decoding is None
     assert stored.payload["text"] == "hi"  # decoding never changes the stored envelope
 
 
