@@ -350,6 +350,15 @@ class FeedbackGiven(EventPayload):
     edited_text: str | None = None
 
 
+class TenantTrainingSet(EventPayload):
+    """Whether a tenant's traffic may teach (the envelope's tenant): from this event on, the
+    experience builder derives no training or routing record from a tenant set to ``False``.
+    Tenants teach until they are set otherwise."""
+
+    event_type = "TenantTrainingSet"
+    training: bool
+
+
 class RoutingCorrected(EventPayload):
     """A user saying which specialist should have answered a completed turn (a ``reroute``;
     the turn is then answered again by that specialist)."""
@@ -531,6 +540,7 @@ CATALOGUE: dict[str, type[EventPayload]] = {
         TurnCompleted,
         FeedbackGiven,
         RoutingCorrected,
+        TenantTrainingSet,
         ExperienceRecorded,
         RoutingLabelled,
         RolloutSampled,

@@ -159,14 +159,24 @@ def _renewing(rt: Runtime, run_id: UUID, progress: Progress | None) -> Progress:
     return step
 
 
-def materialize(rt: Runtime, snapshot: dict[str, Any]) -> tuple[list[Any], list[Any]]:
-    """Replay the snapshot's log range: its records, and the older records of the same
-    specialist (against forgetting). The records must hash to the snapshot's hash, and as many
-    of them teach as it counted (live rewards are hashed, not counted: ``streams.trigger``)."""
+@dataclass(frozen=True)
+class Replayed:
+    """A snapshot's records, the specialist's older records (against forgetting), and how
+    many tenants the snapshot's records came from (lineage counts them, never shows them)."""
+
+    records: list[Any]
+    older: list[Any]
+    tenants: int
+
+
+def materialize(rt: Runtime, snapshot: dict[str, Any]) -> Replayed:
+    """Replay the snapshot's log range and the older records of the same specialist. The
+    records must hash to the snapshot's hash, and as many of them teach as it counted (live
+    rewards are hashed, not counted: ``streams.trigger``)."""
     [(part, start)] = snapshot["start_positions"].items()
     [(_, end)] = snapshot["end_positions"].items()
     partition = int(part)
-    records, older = [], []
+    records, older, tenants = [], [], set()
     running = EMPTY_CHAIN
     key = experience_key(snapshot["specialist"])
     for event in rt.log.read(key=key, types=["ExperienceRecorded"]):
@@ -176,6 +186,7 @@ def materialize(rt: Runtime, snapshot: dict[str, Any]) -> tuple[list[Any], list[
         offset = event.position.offset
         if event.position.partition == partition and start <= offset < end:
             records.append(payload)
+            tenants.add(event.envelope.tenant_id)
             running = chain_record(running, payload)
             _link_to(event.envelope.trace)
         elif offset < start:
@@ -183,7 +194,7 @@ def materialize(rt: Runtime, snapshot: dict[str, Any]) -> tuple[list[Any], list[
     teaching = sum(1 for r in records if r.kind != "trajectory")
     if running != snapshot["content_hash"] or teaching != snapshot["record_count"]:
         raise RunFailed(f"snapshot {snapshot['snapshot_id']} does not replay to its hash")
-    return records, older
+    return Replayed(records, older, len(tenants))
 
 
 def _link_to(headers: dict[str, str]) -> None:
@@ -200,8 +211,10 @@ def _train(
     parent: dict[str, Any],
     progress: Progress | None,
 ) -> str:
-    records, older = materialize(rt, snapshot)
-    examples = training_examples(records, older, f"{parent['specialist']}@{parent['version']}")
+    replayed = materialize(rt, snapshot)
+    examples = training_examples(
+        replayed.records, replayed.older, f"{parent['specialist']}@{parent['version']}"
+    )
     parent_dir = rt.store.verified_path(parent["sha256"], parent["path"])
     with tempfile.TemporaryDirectory() as scratch:
         result = train_successor_adapter(
@@ -223,6 +236,7 @@ def _train(
         "examples": float(result.examples),
         "pairs": float(result.pairs),
         "samples": float(result.samples),
+        "tenants": float(replayed.tenants),
     }
     adapter = _record_candidate(rt, run, parent, sha, str(stored), metrics)
     rt.log.append(
@@ -253,10 +267,9 @@ def _propose(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) -> str:
     with rt.pool.connection() as conn:
         parent = harness_by_name(conn, active_release(conn).harness_version)
         attempt = runs_with_recipe_prefix(conn, specialist, RECIPE_PREFIX)
-    records, _ = materialize(rt, snapshot)
     examples = [
         exemplar
-        for r in records
+        for r in materialize(rt, snapshot).records
         if r.kind == "sft"
         and (exemplar := exemplar_of(parent.spec, specialist, _asked(r.record), r.record["target"]))
     ]

@@ -17,6 +17,7 @@ records out):
   by the same specialist and answered differently: a preference pair in the first turn's
   context (the kept answer chosen, the regenerated one rejected);
 - rollouts: see ``streams.rollouts``.
+A tenant set not to teach (``TenantTrainingSet``) gives no record from then on.
 Ids are derived from the filter version, the turn and the feedback event, so a redelivery
 re-derives the same events. The join state lives in PostgreSQL (``infra.postgres.experience``).
 """
@@ -45,6 +46,7 @@ from core.events import (
     RolloutScored,
     RouterDecided,
     RoutingCorrected,
+    TenantTrainingSet,
     TurnCompleted,
     TurnReceived,
 )
@@ -69,6 +71,7 @@ class ExperienceBuilder:
         "experience_conversations",
         "experience_turns",
         "experience_rollouts",
+        "experience_tenants",
     )
 
     def handle(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
@@ -106,6 +109,8 @@ class ExperienceBuilder:
                 return self._derive(conn, event, p.turn_id)
             case FeedbackGiven() | RoutingCorrected():
                 return self._derive(conn, event, p.turn_id)
+            case TenantTrainingSet():
+                store.record_training(conn, env.tenant_id, p.training)
             case RolloutSampled():
                 rollouts.record_sampled(conn, event, p)
             case RolloutScored():
@@ -122,7 +127,7 @@ class ExperienceBuilder:
         except HarnessNotFound as exc:  # its context cannot be rebuilt: nothing to learn from
             _log.warning("turn %s gives no experience: %s", turn_id, exc.message)
             return []
-        if turn is None:
+        if turn is None or not store.teaches(conn, turn.tenant_id):
             return []
         return experience_from(turn, event, replaced) + routing_labels(turn, event, replaced)
 

@@ -116,6 +116,36 @@ def record_genui(conn: DictConnection, turn_id: UUID, valid: bool) -> None:
     )
 
 
+def record_training(conn: DictConnection, tenant_id: str, training: bool) -> None:
+    conn.execute(
+        "INSERT INTO experience_tenants VALUES (%s, %s) "
+        "ON CONFLICT (tenant_id) DO UPDATE SET training = EXCLUDED.training",
+        (tenant_id, training),
+    )
+
+
+def teaches(conn: DictConnection, tenant_id: str) -> bool:
+    """Whether the tenant's traffic may teach (it may, until it is set otherwise)."""
+    row = conn.execute(
+        "SELECT training FROM experience_tenants WHERE tenant_id = %s", (tenant_id,)
+    ).fetchone()
+    return True if row is None else bool(row["training"])
+
+
+def training_consent(conn: DictConnection) -> list[tuple[str, bool]]:
+    """Every tenant with a key, and whether its traffic teaches (as the builder has read it)."""
+    rows = conn.execute(
+        "SELECT t.tenant_id, COALESCE(e.training, true) AS training FROM tenants t "
+        "LEFT JOIN experience_tenants e USING (tenant_id) ORDER BY t.tenant_id"
+    ).fetchall()
+    return [(row["tenant_id"], bool(row["training"])) for row in rows]
+
+
+def tenant_exists(conn: DictConnection, tenant_id: str) -> bool:
+    row = conn.execute("SELECT 1 FROM tenants WHERE tenant_id = %s", (tenant_id,)).fetchone()
+    return row is not None
+
+
 def record_completion(conn: DictConnection, turn_id: UUID) -> None:
     conn.execute("UPDATE experience_turns SET completed = true WHERE turn_id = %s", (turn_id,))
 

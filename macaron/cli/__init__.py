@@ -14,7 +14,7 @@ from rich.text import Text
 
 from core.errors import ConfigError, MacaronError
 from core.settings import Settings
-from macaron.cli import harness, keys, learn, log, model, releases, serve, stack, streams
+from macaron.cli import harness, keys, learn, log, model, releases, serve, stack, streams, tenants
 from macaron.cli.common import err_console
 
 app = typer.Typer(
@@ -57,6 +57,7 @@ app.add_typer(stack.kafka_app, name="kafka")
 app.add_typer(log.log_app, name="log")
 app.add_typer(model.model_app, name="model")
 app.add_typer(keys.keys_app, name="keys")
+app.add_typer(tenants.tenants_app, name="tenants")
 app.add_typer(streams.streams_app, name="streams")
 app.add_typer(releases.contract_app, name="contract")
 app.add_typer(harness.harness_app, name="harness")

@@ -29,6 +29,7 @@ from server.engines.instant import InstantEngine
 from server.router import RouterService
 from streams.experience import ExperienceBuilder
 from streams.runner import catch_up
+from tests.factories import run_macaron
 from tests.serving import Running, frames_until, send, serving
 
 CARD = {
@@ -296,3 +297,46 @@ def test_a_reroute_answers_again_with_the_named_specialist_and_teaches_the_route
         (turn_id, "hello", "genui", "correction"),
         (again[0]["turn_id"], "hello", "genui", "kept"),
     ]
+
+
+def test_a_tenant_set_not_to_train_teaches_nothing_from_then_on(served: Running) -> None:
+    """``macaron tenants set T --training off`` records ``TenantTrainingSet``; the experience
+    builder derives no record and no routing label from T's later traffic, and others go on
+    teaching. An unknown tenant is a clear error and writes nothing."""
+    env = {
+        f"MACARON_{k.upper()}": str(v)
+        for k, v in served.settings.model_dump(exclude_none=True).items()
+    }
+    quiet, loud = served.key("quiet-tenant"), served.key("loud-tenant")
+    before = len(served.events("tenants"))
+    unknown = run_macaron("tenants", "set", "nobody", "--training", "off", **env)
+    assert unknown.returncode == 2 and "no tenant 'nobody'" in unknown.stderr
+    assert len(served.events("tenants")) == before
+    done = run_macaron("tenants", "set", "quiet-tenant", "--training", "off", **env)
+    assert done.returncode == 0, done.stderr
+    turns = {}
+    for name, key in [("quiet-tenant", quiet), ("loud-tenant", loud)]:
+        with served.connect(key) as ws:
+            frames_until(ws, "ready")
+            answered = turn(served, ws, "show me a card", "genui")
+            send(ws, type="feedback", turn_id=answered[0]["turn_id"], kind="up")
+            send(ws, type="ping")
+            frames_until(ws, "pong")
+        turns[name] = answered[0]["turn_id"]
+    hosts = wiring.processor_hosts(served.settings, served.server.log, served.server.pool)
+    [builder] = [h for h in hosts if isinstance(h.processor, ExperienceBuilder)]
+    catch_up(builder)
+    derived = [
+        e
+        for e in served.events()
+        if isinstance(e.payload, ExperienceRecorded | RoutingLabelled)
+        and str(e.payload.turn_id) in turns.values()
+    ]
+    assert {e.envelope.tenant_id for e in derived} == {"loud-tenant"}
+    assert {type(e.payload) for e in derived} == {ExperienceRecorded, RoutingLabelled}
+    listed = run_macaron("tenants", "list", **env)
+    assert listed.returncode == 0
+    rows = {
+        line.split()[1]: line.split()[3] for line in listed.stdout.splitlines() if "-tenant" in line
+    }
+    assert rows["quiet-tenant"] == "off" and rows["loud-tenant"] == "on"

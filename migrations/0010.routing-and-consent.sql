@@ -6,3 +6,9 @@ ALTER TABLE experience_turns ADD COLUMN specialist_hint TEXT;
 ALTER TABLE experience_turns ADD COLUMN input_kind TEXT NOT NULL DEFAULT 'text';
 -- Whether a GenUI turn's tree was valid (`GenUIRendered.valid`): a live reward of its answer.
 ALTER TABLE experience_turns ADD COLUMN genui_valid BOOLEAN;
+-- A tenant's training consent as the experience builder has read it (`TenantTrainingSet`): no
+-- row means the tenant teaches.
+CREATE TABLE experience_tenants (
+    tenant_id TEXT PRIMARY KEY,
+    training  BOOLEAN NOT NULL
+);

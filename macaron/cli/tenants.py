@@ -1,0 +1,73 @@
+"""Tenants' data controls: ``tenants set TENANT --training on|off``, ``tenants list``."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from core.errors import ConfigError
+from core.events import NewEvent, TenantTrainingSet
+from infra.postgres.experience import tenant_exists, training_consent
+from macaron import wiring
+from macaron.cli.common import console, settings
+
+TENANTS_KEY = "tenants"
+
+tenants_app = typer.Typer(
+    help="Tenants' data controls: whether their traffic trains the shared adapters and router "
+    "(on by default).",
+    no_args_is_help=True,
+)
+
+
+class Switch(StrEnum):
+    on = "on"
+    off = "off"
+
+
+@tenants_app.command("set")
+def tenants_set(
+    ctx: typer.Context,
+    tenant: Annotated[str, typer.Argument(help="A tenant with API keys.")],
+    training: Annotated[
+        Switch, typer.Option(help="on: its feedback and turns teach; off: from now on, nothing.")
+    ],
+) -> None:
+    """Record whether a tenant's traffic may teach (a ``TenantTrainingSet`` event: records
+    already derived stay; none is derived from the tenant's traffic while it is off)."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool:
+        with pool.connection() as conn:
+            if not tenant_exists(conn, tenant):
+                raise ConfigError(f"no tenant {tenant!r}: tenants come with their API keys")
+        log = wiring.event_log(cfg, pool)
+        try:
+            log.append(
+                [
+                    NewEvent(
+                        payload=TenantTrainingSet(training=training is Switch.on),
+                        tenant_id=tenant,
+                        key=TENANTS_KEY,
+                    )
+                ]
+            )
+        finally:
+            log.close()
+    console.print(f"tenant {tenant}: training {training.value}")
+
+
+@tenants_app.command("list")
+def tenants_list(ctx: typer.Context) -> None:
+    """Tenants and whether their traffic teaches (as the experience builder has read the log)."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool, pool.connection() as conn:
+        consent = training_consent(conn)
+    table = Table(title="tenants")
+    table.add_column("tenant")
+    table.add_column("training")
+    for tenant, teaches in consent:
+        table.add_row(tenant, "on" if teaches else "off")
+    console.print(table)
