@@ -21,6 +21,7 @@ from core.events import (
     GenUIRendered,
     HarnessActionExecuted,
     ModelResponded,
+    RequestedDecoding,
     RouterDecided,
     TurnCompleted,
     TurnReceived,
@@ -50,6 +51,8 @@ class Turn:
     feedback: list[FeedbackGiven] = field(default_factory=list)
     trace: dict[str, str] = field(default_factory=dict)
     """The trace context its receipt was written in: feedback on the turn continues it."""
+    decoding: RequestedDecoding | None = None
+    """What the client asked of its decoding: answering it again asks the same."""
 
     @property
     def answer(self) -> str | None:
@@ -107,7 +110,11 @@ class Conversation:
                 self.seed_history = list(payload.history)
             case TurnReceived():
                 self.turns[payload.turn_id] = Turn(
-                    payload.turn_id, payload.client_msg_id, payload.content, payload.input_kind
+                    payload.turn_id,
+                    payload.client_msg_id,
+                    payload.content,
+                    payload.input_kind,
+                    decoding=payload.decoding,
                 )
                 self.by_client_msg[payload.client_msg_id] = payload.turn_id
             case RouterDecided():

@@ -183,6 +183,8 @@ def materialize(rt: Runtime, snapshot: dict[str, Any]) -> Replayed:
         payload: Any = event.payload
         if payload.filter_version != FILTER_VERSION:
             continue
+        if payload.kind == "trajectory" and not snapshot["rewards_hashed"]:
+            continue  # a range begun before live rewards were hashed
         offset = event.position.offset
         if event.position.partition == partition and start <= offset < end:
             records.append(payload)
@@ -406,8 +408,8 @@ def training_examples(records: list[Any], older: list[Any], parent: str) -> Exam
                 answer=first_step(r.record["actions"], r.record["answer"]),
                 reward=r.record["reward"],
             )
-            for r in records
-            if r.kind == "trajectory" and r.record["adapter_version"] == parent
+            for r in _latest_per_turn(records)
+            if r.record["adapter_version"] == parent
         ],
         older=[
             SFTExample(messages=r.record["messages"], target=r.record["target"])
@@ -415,6 +417,13 @@ def training_examples(records: list[Any], older: list[Any], parent: str) -> Exam
             if r.kind == "sft"
         ],
     )
+
+
+def _latest_per_turn(records: list[Any]) -> list[Any]:
+    """The live rewards, one per turn: the latest (a user's thumbs-down after a valid GenUI
+    tree says more than the validity did)."""
+    latest = {r.turn_id: r for r in records if r.kind == "trajectory"}
+    return list(latest.values())
 
 
 def _record_candidate(

@@ -17,7 +17,8 @@ records out):
   by the same specialist and answered differently: a preference pair in the first turn's
   context (the kept answer chosen, the regenerated one rejected);
 - rollouts: see ``streams.rollouts``.
-A tenant set not to teach (``TenantTrainingSet``) gives no record from then on.
+A tenant set not to teach (``TenantTrainingSet``) gives no record from then on; a turn the client
+decoded its own way (``TurnReceived.decoding``) teaches routing only.
 Ids are derived from the filter version, the turn and the feedback event, so a redelivery
 re-derives the same events. The join state lives in PostgreSQL (``infra.postgres.experience``).
 """
@@ -94,6 +95,7 @@ class ExperienceBuilder:
                     regenerates=p.regenerates,
                     specialist_hint=p.specialist_hint,
                     input_kind=p.input_kind,
+                    client_decoding=p.decoding is not None,
                 )
             case RouterDecided():
                 store.record_route(conn, p.turn_id, p.specialist, p.adapter_version)
@@ -129,7 +131,10 @@ class ExperienceBuilder:
             return []
         if turn is None or not store.teaches(conn, turn.tenant_id):
             return []
-        return experience_from(turn, event, replaced) + routing_labels(turn, event, replaced)
+        labels = routing_labels(turn, event, replaced)
+        if turn.client_decoding:  # answered in the client's format: it teaches routing only
+            return labels
+        return experience_from(turn, event, replaced) + labels
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:
         return None

@@ -89,7 +89,10 @@ class TrainingTrigger:
 
 
 def counted(pending: PendingRecords, record: ExperienceRecorded) -> PendingRecords:
-    """``pending`` with one more record (counted toward the threshold unless a live reward)."""
+    """``pending`` with one more record (counted toward the threshold unless a live reward,
+    chained unless a live reward in a range begun before they were)."""
+    if record.kind == "trajectory" and not pending.rewards_hashed:
+        return pending
     return replace(
         pending,
         count=pending.count + (record.kind != "trajectory"),
@@ -120,6 +123,7 @@ def training_request(
         filter_version=FILTER_VERSION,
         content_hash=pending.running_hash,
         record_count=pending.count,
+        rewards_hashed=pending.rewards_hashed,
     )
     payload = TrainingRequested(
         run_id=run_id,

@@ -44,6 +44,8 @@ class JoinedTurn:
     a reroute named)."""
     input_kind: str = "text"
     genui_valid: bool | None = None
+    client_decoding: bool = False
+    """Whether the client asked for its own decoding (then the answer teaches no adapter)."""
     """Whether the GenUI tree the turn answered with was valid (``None``: not a GenUI turn)."""
 
 
@@ -68,11 +70,12 @@ def record_turn(
     regenerates: UUID | None = None,
     specialist_hint: str | None = None,
     input_kind: str = "text",
+    client_decoding: bool = False,
 ) -> None:
     conn.execute(
         "INSERT INTO experience_turns (turn_id, conversation_id, tenant_id, position, content, "
-        "harness_version, regenerates, specialist_hint, input_kind) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        "harness_version, regenerates, specialist_hint, input_kind, client_decoding) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
         (
             turn_id,
             conversation_id,
@@ -83,6 +86,7 @@ def record_turn(
             regenerates,
             specialist_hint,
             input_kind,
+            client_decoding,
         ),
     )
 
@@ -184,6 +188,7 @@ def joined_turn(conn: DictConnection, turn_id: UUID, history_turns: int) -> Join
         specialist_hint=row["specialist_hint"],
         input_kind=row["input_kind"],
         genui_valid=row["genui_valid"],
+        client_decoding=row["client_decoding"],
     )
 
 

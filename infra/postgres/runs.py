@@ -30,13 +30,15 @@ class SnapshotRange:
     filter_version: str
     content_hash: str
     record_count: int
+    rewards_hashed: bool = True
+    """Whether its live rewards are in ``content_hash`` (not for a range begun before they were)."""
 
 
 def record_snapshot(conn: DictConnection, snapshot: SnapshotRange) -> None:
     conn.execute(
         "INSERT INTO dataset_snapshots (snapshot_id, specialist, start_positions, "
-        "end_positions, filter_version, content_hash, record_count) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        "end_positions, filter_version, content_hash, record_count, rewards_hashed) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
         (
             snapshot.snapshot_id,
             snapshot.specialist,
@@ -45,6 +47,7 @@ def record_snapshot(conn: DictConnection, snapshot: SnapshotRange) -> None:
             snapshot.filter_version,
             snapshot.content_hash,
             snapshot.record_count,
+            snapshot.rewards_hashed,
         ),
     )
 

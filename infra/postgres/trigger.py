@@ -20,6 +20,8 @@ class PendingRecords:
     start_offset: int
     count: int
     running_hash: str
+    rewards_hashed: bool = True
+    """Whether live rewards are chained (a range begun before they were is hashed without)."""
 
 
 def pending_records(
@@ -40,6 +42,7 @@ def pending_records(
         start_offset=row["start_offset"],
         count=row["pending"],
         running_hash=row["running_hash"],
+        rewards_hashed=row["rewards_hashed"],
     )
 
 

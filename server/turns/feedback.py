@@ -29,6 +29,7 @@ def regeneration(turn: Turn, conversation_id: UUID | None) -> TurnRequest:
         conversation_id=conversation_id,
         specialist_hint=turn.specialist,
         regenerates=turn.turn_id,
+        decoding=turn.decoding,
     )
 
 
@@ -91,6 +92,7 @@ class TurnFeedback:
             conversation_id=conversation_id,
             specialist_hint=frame.specialist,
             regenerates=turn.turn_id,
+            decoding=turn.decoding,
         )
 
     async def ui_event_turn(

@@ -14,6 +14,7 @@ import pytest
 
 from core.events import (
     ConversationStarted,
+    ExperienceRecorded,
     FeedbackGiven,
     HarnessActionExecuted,
     ModelResponded,
@@ -21,7 +22,10 @@ from core.events import (
     TurnReceived,
 )
 from infra.local_stack import LocalStack
+from macaron import wiring
 from server.router import RouterService
+from streams.experience import ExperienceBuilder
+from streams.runner import catch_up
 from tests.serving import Running, frames_until, send, serving
 
 
@@ -265,6 +269,23 @@ def test_the_sampling_parameters_clients_send_are_applied_and_recorded(served: R
         if isinstance(e.payload, TurnReceived)
     ]
     assert default.decoding is None  # the harness's settings
+    for done in (ids, plain_ids):  # a thumbs-up on each
+        httpx.post(
+            f"{served.http}/v1/conversations/{done['conversation_id']}/turns/"
+            f"{done['turn_id']}/feedback",
+            json={"kind": "up"},
+            headers={"Authorization": f"Bearer {served.key('oa-params')}"},
+        ).raise_for_status()
+    hosts = wiring.processor_hosts(served.settings, served.server.log, served.server.pool)
+    [builder] = [h for h in hosts if isinstance(h.processor, ExperienceBuilder)]
+    catch_up(builder)
+    taught = {
+        str(e.payload.turn_id)
+        for e in served.events("experience.chat")
+        if isinstance(e.payload, ExperienceRecorded)
+    }
+    assert plain_ids["turn_id"] in taught  # the harness's decoding: an SFT example
+    assert ids["turn_id"] not in taught  # the client's own decoding teaches no adapter
     refusals: list[tuple[dict[str, Any], str]] = [
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"n": 2}, "n"),

@@ -15,8 +15,9 @@ CALL = {"name": "calculator", "args": {"expression": "2+2"}, "result": "4", "ok"
 
 
 def record(n: int, kind: str, adapter: str = "agent@1", **body: Any) -> ExperienceRecorded:
+    """Record of turn ``n``."""
     return ExperienceRecorded(
-        experience_id=UUID(int=n),
+        experience_id=UUID(int=len(body) * 1000 + n + int(body.get("reward", 0) * 100)),
         kind=kind,  # type: ignore[arg-type]
         specialist="agent",
         turn_id=UUID(int=100 + n),
@@ -25,12 +26,14 @@ def record(n: int, kind: str, adapter: str = "agent@1", **body: Any) -> Experien
     )
 
 
-def test_live_rewards_of_the_parents_answers_train_each_turns_first_step() -> None:
+def test_live_rewards_of_the_parents_answers_train_each_turns_first_step_once() -> None:
+    """The parent's answers, each turn's latest reward only, its first step as the answer."""
     records = [
         record(1, "sft", target="4"),
         record(2, "trajectory", actions=[CALL], answer="It is 4.", reward=1.0),
-        record(3, "trajectory", actions=[], answer="Five.", reward=0.0),  # a thumbs down
+        record(3, "trajectory", actions=[], answer="Five.", reward=1.0),  # its tree was valid
         record(4, "trajectory", "agent@0", actions=[], answer="Six.", reward=0.0),  # older policy
+        record(3, "trajectory", actions=[], answer="Five.", reward=0.0),  # then a thumbs down
     ]
     found = training_examples(records, [], "agent@1")
     assert [e.target for e in found.sft] == ["4"]

@@ -4,6 +4,7 @@ the threshold, and the snapshot and run a due trigger defines."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import UTC, datetime
 from uuid import UUID
 
@@ -76,6 +77,16 @@ def test_a_live_reward_is_chained_but_not_counted() -> None:
     assert one.count == 1
     assert one.running_hash == chain_record(chain_record(EMPTY_CHAIN, record(1)), reward(1))
     assert not due(counted(fresh(), reward(1)), 1)
+
+
+def test_a_range_begun_before_live_rewards_were_hashed_goes_on_without_them() -> None:
+    """A range the trigger began before the upgrade hashes as it was begun (its snapshot says
+    so, and the run replays it the same way)."""
+    old = replace(fresh(), rewards_hashed=False)
+    assert counted(old, reward(1)) == old
+    assert counted(counted(old, record(1)), reward(1)).running_hash == chain_record(
+        EMPTY_CHAIN, record(1)
+    )
 
 
 def test_the_chain_is_pinned() -> None:
