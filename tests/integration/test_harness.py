@@ -11,8 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from typer.testing import CliRunner
 
 from core.conversation import Conversation
+from core.errors import ConfigError
 from core.events import (
     ExperienceRecorded,
     FeedbackGiven,
@@ -25,11 +27,11 @@ from core.events import (
 from core.harness.actions import MAX_ACTIONS_PER_TURN, ActionOutcome, replay, verify_replay
 from infra.local_stack import LocalStack
 from macaron import wiring
+from macaron.cli import app
 from server.engines.instant import InstantEngine
 from server.router import RouterService
 from streams.experience import ExperienceBuilder
 from streams.runner import catch_up
-from tests.factories import run_macaron
 from tests.serving import Running, frames_until, send, serving
 
 CARD = {
@@ -309,11 +311,13 @@ def test_a_tenant_set_not_to_train_teaches_nothing_from_then_on(served: Running)
     }
     quiet, loud = served.key("quiet-tenant"), served.key("loud-tenant")
     before = len(served.events("tenants"))
-    unknown = run_macaron("tenants", "set", "nobody", "--training", "off", **env)
-    assert unknown.returncode == 2 and "no tenant 'nobody'" in unknown.stderr
+    cli = CliRunner()  # in this process: a subprocess per command costs seconds of imports
+    unknown = cli.invoke(app, ["tenants", "set", "nobody", "--training", "off"], env=env)
+    assert isinstance(unknown.exception, ConfigError)
+    assert "no tenant 'nobody'" in unknown.exception.message
     assert len(served.events("tenants")) == before
-    done = run_macaron("tenants", "set", "quiet-tenant", "--training", "off", **env)
-    assert done.returncode == 0, done.stderr
+    done = cli.invoke(app, ["tenants", "set", "quiet-tenant", "--training", "off"], env=env)
+    assert done.exit_code == 0, done.output
     turns = {}
     for name, key in [("quiet-tenant", quiet), ("loud-tenant", loud)]:
         with served.connect(key) as ws:
@@ -334,9 +338,9 @@ def test_a_tenant_set_not_to_train_teaches_nothing_from_then_on(served: Running)
     ]
     assert {e.envelope.tenant_id for e in derived} == {"loud-tenant"}
     assert {type(e.payload) for e in derived} == {ExperienceRecorded, RoutingLabelled}
-    listed = run_macaron("tenants", "list", **env)
-    assert listed.returncode == 0
+    listed = cli.invoke(app, ["tenants", "list"], env={**env, "COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
     rows = {
-        line.split()[1]: line.split()[3] for line in listed.stdout.splitlines() if "-tenant" in line
+        line.split()[1]: line.split()[3] for line in listed.output.splitlines() if "-tenant" in line
     }
     assert rows["quiet-tenant"] == "off" and rows["loud-tenant"] == "on"
