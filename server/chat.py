@@ -93,13 +93,18 @@ class ChatService:
     async def feedback(
         self, principal: Principal, conversation_id: UUID | None, frame: wire.Feedback
     ) -> Turn:
-        """Record feedback on a completed turn of this tenant's conversation."""
+        """Record feedback on a completed turn of this tenant's conversation (a ``regenerate``
+        asks for a turn: refused first, recording nothing, when the key is out of turns)."""
+        if frame.kind == "regenerate":
+            self._rate.room(principal.key_id)
         return await self._feedback.feedback(principal, conversation_id, frame)
 
     async def reroute(
         self, principal: Principal, conversation_id: UUID | None, frame: wire.Reroute
     ) -> TurnRequest:
-        """Record a routing correction on a completed turn; the turn that answers it again."""
+        """Record a routing correction on a completed turn; the turn that answers it again
+        (refused first, recording nothing, when the key is out of turns)."""
+        self._rate.room(principal.key_id)
         return await self._feedback.reroute(principal, conversation_id, frame, self.router.active)
 
     async def ui_event_turn(

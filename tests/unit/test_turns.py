@@ -304,6 +304,24 @@ def test_turns_beyond_the_rate_limit_are_refused_per_key() -> None:
     assert len(h.payloads(TurnReceived)) == 3
 
 
+def test_a_regenerate_or_reroute_out_of_turns_is_refused_before_anything_is_recorded() -> None:
+    h = Harness(fixed_reply("ok"), turns_per_minute=1)
+
+    async def case() -> None:
+        done = await h.turn("hello")  # the key's one turn this minute
+        cid, tid = done.conversation_id, done.turn_id
+        with pytest.raises(RateLimited):
+            await h.chat.feedback(h.principal, cid, feedback(tid, "regenerate"))
+        with pytest.raises(RateLimited):
+            reroute = wire.Reroute(type="reroute", turn_id=tid, specialist="coding")
+            await h.chat.reroute(h.principal, cid, reroute)
+        await h.chat.feedback(h.principal, cid, feedback(tid, "up"))  # no turn: not limited
+
+    run(case)
+    assert [f.kind for f in h.payloads(FeedbackGiven)] == ["up"]
+    assert h.payloads(RoutingCorrected) == []
+
+
 def test_limits_replaced_at_run_time_apply_to_the_next_turn() -> None:
     h = Harness(fixed_reply("one two three four"))
     h.chat.limits = ChatLimits(turns_per_minute=10, max_new_tokens=2)
