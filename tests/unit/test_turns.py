@@ -31,6 +31,7 @@ from core.events import (
     GenUIRendered,
     HarnessActionExecuted,
     ModelResponded,
+    RequestedDecoding,
     RouterDecided,
     RoutingCorrected,
     TurnCompleted,
@@ -320,6 +321,35 @@ def test_a_regenerate_or_reroute_out_of_turns_is_refused_before_anything_is_reco
     run(case)
     assert [f.kind for f in h.payloads(FeedbackGiven)] == ["up"]
     assert h.payloads(RoutingCorrected) == []
+
+
+def test_a_clients_decoding_overrides_the_harness_and_the_server_caps_its_length(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Temperature 0 is kept (not taken for "unset"), the answer's length stays within the
+    server's cap, stop strings and the seed reach the engine (the seed plus the step)."""
+    h = Harness(fixed_reply("ok"), max_new_tokens=5)
+    sent: list[GenerationRequest] = []
+    generate = h.engine.generate
+
+    def recording(request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+        sent.append(request)
+        return generate(request)
+
+    monkeypatch.setattr(h.engine, "generate", recording)
+    asked = RequestedDecoding(max_tokens=50, temperature=0.0, seed=11, stop=("\n\n",))
+    run(
+        lambda: h.chat.run_turn(
+            h.principal, TurnRequest("m", "hi", decoding=asked), h.sink, asyncio.Event()
+        )
+    )
+    plain = run(h.turn)  # the harness's settings: its temperature, the turn's own seed
+    first, second = (r.params for r in sent)
+    assert (first.temperature, first.max_tokens, first.seed, first.stop) == (0.0, 5, 11, ("\n\n",))
+    assert (second.temperature, second.stop) == (0.7, ())
+    assert second.seed == plain.turn_id.int % 2**63
+    [received, _] = h.payloads(TurnReceived)
+    assert received.decoding == asked
 
 
 def test_limits_replaced_at_run_time_apply_to_the_next_turn() -> None:
