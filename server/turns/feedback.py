@@ -21,13 +21,16 @@ from server.turns.conversations import ConversationStore
 from server.turns.request import TurnRequest
 
 
-def regeneration(turn: Turn, conversation_id: UUID | None) -> TurnRequest:
-    """The turn that answers ``turn``'s words again (a ``regenerate``), by its specialist."""
+def regeneration(
+    turn: Turn, conversation_id: UUID | None, specialist: str | None = None
+) -> TurnRequest:
+    """The turn that answers ``turn``'s words again, with the decoding its client asked for:
+    by its own specialist (a ``regenerate``) or by ``specialist`` (a ``reroute``)."""
     return TurnRequest(
-        client_msg_id=f"regenerate-{uuid7()}",
+        client_msg_id=f"{'regenerate' if specialist is None else 'reroute'}-{uuid7()}",
         content=turn.content,
         conversation_id=conversation_id,
-        specialist_hint=turn.specialist,
+        specialist_hint=turn.specialist if specialist is None else specialist,
         regenerates=turn.turn_id,
         decoding=turn.decoding,
     )
@@ -86,14 +89,7 @@ class TurnFeedback:
             },
         ):
             await self._store.append(conversation, [payload], correlation_id=turn.turn_id)
-        return TurnRequest(
-            client_msg_id=f"reroute-{uuid7()}",
-            content=turn.content,
-            conversation_id=conversation_id,
-            specialist_hint=frame.specialist,
-            regenerates=turn.turn_id,
-            decoding=turn.decoding,
-        )
+        return regeneration(turn, conversation_id, frame.specialist)
 
     async def ui_event_turn(
         self, principal: Principal, conversation_id: UUID | None, frame: wire.UIEvent

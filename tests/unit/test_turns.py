@@ -102,6 +102,19 @@ class HintRouter:
         )
 
 
+def requests_to(h: Harness, monkeypatch: pytest.MonkeyPatch) -> list[GenerationRequest]:
+    """Every generation request ``h``'s engine gets from now on (it still answers them)."""
+    sent: list[GenerationRequest] = []
+    generate = h.engine.generate
+
+    def recording(request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+        sent.append(request)
+        return generate(request)
+
+    monkeypatch.setattr(h.engine, "generate", recording)
+    return sent
+
+
 class Harness:
     """A chat service, its log and engine, and the frames each turn sent."""
 
@@ -329,14 +342,7 @@ def test_a_clients_decoding_overrides_the_harness_and_the_server_caps_its_length
     """Temperature 0 is kept (not taken for "unset"), the answer's length stays within the
     server's cap, stop strings and the seed reach the engine (the seed plus the step)."""
     h = Harness(fixed_reply("ok"), max_new_tokens=5)
-    sent: list[GenerationRequest] = []
-    generate = h.engine.generate
-
-    def recording(request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
-        sent.append(request)
-        return generate(request)
-
-    monkeypatch.setattr(h.engine, "generate", recording)
+    sent = requests_to(h, monkeypatch)
     asked = RequestedDecoding(max_tokens=50, temperature=0.0, seed=11, stop=("\n\n",))
     run(
         lambda: h.chat.run_turn(
@@ -555,14 +561,7 @@ def test_a_new_harness_answers_new_turns_with_its_prompt_exemplars_decoding_and_
         return "ok"
 
     h = Harness(script, max_new_tokens=5)
-    sent: list[GenerationRequest] = []
-    generate = h.engine.generate
-
-    def recording(request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
-        sent.append(request)
-        return generate(request)
-
-    monkeypatch.setattr(h.engine, "generate", recording)
+    sent = requests_to(h, monkeypatch)
     chat = SpecialistHarness(
         system_prompt="Be brief.",
         exemplars=(Exemplar(user="2+2?", assistant="4"),),
