@@ -162,7 +162,10 @@ def test_feedback_and_reroute_over_http_teach_as_the_websocket_does(served: Runn
         refused = post(path, body)
         assert (refused.status_code, refused.json()["error"]["code"]) == (status, code), body
     other = {"Authorization": f"Bearer {served.key('oa-other')}"}
+    before = served.events(ids["conversation_id"])
     assert post("feedback", {"kind": "down"}, other).status_code == 404  # another tenant's
+    assert post("reroute", {"specialist": "coding"}, other).status_code == 404
+    assert served.events(ids["conversation_id"]) == before  # nothing written in its name
     assert post("feedback", {"kind": "down"}, {}).status_code == 401
     unknown = httpx.post(
         f"{served.http}/v1/conversations/{ids['conversation_id']}/turns/{uuid.uuid4()}/feedback",
