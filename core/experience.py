@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
 from core.canonical import canonical_json, sha256_hex
 from core.events import Envelope, ExperienceRecorded, NewEvent
+from core.log import EventLog, RecordedEvent
 
 FILTER_VERSION = "experience-1"
 EMPTY_CHAIN = "0" * 64
@@ -34,6 +36,36 @@ def experience_event(
         correlation_id=correlation_id,
         occurred_at=cause.occurred_at,
     )
+
+
+@dataclass(frozen=True)
+class SnapshotEvents:
+    """The records of a snapshot's log range, and the specialist's records before it."""
+
+    records: list[RecordedEvent]
+    older: list[RecordedEvent]
+
+
+def snapshot_events(log: EventLog, snapshot: Mapping[str, Any]) -> SnapshotEvents:
+    """Read a snapshot (a ``dataset_snapshots`` row) back from its specialist's experience key:
+    the records its filter version derived in its range (live rewards only where it hashed
+    them) and those before it."""
+    [(part, start)] = snapshot["start_positions"].items()
+    [(_, end)] = snapshot["end_positions"].items()
+    partition = int(part)
+    records, older = [], []
+    for event in log.read(key=experience_key(snapshot["specialist"]), types=["ExperienceRecorded"]):
+        payload: Any = event.payload
+        if payload.filter_version != snapshot["filter_version"]:
+            continue
+        if payload.kind == "trajectory" and not snapshot["rewards_hashed"]:
+            continue  # a range begun before live rewards were hashed
+        offset = event.position.offset
+        if event.position.partition == partition and start <= offset < end:
+            records.append(event)
+        elif offset < start:
+            older.append(event)
+    return SnapshotEvents(records, older)
 
 
 def chain_record(running_hash: str, record: ExperienceRecorded) -> str:

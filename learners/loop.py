@@ -31,13 +31,7 @@ from core.events import (
     PromotionRejected,
     TrainingRequested,
 )
-from core.experience import (
-    EMPTY_CHAIN,
-    FILTER_VERSION,
-    chain_record,
-    experience_key,
-    first_step,
-)
+from core.experience import EMPTY_CHAIN, chain_record, first_step, snapshot_events
 from core.harness.artifact import HarnessVersion, harness_name
 from core.harness.proposals import RECIPE_PREFIX, changes, exemplar_of, next_change, propose
 from core.ids import derived_id
@@ -173,30 +167,17 @@ def materialize(rt: Runtime, snapshot: dict[str, Any]) -> Replayed:
     """Replay the snapshot's log range and the older records of the same specialist. The
     records must hash to the snapshot's hash, and as many of them teach as it counted (live
     rewards are hashed, not counted: ``streams.trigger``)."""
-    [(part, start)] = snapshot["start_positions"].items()
-    [(_, end)] = snapshot["end_positions"].items()
-    partition = int(part)
-    records, older, tenants = [], [], set()
+    events = snapshot_events(rt.log, snapshot)
+    records: list[Any] = [event.payload for event in events.records]
     running = EMPTY_CHAIN
-    key = experience_key(snapshot["specialist"])
-    for event in rt.log.read(key=key, types=["ExperienceRecorded"]):
-        payload: Any = event.payload
-        if payload.filter_version != FILTER_VERSION:
-            continue
-        if payload.kind == "trajectory" and not snapshot["rewards_hashed"]:
-            continue  # a range begun before live rewards were hashed
-        offset = event.position.offset
-        if event.position.partition == partition and start <= offset < end:
-            records.append(payload)
-            tenants.add(event.envelope.tenant_id)
-            running = chain_record(running, payload)
-            _link_to(event.envelope.trace)
-        elif offset < start:
-            older.append(payload)
+    for event, record in zip(events.records, records, strict=True):
+        running = chain_record(running, record)
+        _link_to(event.envelope.trace)
     teaching = sum(1 for r in records if r.kind != "trajectory")
     if running != snapshot["content_hash"] or teaching != snapshot["record_count"]:
         raise RunFailed(f"snapshot {snapshot['snapshot_id']} does not replay to its hash")
-    return Replayed(records, older, len(tenants))
+    tenants = {event.envelope.tenant_id for event in events.records}
+    return Replayed(records, [event.payload for event in events.older], len(tenants))
 
 
 def _link_to(headers: dict[str, str]) -> None:

@@ -1,20 +1,23 @@
 """The admin API (keys with the ``admin`` scope): lineage, live contract scores, promotion and
-rollback by hand."""
+rollback by hand; and one turn's audit, which a ``chat`` key may also ask for its own tenant's
+turns (counts and ids, without the training records' content)."""
 
 from __future__ import annotations
 
 import asyncio
 from typing import Any
+from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from core.auth import Principal, bearer_key
-from core.errors import PromotionFailed, ReleaseNotFound
+from core.errors import PromotionFailed, ReleaseNotFound, TurnNotFound
 from infra.postgres.lineage import lineage
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.scores import live_scores
+from infra.postgres.turn_audit import audit_turn
 from server.bodies import read_json
 from server.gate import Gate
 
@@ -42,6 +45,29 @@ async def lineage_endpoint(request: Request) -> Response:
             return [step.model_dump(mode="json") for step in lineage(conn, ref)]
 
     return JSONResponse({"ref": ref, "lineage": await asyncio.to_thread(walk)})
+
+
+async def turn_audit_endpoint(request: Request) -> Response:
+    """``GET /admin/turns/{turn_id}/audit``: an admin key audits any turn, with the content of
+    the records that trained its adapter; a chat key its own tenant's, without it."""
+    gate: Gate = request.app.state.gate
+    principal = await gate.identify(bearer_key(request.headers.get("authorization")))
+    admin = principal.allows("admin")
+    if not admin:
+        principal.require("chat")
+    try:
+        turn_id = UUID(request.path_params["turn_id"])
+    except ValueError:
+        raise TurnNotFound("no such turn") from None
+    log = request.app.state.chat.log
+
+    def read() -> dict[str, Any]:
+        with gate.pool.connection() as conn:
+            tenant = None if admin else principal.tenant_id
+            report = audit_turn(conn, log, turn_id, tenant_id=tenant, with_content=admin)
+        return {**report.model_dump(mode="json"), "chain_ok": report.chain_ok}
+
+    return JSONResponse(await asyncio.to_thread(read))
 
 
 async def scores_endpoint(request: Request) -> Response:

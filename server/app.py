@@ -150,6 +150,7 @@ def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> St
             ),
             Route("/admin/lineage/{ref}", admin.lineage_endpoint),
             Route("/admin/scores", admin.scores_endpoint),
+            Route("/admin/turns/{turn_id}/audit", admin.turn_audit_endpoint),
             Route("/admin/promote", admin.promote_endpoint, methods=["POST"]),
             Route("/admin/rollback", admin.rollback_endpoint, methods=["POST"]),
         ],

@@ -20,13 +20,17 @@ class Gate:
 
     async def authenticate(self, key: str, scope: Scope) -> Principal:
         """The principal behind a live key that grants ``scope``."""
+        principal = await self.identify(key)
+        return principal.require(scope)
+
+    async def identify(self, key: str) -> Principal:
+        """The principal behind a live key, whatever it grants."""
 
         def lookup() -> Principal:
             with self.pool.connection() as conn:
                 return authenticate(conn, key)
 
-        principal = await asyncio.to_thread(lookup)
-        return principal.require(scope)
+        return await asyncio.to_thread(lookup)
 
     def enter(self, principal: Principal) -> None:
         if self._open[principal.tenant_id] >= self.max_connections_per_tenant:

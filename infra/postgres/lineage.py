@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from datetime import datetime
 from typing import Any
 
 from pydantic import BaseModel, JsonValue
@@ -85,7 +86,7 @@ def _release_chain(conn: DictConnection, release_id: str) -> list[LineageStep]:
             ],
         }
         if row["run_id"] is not None:
-            detail["run"] = _run(conn, row["run_id"])
+            detail["run"] = run_detail(conn, row["run_id"])
         steps.append(
             LineageStep(
                 kind="release",
@@ -97,6 +98,24 @@ def _release_chain(conn: DictConnection, release_id: str) -> list[LineageStep]:
         )
         current = row["parent_release_id"]
     return steps
+
+
+def active_release_at(conn: DictConnection, at: datetime) -> str | None:
+    """The release the registry had active at ``at``: the last promotion or rollback done by
+    then, else the root release if it existed; ``None`` before any release."""
+    row = conn.execute(
+        "SELECT to_release_id AS release_id FROM promotions "
+        "WHERE kind IN ('promoted', 'rolled_back') AND created_at <= %s "
+        "ORDER BY created_at DESC LIMIT 1",
+        (at,),
+    ).fetchone()
+    if row is None:
+        row = conn.execute(
+            "SELECT release_id FROM releases WHERE parent_release_id IS NULL "
+            "AND created_at <= %s ORDER BY created_at LIMIT 1",
+            (at,),
+        ).fetchone()
+    return None if row is None else str(row["release_id"])
 
 
 def _harness(conn: DictConnection, ref: str) -> dict[str, Any]:
@@ -144,7 +163,7 @@ def _adapter_chain(conn: DictConnection, specialist: str, version: int) -> list[
             "path": row["path"],
         }
         if run is not None:
-            detail["run"] = _run(conn, run["run_id"])
+            detail["run"] = run_detail(conn, run["run_id"])
         steps.append(
             LineageStep(
                 kind="adapter",
@@ -158,7 +177,8 @@ def _adapter_chain(conn: DictConnection, specialist: str, version: int) -> list[
     return steps
 
 
-def _run(conn: DictConnection, run_id: Any) -> dict[str, Any]:
+def run_detail(conn: DictConnection, run_id: Any) -> dict[str, JsonValue]:
+    """A training run: recipe, config, metrics, its snapshot and its evaluations."""
     run = conn.execute(
         "SELECT r.*, s.start_positions, s.end_positions, s.filter_version, s.content_hash, "
         "s.record_count FROM training_runs r JOIN dataset_snapshots s USING (snapshot_id) "
@@ -173,35 +193,37 @@ def _run(conn: DictConnection, run_id: Any) -> dict[str, Any]:
         "FROM evaluations WHERE run_id = %s ORDER BY created_at",
         (run_id,),
     ).fetchall()
-    return {
-        "run_id": str(run["run_id"]),
-        "status": run["status"],
-        "recipe": run["recipe"],
-        "proposed_harness": None
-        if run["result_harness_version"] is None
-        else f"harness@{run['result_harness_version']}",
-        "config": run["config"],
-        "metrics": run["metrics"],
-        "snapshot": {
-            "id": str(run["snapshot_id"]),
-            "start": run["start_positions"],
-            "end": run["end_positions"],
-            "filter_version": run["filter_version"],
-            "content_hash": run["content_hash"],
-            "records": run["record_count"],
-        },
-        "evaluations": [
-            {
-                "contract": e["contract_version"],
-                "passed": e["passed"],
-                "candidate": e["candidate"],
-                "parent": e["parent"],
-                "well_formed": e["formats"],
-                "reasons": e["reasons"],
-            }
-            for e in evaluations
-        ],
-    }
+    return _json(
+        {
+            "run_id": str(run["run_id"]),
+            "status": run["status"],
+            "recipe": run["recipe"],
+            "proposed_harness": None
+            if run["result_harness_version"] is None
+            else f"harness@{run['result_harness_version']}",
+            "config": run["config"],
+            "metrics": run["metrics"],
+            "snapshot": {
+                "id": str(run["snapshot_id"]),
+                "start": run["start_positions"],
+                "end": run["end_positions"],
+                "filter_version": run["filter_version"],
+                "content_hash": run["content_hash"],
+                "records": run["record_count"],
+            },
+            "evaluations": [
+                {
+                    "contract": e["contract_version"],
+                    "passed": e["passed"],
+                    "candidate": e["candidate"],
+                    "parent": e["parent"],
+                    "well_formed": e["formats"],
+                    "reasons": e["reasons"],
+                }
+                for e in evaluations
+            ],
+        }
+    )
 
 
 def _json(value: dict[str, Any]) -> dict[str, JsonValue]:

@@ -1,10 +1,10 @@
-"""Inspect the stored record: ``log verify``, ``log dead-letters``, ``audit verify`` and
-``trace``."""
+"""Inspect the stored record: ``log verify``, ``log dead-letters``, ``audit verify``,
+``audit turn`` and ``trace``."""
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Annotated
+from typing import Annotated, Any
 from uuid import UUID
 
 import typer
@@ -16,6 +16,7 @@ from core.events import Envelope, TurnReceived
 from infra.artifacts import ArtifactStore
 from infra.postgres.lineage import audit
 from infra.postgres.lookups import conversation_of_turn
+from infra.postgres.turn_audit import TurnAudit, audit_turn
 from macaron import wiring
 from macaron.cli.common import console, err_console, settings
 
@@ -98,6 +99,79 @@ def audit_verify(ctx: typer.Context) -> None:
     )
     if not report.ok:
         raise typer.Exit(1)
+
+
+@audit_app.command("turn")
+def audit_turn_command(
+    ctx: typer.Context,
+    turn_id: Annotated[UUID, typer.Argument(help="The turn (turn_started.turn_id).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print the audit as JSON.")] = False,
+    content: Annotated[
+        bool, typer.Option(help="Include the training records' content (other users' words).")
+    ] = False,
+) -> None:
+    """Everything behind one answer: its events and chain, the release, adapter, router and
+    harness that served it, the run and snapshot that trained the adapter and the events that
+    taught it, and the trace id. Exit 1 when the conversation's chain does not verify."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool, pool.connection() as conn:
+        log = wiring.event_log(cfg, pool)
+        try:
+            report = audit_turn(conn, log, turn_id, tenant_id=None, with_content=content)
+        finally:
+            log.close()
+    if as_json:
+        console.print_json(report.model_dump_json())
+    else:
+        _print_audit(report)
+    if not report.chain_ok:
+        raise typer.Exit(1)
+
+
+def _print_audit(report: TurnAudit) -> None:
+    served = report.served_by
+    console.print(
+        f"turn {report.turn_id} (tenant {report.tenant_id}, conversation "
+        f"{report.conversation_id}), trace_id {report.trace_id or '-'}"
+    )
+    console.print(
+        f"served by release {served.release_id} "
+        f"({'active' if served.release_active_now else 'not active'} now): "
+        f"{served.adapter_version}, router {served.router_version}, "
+        f"{served.harness_version} (hcp {served.hcp_version})"
+    )
+    events = Table(title=f"events of the turn (chain: {report.chain_events} events checked)")
+    for column in ("#", "type", "event id", "hash"):
+        events.add_column(column)
+    for event in report.events:
+        events.add_row(str(event.sequence), event.type, event.event_id, event.hash[:16])
+    console.print(events)
+    for violation in report.chain_violations:
+        err_console.print(f"[red]{violation}[/]")
+    if report.training is None:
+        console.print("the adapter was not trained (a root version): no events taught it")
+        return
+    run: Any = report.training.run
+    console.print(
+        f"trained by run {run['run_id']} ({run['recipe']}) on snapshot "
+        f"{run['snapshot']['id']}: log range {run['snapshot']['start']} .. "
+        f"{run['snapshot']['end']}, {run['snapshot']['filter_version']}"
+    )
+    taught = Table(
+        title="what taught it ("
+        + ", ".join(f"{n} {what}" for what, n in report.training.counts.items())
+        + ")"
+    )
+    for column in ("source", "kind", "from event", "turn / rollout group"):
+        taught.add_column(column)
+    for record in report.training.records:
+        taught.add_row(
+            record.source,
+            record.kind,
+            record.cause_event_id or "-",
+            record.turn_id or record.rollout_group_id or "-",
+        )
+    console.print(taught)
 
 
 def trace(

@@ -1,10 +1,11 @@
-"""Releases: ``promote`` and ``rollback`` by hand, ``lineage`` back to the root, and
-``contract run`` on one."""
+"""Releases: ``promote`` and ``rollback`` by hand, ``lineage`` back to the root, the
+``registry`` as of a moment, and ``contract run`` on one."""
 
 from __future__ import annotations
 
 import json
 import sys
+from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any
 
@@ -14,7 +15,7 @@ from rich.table import Table
 from core.errors import PromotionFailed, ReleaseNotFound
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
-from infra.postgres.lineage import LineageStep, lineage, to_dot
+from infra.postgres.lineage import LineageStep, active_release_at, lineage, to_dot
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, harness_by_name, release_by_id
 from learners.contract import DEFAULT_CONTRACT, load_contract
@@ -58,6 +59,42 @@ def _promotion(cfg: Settings, release_id: str, kind: str, timeout: float) -> Non
     if final["status"] == "failed":
         raise PromotionFailed(f"{kind} of {release_id} refused: {final['reason']}")
     console.print(f"{release_id} is active ({kind})")
+
+
+def registry(
+    ctx: typer.Context,
+    at: Annotated[
+        datetime | None,
+        typer.Option(
+            help="A past moment (ISO 8601; UTC unless it names a zone). Default: now.",
+            metavar="TIME",
+            formats=[
+                "%Y-%m-%dT%H:%M:%S.%f%z",
+                "%Y-%m-%dT%H:%M:%S%z",
+                "%Y-%m-%dT%H:%M:%S",
+                "%Y-%m-%d",
+            ],
+        ),
+    ] = None,
+) -> None:
+    """Which release was active at a moment, and what it named: adapters, harness, router."""
+    moment = datetime.now(UTC) if at is None else at.replace(tzinfo=at.tzinfo or UTC)
+    with wiring.pool(settings(ctx)) as pool, pool.connection() as conn:
+        release_id = active_release_at(conn, moment)
+        if release_id is None:
+            raise ReleaseNotFound(f"no release was active at {moment.isoformat()}")
+        [step, *_] = lineage(conn, release_id)
+    detail: Any = step.detail
+    console.print(f"active at {moment.isoformat()}: {release_id} (created {step.created_at})")
+    table = Table()
+    for column in ("part", "version"):
+        table.add_column(column)
+    for name, adapter in detail["adapters"].items():
+        table.add_row(name, str(adapter))
+    table.add_row("harness", f"{detail['harness_version']} (hcp {detail['hcp_version']})")
+    table.add_row("router", str(detail["router_version"]))
+    table.add_row("base model", str(detail["base_model"]))
+    console.print(table)
 
 
 class LineageFormat(StrEnum):

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import httpx
 import pytest
@@ -26,6 +27,7 @@ from core.events import (
     TurnCompleted,
 )
 from core.settings import Settings
+from infra.postgres.lookups import conversation_of_turn
 from infra.postgres.registry import active_release
 from learners.contract import load_contract
 from learners.loop import recorded_outcomes
@@ -84,7 +86,8 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
             first_turns = teach(served)
             promoted = wait_for_promotion(served, tmp_path / "worker.log", worker)
             assert_harness_proposed_and_judged(served, tmp_path, worker, loop_settings)
-            shown = after_training(served, promoted.release_id)
+            shown, served_turn = after_training(served, promoted.release_id)
+            assert_turn_audit(served, loop_settings, served_turn, promoted.release_id)
         assert_replay_matches_live(served, hosts)
         [trained] = [e.payload for e in served.events() if isinstance(e.payload, CandidateTrained)]
         assert trained.metrics["pairs"] >= 1  # the snapshot's edit pairs, trained by DPO
@@ -96,8 +99,9 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
         assert_admin_api(served, promoted.release_id)  # ends with a rollback
 
 
-def after_training(served: Running, release_id: str, tries: int = 3) -> str:
-    """What genui@1 shows for a new genui turn, each try in a fresh session. The turn is
+def after_training(served: Running, release_id: str, tries: int = 3) -> tuple[str, str]:
+    """What genui@1 shows for a new genui turn, and that turn's id; each try in a fresh
+    session. The turn is
     sampled (temperature 0.7, seeded by its random turn id), and how sure the tiny model is of
     "green" depends on the random answers the users corrected, so a try that strays is asked
     again: the untrained genui@0 never writes "green", however often it is asked."""
@@ -118,7 +122,7 @@ def after_training(served: Running, release_id: str, tries: int = 3) -> str:
         shown += "".join(json.dumps(f["tree"]) for f in after if f["type"] == "genui")
         if "green" in shown:
             break
-    return shown
+    return shown, after[0]["turn_id"]
 
 
 def assert_replay_matches_live(served: Running, hosts: list[Any]) -> None:
@@ -190,6 +194,90 @@ def assert_audit(settings: Settings) -> None:
     assert "0 chain violations, 0 adapter failures" in audited.stdout
     shown = run_macaron("lineage", "genui@1", "--format", "dot", **env)
     assert shown.returncode == 0 and '"genui@1" -> "genui@0"' in shown.stdout
+
+
+def assert_turn_audit(served: Running, settings: Settings, turn_id: str, release_id: str) -> None:
+    """``audit turn`` on an answer of genui@1 leads to the exact events that taught genui@1:
+    the feedback and live rewards of its snapshot's records, each named by id."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # until the processors have projected the turn
+        with served.server.pool.connection() as conn:
+            if conversation_of_turn(conn, UUID(turn_id)) is not None:
+                break
+        time.sleep(0.2)
+    env = {
+        f"MACARON_{k.upper()}": str(v) for k, v in settings.model_dump(exclude_none=True).items()
+    }
+    shown = run_macaron("audit", "turn", turn_id, "--json", **env)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    audit = json.loads(shown.stdout)
+    assert audit["served_by"]["adapter_version"] == "genui@1"
+    assert audit["served_by"]["release_id"] == release_id
+    assert audit["served_by"]["release_active_now"] is True
+    assert audit["served_by"]["registry_active_then"] == release_id
+    assert audit["chain_violations"] == []
+    [received] = [
+        e.envelope
+        for e in served.events()
+        if e.envelope.type == "TurnReceived" and str(e.payload.turn_id) == turn_id
+    ]
+    traceparent = received.trace.get("traceparent")  # none where no tracer is set up
+    assert audit["trace_id"] == (traceparent and traceparent.split("-")[1])
+    types = [e["type"] for e in audit["events"]]
+    assert types[0] == "TurnReceived" and types[-1] == "TurnCompleted"
+    with served.server.pool.connection() as conn:
+        snapshot = conn.execute(
+            "SELECT s.* FROM releases rel JOIN training_runs r ON r.run_id = rel.run_id "
+            "JOIN dataset_snapshots s USING (snapshot_id) WHERE rel.release_id = %s",
+            (release_id,),
+        ).fetchone()
+    assert snapshot is not None
+    [(partition, start)] = snapshot["start_positions"].items()
+    [(_, end)] = snapshot["end_positions"].items()
+    in_range = [
+        e
+        for e in served.events("experience.genui")
+        if e.position.partition == int(partition) and start <= e.position.offset < end
+    ]
+    records = audit["training"]["records"]
+    assert [r["experience_id"] for r in records] == [str(e.envelope.event_id) for e in in_range]
+    feedback = {
+        str(e.envelope.event_id) for e in served.events() if isinstance(e.payload, FeedbackGiven)
+    }
+    taught = {r["cause_event_id"] for r in records if r["kind"] != "trajectory"}
+    assert taught and taught <= feedback and all(r["record"] is None for r in records)
+    assert audit["training"]["run"]["snapshot"]["content_hash"] == snapshot["content_hash"]
+    table = run_macaron("audit", "turn", turn_id, **env)
+    assert table.returncode == 0 and "what taught it" in table.stdout
+    assert_registry_as_of(served, env, release_id)
+    url = f"{served.http}/admin/turns/{turn_id}/audit"
+    admin = httpx.get(url, headers={"Authorization": f"Bearer {served.key('ops', 'admin')}"})
+    assert admin.status_code == 200 and admin.json()["chain_ok"] is True
+    assert all(r["record"] is not None for r in admin.json()["training"]["records"])
+    own = httpx.get(url, headers={"Authorization": f"Bearer {served.key('learner')}"})
+    assert own.status_code == 200 and own.json()["training"]["records"][0]["record"] is None
+    other = httpx.get(url, headers={"Authorization": f"Bearer {served.key('someone-else')}"})
+    assert other.status_code == 404 and other.json()["error"]["code"] == "turn_not_found"
+
+
+def assert_registry_as_of(served: Running, env: dict[str, str], release_id: str) -> None:
+    """``macaron registry --at``: the root release (genui@0) when the first turn came in, the
+    trained one now, and no release before the registry had one."""
+    first = min(
+        e.envelope.occurred_at for e in served.events() if e.envelope.type == "TurnReceived"
+    )
+    with served.server.pool.connection() as conn:
+        root = conn.execute(
+            "SELECT release_id FROM releases WHERE parent_release_id IS NULL"
+        ).fetchone()
+    assert root is not None
+    then = run_macaron("registry", "--at", first.strftime("%Y-%m-%dT%H:%M:%S.%f%z"), **env)
+    assert then.returncode == 0, then.stderr
+    assert root["release_id"] in then.stdout and "genui@0" in then.stdout
+    now = run_macaron("registry", **env)
+    assert now.returncode == 0 and release_id in now.stdout and "genui@1" in now.stdout
+    never = run_macaron("registry", "--at", "2001-01-01", **env)
+    assert never.returncode == 1 and "release_not_found" in never.stderr
 
 
 def teach(served: Running) -> set[str]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from infra.local_stack import LocalStack
 from server.router import RouterService
-from tests.serving import Running, frames_until, send, serving
+from tests.serving import Running, following, frames_until, send, serving
 
 pytestmark = pytest.mark.security
 
@@ -116,6 +117,38 @@ def test_admin_endpoints_refuse_chat_and_metrics_keys(served: Running) -> None:
     )
     assert chat.status_code == 403  # admin keys do not chat
     assert httpx.get(f"{served.http}/v1/models").status_code == 401
+
+
+def test_a_turn_audit_shows_a_tenant_only_its_own_turns(served: Running) -> None:
+    owner = tenant()
+    alice, mallory = served.key(owner), served.key(tenant())
+    with following(served):
+        turn_id = a_turn(served, alice, "alice's secret")["turn_id"]
+        url = f"{served.http}/admin/turns/{turn_id}/audit"
+        deadline = time.monotonic() + 60
+        own = httpx.get(url, headers={"Authorization": f"Bearer {alice}"})
+        while own.status_code == 404 and time.monotonic() < deadline:  # not projected yet
+            time.sleep(0.2)
+            own = httpx.get(url, headers={"Authorization": f"Bearer {alice}"})
+    assert own.status_code == 200, own.text
+    audit = own.json()
+    assert (audit["tenant_id"], audit["chain_ok"]) == (owner, True)
+    assert audit["served_by"]["adapter_version"] == "genui@0"
+    assert audit["training"] is None  # a root adapter: nothing taught it
+    assert audit["events"][0]["type"] == "TurnReceived"
+    other = httpx.get(url, headers={"Authorization": f"Bearer {mallory}"})
+    assert other.status_code == 404 and other.json()["error"]["code"] == "turn_not_found"
+    assert "alice" not in other.text
+    metrics = httpx.get(url, headers={"Authorization": f"Bearer {served.key(owner, 'metrics')}"})
+    assert metrics.status_code == 403 and metrics.json()["error"]["code"] == "forbidden"
+    assert httpx.get(url).status_code == 401
+    bad = httpx.get(
+        f"{served.http}/admin/turns/not-a-turn/audit",
+        headers={"Authorization": f"Bearer {alice}"},
+    )
+    assert bad.status_code == 404 and bad.json()["error"]["code"] == "turn_not_found"
+    admin = httpx.get(url, headers={"Authorization": f"Bearer {served.key(tenant(), 'admin')}"})
+    assert admin.status_code == 200 and admin.json()["turn_id"] == turn_id
 
 
 def test_keys_are_stored_hashed_and_no_secret_reaches_events_logs_or_spans(
