@@ -250,7 +250,8 @@ class RequestedDecoding(BaseModel):
     """How a client asked a turn to be decoded (the OpenAI API's parameters), over the
     specialist's harness settings; the server's ``max_new_tokens`` stays a cap. ``json``: any
     JSON value; ``json_schema``: a JSON value valid against ``json_schema`` (each enforced
-    token by token, in place of the harness's grammar)."""
+    token by token, in place of the harness's grammar; a client's tool call is a
+    ``json_schema`` output)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -261,11 +262,15 @@ class RequestedDecoding(BaseModel):
     stop: tuple[str, ...] = Field(default=(), max_length=4)
     output: Literal["json", "json_schema"] | None = None
     json_schema: dict[str, JsonValue] | None = None
+    or_text: bool = False
+    """With ``json_schema``: plain text is allowed instead (a client's ``tool_choice`` auto)."""
 
     @model_validator(mode="after")
     def _schema_for_its_output(self) -> RequestedDecoding:
         if (self.output == "json_schema") != (self.json_schema is not None):
             raise ValueError("json_schema is required for output json_schema, and only for it")
+        if self.or_text and self.output != "json_schema":
+            raise ValueError("or_text goes with output json_schema")
         return self
 
 

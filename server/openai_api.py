@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractContextManager
 from typing import Any
+from uuid import UUID
 
 from opentelemetry.trace import Span
 from starlette.requests import Request
@@ -29,6 +30,7 @@ from server.bodies import read_json
 from server.chat import ChatService
 from server.gate import Gate
 from server.openai_request import ChatCompletionRequest
+from server.openai_tools import ToolDef, answer_message, described
 from server.turns.request import TurnOutcome, TurnRequest
 
 AUTO = "auto"
@@ -40,8 +42,8 @@ async def principal_of(request: Request, gate: Gate) -> Principal:
 
 def _turn_request(body: ChatCompletionRequest, service: ChatService) -> TurnRequest:
     *earlier, last = body.messages
-    if last.role != "user" or not last.text:
-        raise InvalidFrame("messages must end with a non-empty user message")
+    if last.role not in ("user", "tool") or not last.text:
+        raise InvalidFrame("messages must end with a non-empty user (or tool) message")
     hint = None
     if body.model != AUTO:
         if body.model not in service.release.adapters:
@@ -51,7 +53,10 @@ def _turn_request(body: ChatCompletionRequest, service: ChatService) -> TurnRequ
         client_msg_id=f"openai-{uuid7()}",
         content=last.text,
         specialist_hint=hint,
-        history=tuple(ChatMessage(role=m.chat_role, content=m.text) for m in earlier),
+        history=(
+            *([described(body.tools)] if body.tools else []),
+            *(ChatMessage(role=m.chat_role, content=m.text) for m in earlier),
+        ),
         decoding=body.decoding(),
     )
 
@@ -77,11 +82,14 @@ async def chat_completions(request: Request) -> Response:
         return StreamingResponse(
             _stream(service, principal, turn, body), media_type="text/event-stream"
         )
-    return JSONResponse(await completion(service, principal, turn))
+    return JSONResponse(await completion(service, principal, turn, body.tools))
 
 
 async def completion(
-    service: ChatService, principal: Principal, turn: TurnRequest
+    service: ChatService,
+    principal: Principal,
+    turn: TurnRequest,
+    tools: list[ToolDef] | None = None,
 ) -> dict[str, Any]:
     """Answer ``turn`` whole, as an OpenAI ``chat.completion`` object (with the ids and
     versions that served it under ``macaron``)."""
@@ -93,6 +101,7 @@ async def completion(
     with _span(principal):
         outcome = await service.run_turn(principal, turn, collect, asyncio.Event())
     started = next(f for f in frames if isinstance(f, wire.TurnStarted))
+    message, called = answer_message(_content(outcome, frames), tools, _call_id(outcome.turn_id))
     return {
         "id": f"chatcmpl-{outcome.turn_id}",
         "object": "chat.completion",
@@ -101,13 +110,17 @@ async def completion(
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": _content(outcome, frames)},
-                "finish_reason": _finish(outcome.finish_reason),
+                "message": message,
+                "finish_reason": called or _finish(outcome.finish_reason),
             }
         ],
         "usage": _usage(outcome.prompt_tokens, outcome.completion_tokens),
         "macaron": _provenance(started),
     }
+
+
+def _call_id(turn_id: UUID) -> str:
+    return f"call_{turn_id.hex}"
 
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
@@ -139,8 +152,10 @@ async def _stream(
     service: ChatService, principal: Principal, turn: TurnRequest, body: ChatCompletionRequest
 ) -> AsyncIterator[str]:
     """Server-sent events in OpenAI's chunk format; the last chunk comes only once the turn is
-    durable. A client that goes away does not stop the turn from being recorded."""
+    durable. A client that goes away does not stop the turn from being recorded. With
+    ``tools``, the answer comes whole before the last chunk: a call, or text."""
     queue: asyncio.Queue[wire.Frame | None] = asyncio.Queue()
+    answered: list[TurnOutcome] = []
 
     async def sink(frame: wire.Frame) -> None:
         await queue.put(frame)
@@ -148,7 +163,7 @@ async def _stream(
     async def run() -> None:
         try:
             with _span(principal):
-                await service.run_turn(principal, turn, sink, asyncio.Event())
+                answered.append(await service.run_turn(principal, turn, sink, asyncio.Event()))
         except MacaronError as exc:
             await queue.put(wire.Error.of(exc))
         finally:
@@ -156,6 +171,7 @@ async def _stream(
 
     task = asyncio.create_task(run())
     base: dict[str, Any] = {"object": "chat.completion.chunk", "created": int(time.time())}
+    completed: wire.TurnCompleted | None = None
     while (frame := await queue.get()) is not None:
         match frame:
             case wire.TurnStarted():
@@ -165,34 +181,60 @@ async def _stream(
                     "macaron": _provenance(frame),
                 }
                 yield _event(base, {"role": "assistant", "content": ""}, None)
+            case wire.Token() | wire.GenUI() if body.tools:
+                pass  # the answer comes whole, once it is known to be a call or not
             case wire.Token():
                 yield _event(base, {"content": frame.delta}, None)
             case wire.GenUI():
                 yield _event(base, {"content": json.dumps(frame.tree)}, None)
+            case wire.TurnCompleted() if body.tools:
+                completed = frame
             case wire.TurnCompleted():
-                chunk = _chunk(base, {}, _finish(frame.finish_reason))
-                if body.stream_options is not None and body.stream_options.include_usage:
-                    chunk["usage"] = _usage(
-                        frame.usage.prompt_tokens, frame.usage.completion_tokens
-                    )
-                yield f"data: {json.dumps(chunk)}\n\n"
+                yield _last(base, frame, body, None)
             case wire.Error():
-                error = {
-                    "code": frame.code,
-                    "message": frame.message,
-                    "type": frame.code,
-                    "retryable": frame.retryable,
-                }
-                yield f"data: {json.dumps({'error': error})}\n\n"
+                yield _error_event(frame)
     await task
+    if completed is not None and answered:
+        outcome = answered[0]
+        message, called = answer_message(outcome.text, body.tools, _call_id(outcome.turn_id))
+        delta = {"content": message["content"]}
+        if called:
+            delta = {"tool_calls": [{"index": 0, **message["tool_calls"][0]}]}
+        yield _event(base, delta, None)
+        yield _last(base, completed, body, called)
     yield "data: [DONE]\n\n"
 
 
-def _chunk(base: dict[str, Any], delta: dict[str, str], finish: str | None) -> dict[str, Any]:
+def _error_event(frame: wire.Error) -> str:
+    error = {
+        "code": frame.code,
+        "message": frame.message,
+        "type": frame.code,
+        "retryable": frame.retryable,
+    }
+    return f"data: {json.dumps({'error': error})}\n\n"
+
+
+def _last(
+    base: dict[str, Any],
+    frame: wire.TurnCompleted,
+    body: ChatCompletionRequest,
+    called: str | None,
+) -> str:
+    """The finish chunk and, when asked (``include_usage``), the usage in a chunk of its own
+    with no choices, as the API sends it."""
+    last = _event(base, {}, called or _finish(frame.finish_reason))
+    if body.stream_options is not None and body.stream_options.include_usage:
+        usage = _usage(frame.usage.prompt_tokens, frame.usage.completion_tokens)
+        last += f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n"
+    return last
+
+
+def _chunk(base: dict[str, Any], delta: dict[str, Any], finish: str | None) -> dict[str, Any]:
     return {**base, "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
 
 
-def _event(base: dict[str, Any], delta: dict[str, str], finish: str | None) -> str:
+def _event(base: dict[str, Any], delta: dict[str, Any], finish: str | None) -> str:
     return f"data: {json.dumps(_chunk(base, delta, finish))}\n\n"
 
 

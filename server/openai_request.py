@@ -11,6 +11,7 @@ from core.engine import OutputConstraint
 from core.errors import InvalidFrame, UnsupportedParameter
 from core.events import RequestedDecoding
 from server.engines.grammar import checked
+from server.openai_tools import MAX_TOOLS, AssistantToolCall, ToolChoice, ToolDef, tool_decoding
 from server.protocol import MAX_CONTENT_CHARS, Text
 
 
@@ -23,28 +24,43 @@ class TextPart(BaseModel):
 
 class ChatCompletionMessage(BaseModel):
     """A message as the API sends it: content as a string or as a list of text parts;
-    ``developer`` is the newer name of ``system``."""
+    ``developer`` is the newer name of ``system``; an assistant message may carry the
+    ``tool_calls`` it made (and then no content), a ``tool`` message a call's result."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart] = Field(max_length=MAX_CONTENT_CHARS)
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Text | list[TextPart] | None = Field(default=None, max_length=MAX_CONTENT_CHARS)
+    tool_calls: list[AssistantToolCall] | None = Field(default=None, max_length=16)
+    tool_call_id: str | None = Field(default=None, max_length=100)
 
     @model_validator(mode="after")
-    def _not_too_long(self) -> ChatCompletionMessage:
+    def _well_formed(self) -> ChatCompletionMessage:
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required, except for an assistant's tool_calls")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant message carries tool_calls")
         if len(self.text) > MAX_CONTENT_CHARS:
             raise ValueError(f"a message holds at most {MAX_CONTENT_CHARS} characters")
         return self
 
     @property
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        """The message as the model reads it: a call as the call it wrote, a tool's result
+        as the harness shows its own (``Tool result: ...``)."""
+        if isinstance(self.content, list):
+            written = "".join(part.text for part in self.content)
+        else:
+            written = self.content or ""
+        calls = [call.as_written() for call in self.tool_calls or []]
+        written = "\n".join([written, *calls] if written else calls)
+        return f"Tool result: {written}" if self.role == "tool" else written
 
     @property
     def chat_role(self) -> Literal["system", "user", "assistant"]:
-        return "system" if self.role == "developer" else self.role
+        if self.role == "developer":
+            return "system"
+        return "user" if self.role == "tool" else self.role
 
 
 class JsonSchemaFormat(BaseModel):
@@ -106,6 +122,9 @@ class ChatCompletionRequest(BaseModel):
     top_logprobs: int | None = None
     n: int | None = None
     response_format: ResponseFormat | None = None
+    tools: list[ToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
 
     def decoding(self) -> RequestedDecoding | None:
         """What the request asks of the sampling (``None``: nothing), refusing by name what
@@ -131,6 +150,12 @@ class ChatCompletionRequest(BaseModel):
 
     def _output(self) -> dict[str, Any]:
         wanted = self.response_format
+        if self.tools:
+            if wanted is not None and wanted.type != "text":
+                raise UnsupportedParameter("response_format is not supported together with tools")
+            return tool_decoding(self.tools, self.tool_choice)
+        if self.tool_choice is not None:
+            raise InvalidFrame("tool_choice needs tools")
         if wanted is None or wanted.type == "text":
             return {}
         if wanted.type == "json_object":

@@ -132,7 +132,7 @@ def _client_constraint(asked: RequestedDecoding) -> OutputConstraint | None:
     """The output format the client asked for, enforced while decoding (``None``: none)."""
     if asked.output is None:
         return None
-    return OutputConstraint(kind=asked.output, json_schema=asked.json_schema)
+    return OutputConstraint(kind=asked.output, json_schema=asked.json_schema, or_text=asked.or_text)
 
 
 def _sampling(

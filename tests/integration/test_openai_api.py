@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import Iterator
@@ -98,8 +99,9 @@ def test_streaming_with_a_named_specialist(served: Running) -> None:
     )
     chunks = list(stream)
     assert {c.model for c in chunks} == {"genui"}
-    assert chunks[-1].choices[0].finish_reason == "length" and chunks[-1].usage is not None
-    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert chunks[-2].choices[0].finish_reason == "length" and chunks[-2].usage is None
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None  # usage comes last, alone
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     extra = chunks[0].model_extra or {}
     events = served.events(extra["macaron"]["conversation_id"])
     [received] = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
@@ -259,6 +261,7 @@ def test_the_sampling_parameters_clients_send_are_applied_and_recorded(served: R
         "stop": ("zq",),
         "output": None,
         "json_schema": None,
+        "or_text": False,
     }
     short = oa.chat.completions.create(
         model="chat", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=2
@@ -373,3 +376,177 @@ def test_response_format_constrains_the_answer_while_decoding(served: Running) -
 def as_format(value: dict[str, Any]) -> Any:
     """A ``response_format`` as the client sends it (the SDK's typed dicts, untyped here)."""
     return value
+
+
+WEATHER: Any = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string"},
+                "unit": {"type": "string", "enum": ["c", "f"]},
+            },
+            "required": ["city", "unit"],
+        },
+    },
+}
+CLOCK: Any = {"type": "function", "function": {"name": "get_time", "description": "The time."}}
+ASK: Any = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.fixture(scope="module")
+def tooled(
+    stack: LocalStack,
+    tiny_model: Path,
+    router: RouterService,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Running]:
+    """A server whose answers may be long enough for a call with a free string argument."""
+    with serving(
+        stack, tmp_path_factory, router=router, model_dir=tiny_model, max_new_tokens=160
+    ) as running:
+        yield running
+
+
+def test_a_required_tool_call_comes_back_as_openai_tool_calls_and_runs_nothing(
+    tooled: Running,
+) -> None:
+    """The random tiny model, constrained to the client's tool schema, answers with a call of
+    it: returned as ``tool_calls`` (the arguments valid against the schema, strings bounded),
+    recorded with the schema it was decoded under, and never run by the server."""
+    oa = client(tooled, tooled.key("oa-tools"))
+    done = oa.chat.completions.create(
+        model="agent", messages=ASK, tools=[WEATHER, CLOCK], tool_choice="required"
+    )
+    choice = done.choices[0]
+    assert choice.finish_reason == "tool_calls" and choice.message.content is None
+    [call] = choice.message.tool_calls or []
+    assert call.type == "function" and call.id.startswith("call_")
+    assert call.function.name in {"get_weather", "get_time"}
+    args = json.loads(call.function.arguments)
+    if call.function.name == "get_weather":
+        assert set(args) == {"city", "unit"} and args["unit"] in {"c", "f"}
+        assert isinstance(args["city"], str) and len(args["city"]) <= 40
+    else:
+        assert args == {}
+    ids = (done.model_extra or {})["macaron"]
+    events = tooled.events(ids["conversation_id"])
+    [started] = [e.payload for e in events if isinstance(e.payload, ConversationStarted)]
+    assert started.history[0].role == "system" and "get_weather" in started.history[0].content
+    [received] = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
+    assert received.decoding is not None and received.decoding.output == "json_schema"
+    assert received.decoding.or_text is False
+    assert not [e for e in events if isinstance(e.payload, HarnessActionExecuted)]
+    named = oa.chat.completions.create(
+        model="chat",
+        messages=ASK,
+        tools=[WEATHER, CLOCK],
+        tool_choice={"type": "function", "function": {"name": "get_time"}},
+    )
+    [only] = named.choices[0].message.tool_calls or []
+    assert only.function.name == "get_time"  # type: ignore[union-attr]
+
+
+def test_a_tool_call_streams_as_one_delta_and_the_conversation_goes_on_with_its_result(
+    tooled: Running,
+) -> None:
+    oa = client(tooled, tooled.key("oa-tools-stream"))
+    chunks = list(
+        oa.chat.completions.create(
+            model="chat",
+            messages=ASK,
+            tools=[WEATHER],
+            tool_choice="required",
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    calls = [c.choices[0].delta.tool_calls for c in chunks if c.choices and c.choices[0].delta]
+    [[streamed]] = [c for c in calls if c]
+    assert streamed.index == 0 and streamed.function is not None
+    assert streamed.function.name == "get_weather"
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "tool_calls"
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    follow_up: Any = [
+        *ASK,
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": streamed.id,
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": streamed.function.arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": streamed.id, "content": "sunny, 21 C"},
+    ]
+    answer = oa.chat.completions.create(
+        model="chat", messages=follow_up, tools=[WEATHER], tool_choice="none", max_tokens=8
+    )
+    assert answer.choices[0].message.tool_calls is None
+    assert isinstance(answer.choices[0].message.content, str)
+    events = tooled.events((answer.model_extra or {})["macaron"]["conversation_id"])
+    [started] = [e.payload for e in events if isinstance(e.payload, ConversationStarted)]
+    assert [m.role for m in started.history] == ["system", "user", "assistant"]
+    assert json.loads(started.history[2].content)["tool"] == "get_weather"
+    [received] = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
+    assert received.content == "Tool result: sunny, 21 C"
+    assert received.decoding is not None and received.decoding.output is None  # tool_choice none
+
+
+def test_tool_choice_auto_with_the_async_client_answers_a_call_or_text(tooled: Running) -> None:
+    """``auto``: a call or plain text, as the model likes (recorded as ``or_text``); whichever
+    came, the response says it consistently."""
+
+    async def ask() -> Any:
+        async with openai.AsyncOpenAI(
+            base_url=f"{tooled.http}/v1", api_key=tooled.key("oa-tools-async"), max_retries=0
+        ) as oa:
+            return await oa.chat.completions.create(model="agent", messages=ASK, tools=[WEATHER])
+
+    done = asyncio.run(ask())
+    choice = done.choices[0]
+    events = tooled.events((done.model_extra or {})["macaron"]["conversation_id"])
+    [received] = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
+    assert received.decoding is not None and received.decoding.or_text is True
+    if choice.finish_reason == "tool_calls":
+        [call] = choice.message.tool_calls or []
+        assert call.function.name == "get_weather"
+    else:
+        assert choice.message.tool_calls is None and choice.message.content is not None
+        if choice.finish_reason == "stop":  # not cut at the limit: text, never a half call
+            assert not choice.message.content.startswith("{")
+
+
+def test_bad_tool_requests_are_typed_400s_and_record_nothing(tooled: Running) -> None:
+    key = tooled.key("oa-tools-bad")
+    before = len(tooled.events())
+    cases: list[tuple[dict[str, Any], str]] = [
+        ({"tool_choice": "required"}, "invalid_frame"),  # no tools
+        (
+            {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "invalid_frame",
+        ),
+        ({"tools": [WEATHER], "response_format": {"type": "json_object"}}, "unsupported_parameter"),
+        ({"tools": [{"type": "function", "function": {"name": "no spaces"}}]}, "invalid_frame"),
+        ({"tools": [{"type": "retrieval"}]}, "invalid_frame"),
+        (
+            {"messages": [{"role": "tool", "content": None, "tool_call_id": "c"}]},
+            "invalid_frame",
+        ),
+    ]
+    for extra, code in cases:
+        body = {"model": "chat", "messages": ASK, **extra}
+        response = httpx.post(
+            f"{tooled.http}/v1/chat/completions",
+            json=body,
+            headers={"Authorization": f"Bearer {key}"},
+        )
+        assert response.status_code == 400, (extra, response.text)
+        assert response.json()["error"]["code"] == code, extra
+    assert len(tooled.events()) == before
