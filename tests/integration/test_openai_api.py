@@ -12,6 +12,8 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from langchain_openai import ChatOpenAI
+from pydantic import SecretStr
 
 from core.events import (
     ConversationStarted,
@@ -550,3 +552,27 @@ def test_bad_tool_requests_are_typed_400s_and_record_nothing(tooled: Running) ->
         assert response.status_code == 400, (extra, response.text)
         assert response.json()["error"]["code"] == code, extra
     assert len(tooled.events()) == before
+
+
+def test_langchain_chat_openai_chats_streams_and_binds_tools(tooled: Running) -> None:
+    """A popular framework client from PyPI (``langchain-openai``'s ``ChatOpenAI``) against the
+    server: a reply, a stream, and a tool call it parses into its own ``tool_calls``."""
+    llm = ChatOpenAI(
+        base_url=f"{tooled.http}/v1",
+        api_key=SecretStr(tooled.key("langchain")),
+        model="chat",
+        max_completion_tokens=8,
+        max_retries=0,
+    )
+    reply = llm.invoke("Say hello.")
+    assert isinstance(reply.content, str)
+    assert reply.response_metadata["model_name"] == "chat"
+    assert reply.usage_metadata is not None and reply.usage_metadata["output_tokens"] <= 8
+    streamed = list(llm.stream("Say hello."))
+    assert streamed and all(isinstance(chunk.content, str) for chunk in streamed)
+    caller = llm.model_copy(update={"max_tokens": None}).bind_tools(
+        [WEATHER], tool_choice="get_weather"
+    )
+    called = caller.invoke("Weather in Paris?")
+    [call] = called.tool_calls
+    assert call["name"] == "get_weather" and call["args"]["unit"] in {"c", "f"}
