@@ -244,6 +244,14 @@ class RateLimited(MacaronError):
     retryable = True
 
 
+class RateLimitUnavailable(MacaronError):
+    """The shared rate limit's storage (Redis) cannot be reached: the turn is refused, not let
+    through uncounted."""
+
+    code = "unavailable"
+    retryable = True
+
+
 class TooManyConnections(MacaronError):
     """The tenant has as many open connections as it may."""
 

@@ -29,6 +29,7 @@ from server.gate import Gate
 from server.promotion import PromotionListener
 from server.releases import ensure_root_release, load_release
 from server.router import RouterService, SentenceEmbedder
+from server.turns.rate import MEMORY
 from server.turns.request import ChatLimits, Router
 from streams.experience import ExperienceBuilder
 from streams.host import ProcessorHost
@@ -136,7 +137,11 @@ def chat_server(
     limits = ChatLimits(
         turns_per_minute=settings.turns_per_minute, max_new_tokens=settings.max_new_tokens
     )
-    chat = ChatService(log, engine, router, release, harness, limits=limits)
+    # Counted in Redis when one is configured, so replicas share each key's limit.
+    rate_storage = settings.redis_url or MEMORY
+    chat = ChatService(
+        log, engine, router, release, harness, limits=limits, rate_storage=rate_storage
+    )
     gate = Gate(db, max_connections_per_tenant=settings.max_connections_per_tenant)
     listener = PromotionListener(chat, db, store, log)
     return Server(create_app(chat, gate, listener), chat, engine, log, db)

@@ -26,7 +26,7 @@ from server.turns.agent import AgentLoop
 from server.turns.conversations import ConversationStore
 from server.turns.feedback import TurnFeedback
 from server.turns.pipeline import TurnPipeline
-from server.turns.rate import TurnRateLimiter
+from server.turns.rate import MEMORY, TurnRateLimiter
 from server.turns.request import ChatLimits, Router, Sink, TurnOutcome, TurnRequest
 from server.turns.tracker import ReleaseTracker
 
@@ -41,6 +41,7 @@ class ChatService:
         harness: HarnessVersion,
         *,
         limits: ChatLimits | None = None,
+        rate_storage: str = MEMORY,
         clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.log = log
@@ -49,7 +50,7 @@ class ChatService:
         self.limits = limits or ChatLimits()  # replaceable at run time: the parts read it per turn
         self.store = ConversationStore(log, clock, lambda: self.limits.max_cached_conversations)
         self._tracker = ReleaseTracker(engine, release, harness)
-        self._rate = TurnRateLimiter(lambda: self.limits.turns_per_minute)
+        self._rate = TurnRateLimiter(lambda: self.limits.turns_per_minute, rate_storage)
         agent = AgentLoop(engine, self.store, lambda: self.limits, clock)
         self._pipeline = TurnPipeline(self.store, self._tracker, router, agent)
         self._feedback = TurnFeedback(self.store)

@@ -16,9 +16,11 @@ import psycopg
 import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
+from core.settings import Settings
 from infra.local_stack import LocalStack
 from server.router import RouterService
-from tests.serving import Running, following, frames_until, send, serving
+from tests.conftest import fresh_database
+from tests.serving import Running, following, frames_until, running_server, send, serving
 
 pytestmark = pytest.mark.security
 
@@ -220,3 +222,35 @@ def test_the_rate_limit_holds_per_key(served: Running) -> None:
     assert outcomes == ["turn_completed"] * TURNS_PER_MINUTE + ["rate_limited"] * 2
     other = served.key(tenant())  # another key is not slowed by this one
     assert a_turn(served, other)["turn_id"]
+
+
+def test_two_servers_share_each_keys_rate_limit_through_redis(
+    stack: LocalStack,
+    tiny_model: Path,
+    router: RouterService,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """Two replicas on one database and one Redis: a key's limit is counted once for both (in
+    memory, each would allow it in full). Another key is not slowed."""
+    with fresh_database(stack) as url:
+        config = Settings(
+            home=tmp_path_factory.mktemp("replicas"),
+            database_url=url,
+            model_dir=tiny_model,
+            max_new_tokens=4,
+            turns_per_minute=2,
+            redis_url=stack.redis.url().rsplit("/", 1)[0] + "/5",
+        )
+        with (
+            running_server(config, router=router) as one,
+            running_server(config, router=router) as two,
+        ):
+            key = one.key(tenant())
+            assert a_turn(one, key)["turn_id"] and a_turn(two, key)["turn_id"]
+            for replica in (one, two):
+                with replica.connect(key) as ws:
+                    frames_until(ws, "ready")
+                    send(ws, type="user_turn", client_msg_id="third", content="hi")
+                    error = frames_until(ws, "error")[-1]
+                assert (error["code"], error["retryable"]) == ("rate_limited", True)
+            assert a_turn(two, one.key(tenant()))["turn_id"]

@@ -4,6 +4,7 @@ store (cache, eviction, one turn at a time, two writers on one conversation)."""
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 
 import pytest
@@ -39,17 +40,20 @@ def test_hold_back_streams_text_and_holds_json_until_judged() -> None:
     assert genui.delta("plain") == "" and genui.released("plain") == ""
 
 
-def test_the_rate_limit_is_a_sliding_minute_per_key() -> None:
-    now = [1000.0]
-    limiter = TurnRateLimiter(lambda: 2, clock=lambda: now[0])
+def test_the_rate_limit_is_a_moving_window_per_key() -> None:
+    limiter = TurnRateLimiter(lambda: 2, window_s=2)
     key, other = uuid.uuid4(), uuid.uuid4()
     limiter.check(key)
-    now[0] += 30
+    time.sleep(1.0)
     limiter.check(key)
-    with pytest.raises(RateLimited, match="retry in 30 s"):
+    limiter.room(other)  # room counts nothing
+    with pytest.raises(RateLimited, match=r"at most 2 turns in 2 s per key; retry in [01] s"):
+        limiter.room(key)
+    with pytest.raises(RateLimited):
         limiter.check(key)
     limiter.check(other)
-    now[0] += 31  # the first turn left the window
+    limiter.check(other)
+    time.sleep(1.1)  # the first turn left the window, the second not yet
     limiter.check(key)
     with pytest.raises(RateLimited):
         limiter.check(key)
