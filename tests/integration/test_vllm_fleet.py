@@ -30,6 +30,7 @@ from core.errors import (
     AdapterNotFound,
     AdapterRankTooLarge,
     BaseModelNotServed,
+    ContextLengthExceeded,
     EngineOverloaded,
     EngineUnavailable,
 )
@@ -341,6 +342,27 @@ def test_many_seeded_samples_with_long_prompts_leave_the_replicas_healthy(
     results = asyncio.run(all_at_once())
     assert all(chunks[-1].completion_tokens == 8 for chunks in results)
     assert all(r.healthy for r in fleet.replicas)
+
+
+def test_a_prompt_longer_than_the_replicas_take_is_context_length_exceeded(
+    fleet: FleetEngine, adapters: dict[str, Path]
+) -> None:
+    """The replicas list their ``max_model_len`` (2048 here); a prompt that leaves no room for
+    an answer token is refused by the fleet as the local engine refuses it, not sent."""
+    fleet.load_adapter("coding@1", str(adapters["coding@1"]))
+    assert {r.max_model_len for r in fleet.replicas} == {2048}
+    sent = sum(r.requests for r in fleet.replicas)
+    too_long = GenerationRequest(
+        request_id="too-long",
+        prompt=tuple(range(100, 100 + 2048)),
+        adapter="coding@1",
+        params=SamplingParams(max_tokens=4),
+    )
+    with pytest.raises(ContextLengthExceeded, match="2048 tokens; this model takes at most 2047"):
+        asyncio.run(collect(fleet, too_long))
+    assert sum(r.requests for r in fleet.replicas) == sent
+    fits = too_long.model_copy(update={"prompt": tuple(range(100, 100 + 2000))})
+    assert asyncio.run(collect(fleet, fits))[-1].completion_tokens == 4
 
 
 def test_adapters_above_the_rank_limit_are_refused(

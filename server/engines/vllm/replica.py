@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from core.errors import AdapterInvalid, EngineError
+from core.errors import AdapterInvalid, ContextLengthExceeded, EngineError
 from server.engines.vllm.errors import ReplicaLost, error_info
 
 log = logging.getLogger(__name__)
@@ -29,6 +29,17 @@ def _has_choices(body: bytes) -> bool:
         return False
 
 
+def check_context(replicas: list[Replica], prompt_tokens: int) -> None:
+    """Refuse a prompt that leaves no room for one answer token on the replica with the
+    shortest ``max_model_len`` (vLLM's own refusal would reach the user as ``engine_error``)."""
+    lengths = [r.max_model_len for r in replicas if r.max_model_len is not None]
+    if lengths and prompt_tokens >= min(lengths):
+        raise ContextLengthExceeded(
+            f"the context is {prompt_tokens} tokens; this model takes at most "
+            f"{min(lengths) - 1}: send a shorter message or fewer earlier ones"
+        )
+
+
 @dataclass(eq=False)
 class Replica:
     """A vLLM server at ``url`` (such as ``http://10.0.0.5:8000``), reached through ``http``."""
@@ -38,9 +49,11 @@ class Replica:
     healthy: bool = False
     in_flight: int = 0
     requests: int = 0  # sent to it so far, retries included
+    max_model_len: int | None = None  # prompt and answer, in tokens (from /v1/models)
 
     def served(self) -> set[str]:
-        """Model names the replica serves (its base model and loaded adapters)."""
+        """Model names the replica serves (its base model and loaded adapters); notes the
+        context length it takes."""
         try:
             response = self.http.get(f"{self.url}/v1/models", timeout=CONNECT_TIMEOUT_S)
         except httpx.TransportError as exc:
@@ -48,8 +61,13 @@ class Replica:
         if response.status_code != 200:
             raise ReplicaLost(f"/v1/models answered {response.status_code}")
         try:
-            return {str(model["id"]) for model in response.json()["data"]}
-        except (ValueError, KeyError, TypeError) as exc:
+            models = response.json()["data"]
+            lengths = [
+                m["max_model_len"] for m in models if isinstance(m.get("max_model_len"), int)
+            ]
+            self.max_model_len = min(lengths, default=None)
+            return {str(model["id"]) for model in models}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ReplicaLost(f"/v1/models answered what is not a model list ({exc!r})") from exc
 
     def load(self, name: str, path: str) -> None:
