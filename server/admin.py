@@ -14,7 +14,7 @@ from starlette.responses import JSONResponse, Response
 
 from core.auth import Principal, bearer_key
 from core.errors import PromotionFailed, ReleaseNotFound, TurnNotFound
-from infra.postgres.lineage import lineage
+from infra.postgres.lineage import lineage, releases
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.scores import live_scores
 from infra.postgres.turn_audit import audit_turn
@@ -45,6 +45,18 @@ async def lineage_endpoint(request: Request) -> Response:
             return [step.model_dump(mode="json") for step in lineage(conn, ref)]
 
     return JSONResponse({"ref": ref, "lineage": await asyncio.to_thread(walk)})
+
+
+async def releases_endpoint(request: Request) -> Response:
+    """``GET /admin/releases``: every release, newest first (the console's timeline)."""
+    await _admin(request)
+    pool = request.app.state.gate.pool
+
+    def read() -> list[dict[str, Any]]:
+        with pool.connection() as conn:
+            return [step.model_dump(mode="json") for step in releases(conn)]
+
+    return JSONResponse({"releases": await asyncio.to_thread(read)})
 
 
 async def turn_audit_endpoint(request: Request) -> Response:

@@ -116,6 +116,11 @@ async def index(request: Request) -> Response:
     return FileResponse(WEB / "index.html")
 
 
+async def console(request: Request) -> Response:
+    """The operator console (its API calls need an admin key)."""
+    return FileResponse(WEB / "console.html")
+
+
 def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -131,6 +136,7 @@ def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> St
         lifespan=lifespan,
         routes=[
             Route("/", index),
+            Route("/console", console),
             Mount("/web", StaticFiles(directory=WEB), name="web"),
             WebSocketRoute("/v1/ws", websocket_chat),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
@@ -149,6 +155,7 @@ def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> St
                 methods=["POST"],
             ),
             Route("/admin/lineage/{ref}", admin.lineage_endpoint),
+            Route("/admin/releases", admin.releases_endpoint),
             Route("/admin/scores", admin.scores_endpoint),
             Route("/admin/turns/{turn_id}/audit", admin.turn_audit_endpoint),
             Route("/admin/promote", admin.promote_endpoint, methods=["POST"]),

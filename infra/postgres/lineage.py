@@ -45,10 +45,19 @@ def lineage(conn: DictConnection, ref: str) -> list[LineageStep]:
     return _adapter_chain(conn, match[1], int(match[2])) if match else _release_chain(conn, ref)
 
 
-def _release_chain(conn: DictConnection, release_id: str) -> list[LineageStep]:
-    steps = []
+def releases(conn: DictConnection) -> list[LineageStep]:
+    """Every release, newest first, each as its own lineage step (adapters, harness, router,
+    the run that made it with its evaluations, its promotions)."""
+    rows = conn.execute("SELECT release_id FROM releases ORDER BY created_at DESC").fetchall()
+    return [_release_chain(conn, row["release_id"], depth=1)[0] for row in rows]
+
+
+def _release_chain(
+    conn: DictConnection, release_id: str, depth: int | None = None
+) -> list[LineageStep]:
+    steps: list[LineageStep] = []
     current: str | None = release_id
-    while current is not None:
+    while current is not None and (depth is None or len(steps) < depth):
         row = conn.execute("SELECT * FROM releases WHERE release_id = %s", (current,)).fetchone()
         if row is None:
             raise ReleaseNotFound(f"no release {current}")
