@@ -14,8 +14,9 @@ from starlette.responses import JSONResponse, Response
 
 from core.auth import Principal, bearer_key
 from core.errors import PromotionFailed, ReleaseNotFound, TurnNotFound
-from infra.postgres.lineage import lineage, releases
+from infra.postgres.lineage import audit, lineage, releases
 from infra.postgres.promotions import request_promotion, wait_for_request
+from infra.postgres.runs import contract_scores
 from infra.postgres.scores import live_scores
 from infra.postgres.turn_audit import audit_turn
 from server.bodies import read_json
@@ -59,6 +60,21 @@ async def releases_endpoint(request: Request) -> Response:
     return JSONResponse({"releases": await asyncio.to_thread(read)})
 
 
+async def audit_endpoint(request: Request) -> Response:
+    """``GET /admin/audit``: ``macaron audit verify`` (every key's hash chain, every adapter's
+    files against their sha256); it reads the whole log."""
+    await _admin(request)
+    pool = request.app.state.gate.pool
+    log, store = request.app.state.chat.log, request.app.state.store
+
+    def verify() -> dict[str, Any]:
+        with pool.connection() as conn:
+            report = audit(conn, log, store)
+        return {**report.model_dump(), "ok": report.ok}
+
+    return JSONResponse(await asyncio.to_thread(verify))
+
+
 async def turn_audit_endpoint(request: Request) -> Response:
     """``GET /admin/turns/{turn_id}/audit``: an admin key audits any turn, with the content of
     the records that trained its adapter; a chat key its own tenant's, without it."""
@@ -83,15 +99,19 @@ async def turn_audit_endpoint(request: Request) -> Response:
 
 
 async def scores_endpoint(request: Request) -> Response:
-    """Live contract scores per release and specialist, as counters and rates."""
+    """Live scores per release and specialist, as counters and rates; and each release's
+    contract scores per suite (``contract``), as its evaluations measured them."""
     await _admin(request)
     pool = request.app.state.gate.pool
 
-    def read() -> list[dict[str, Any]]:
+    def read() -> dict[str, Any]:
         with pool.connection() as conn:
-            return [_rates(row) for row in live_scores(conn)]
+            return {
+                "scores": [_rates(row) for row in live_scores(conn)],
+                "contract": contract_scores(conn),
+            }
 
-    return JSONResponse({"scores": await asyncio.to_thread(read)})
+    return JSONResponse(await asyncio.to_thread(read))
 
 
 def _ratio(part: float, whole: float) -> float | None:

@@ -156,6 +156,7 @@ def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> St
             ),
             Route("/admin/lineage/{ref}", admin.lineage_endpoint),
             Route("/admin/releases", admin.releases_endpoint),
+            Route("/admin/audit", admin.audit_endpoint),
             Route("/admin/scores", admin.scores_endpoint),
             Route("/admin/turns/{turn_id}/audit", admin.turn_audit_endpoint),
             Route("/admin/promote", admin.promote_endpoint, methods=["POST"]),
@@ -165,4 +166,5 @@ def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> St
     )
     app.state.chat = chat
     app.state.gate = gate
+    app.state.store = listener.store
     return app

@@ -221,3 +221,34 @@ def evaluated_outcomes(
         {"release": release_id, "version": contract_version},
     ).fetchall()
     return [dict(r) for r in rows]
+
+
+def contract_scores(conn: DictConnection) -> list[dict[str, Any]]:
+    """Each release's contract scores per contract version (share of tasks passed and share
+    well-formed, per suite), whichever evaluation measured it first (as a run's candidate or
+    parent, or on its own), oldest release first."""
+    rows = conn.execute(
+        "SELECT DISTINCT ON (s.release_id, s.contract_version) s.*, r.created_at AS released "
+        "FROM ("
+        "  SELECT r.release_id, e.contract_version, e.created_at, e.scores -> 'candidate' AS "
+        "  scores, e.scores -> 'formats' -> 'candidate' AS formats FROM releases r "
+        "  JOIN evaluations e ON e.run_id = r.run_id "
+        "  UNION ALL SELECT scores ->> 'parent_release_id', contract_version, created_at, "
+        "  scores -> 'parent', scores -> 'formats' -> 'parent' FROM evaluations "
+        "  WHERE scores ? 'parent_release_id' "
+        "  UNION ALL SELECT release_id, contract_version, created_at, scores -> 'release', "
+        "  scores -> 'formats' -> 'release' FROM evaluations WHERE run_id IS NULL"
+        ") s JOIN releases r ON r.release_id = s.release_id "
+        "ORDER BY s.release_id, s.contract_version, s.created_at"
+    ).fetchall()
+    found = [
+        {
+            "release_id": row["release_id"],
+            "contract_version": row["contract_version"],
+            "released_at": row["released"].isoformat(),
+            "scores": row["scores"],
+            "well_formed": row["formats"],
+        }
+        for row in rows
+    ]
+    return sorted(found, key=lambda r: (r["released_at"], r["contract_version"]))

@@ -120,7 +120,7 @@
   // --- live scores ---------------------------------------------------------------------------
 
   async function showScores() {
-    const { scores } = await api("/admin/scores");
+    const { scores, contract } = await api("/admin/scores");
     const body = document.querySelector("[data-testid=score-table] tbody");
     body.replaceChildren();
     for (const r of scores) {
@@ -130,6 +130,18 @@
         el("td", {}, percent(r.thumbs_up_rate)), el("td", {}, percent(r.edit_rate)),
         el("td", {}, percent(r.action_success_rate)), el("td", {}, percent(r.genui_validity_rate)),
         el("td", {}, r.mean_latency_ms === null ? "–" : `${r.mean_latency_ms.toFixed(0)} ms`)));
+    }
+    const measured = document.querySelector("[data-testid=contract-table] tbody");
+    measured.replaceChildren();
+    for (const r of contract) {
+      const suites = Object.keys(r.scores || {}).sort().map((suite) => {
+        const formed = r.well_formed && suite in r.well_formed ? ` / ${r.well_formed[suite].toFixed(2)}` : "";
+        return `${suite} ${r.scores[suite].toFixed(2)}${formed}`;
+      });
+      measured.append(el("tr", { testid: "contract-row" },
+        el("td", {}, r.released_at.slice(0, 19).replace("T", " ")),
+        el("td", { class: "mono" }, r.release_id), el("td", {}, r.contract_version),
+        el("td", { class: "mono" }, suites.join(" · "))));
     }
     const chart = $("score-chart");
     chart.replaceChildren(
@@ -190,6 +202,18 @@
     $("audit-result").replaceChildren(summary, events);
   }
 
+  async function verifyRecord() {
+    const box = $("verified");
+    box.hidden = false;
+    box.textContent = "verifying every key's chain and every adapter's files…";
+    const r = await api("/admin/audit");
+    box.replaceChildren(
+      el("span", { class: `tag ${r.ok ? "ok" : "bad"}` }, r.ok ? "record verified" : "record broken"),
+      ` ${r.events} events on ${r.keys} keys, ${r.adapters} adapters: ` +
+        `${r.chain_violations.length} chain violations, ${r.adapter_failures.length} adapter failures`,
+      ...[...r.chain_violations, ...r.adapter_failures].map((p) => el("div", { class: "mono" }, p)));
+  }
+
   // --- wiring --------------------------------------------------------------------------------
 
   const views = { releases: showReleases, scores: showScores, audit: async () => {} };
@@ -220,6 +244,7 @@
       tab.addEventListener("click", () => show(tab.dataset.view));
     }
     $("rollback").addEventListener("click", () => rollback());
+    $("verify").addEventListener("click", () => verifyRecord().catch((e) => notice(e.message)));
     $("audit-form").addEventListener("submit", (event) => {
       event.preventDefault();
       auditTurn($("turn-id").value.trim()).then(() => notice(""), (e) => notice(e.message));

@@ -5,6 +5,7 @@ charts, one turn's audit, and a chat key refused. Screenshots of each view are s
 from __future__ import annotations
 
 import shutil
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from playwright.sync_api import Page, expect, sync_playwright
 
 from infra.artifacts import write_identity_adapter
 from infra.local_stack import LocalStack
+from infra.postgres.runs import record_release_score
 from server.engines.instant import InstantEngine
 from server.router import RouterService
 from tests.browser.test_web_ui import CHROMIUM_ARGS
@@ -72,6 +74,17 @@ def test_the_console_shows_releases_scores_and_an_audit_and_promotes(
         tiny_model, tmp_path / "coding", base_model=tiny_model.name, rank=4, seed=1
     )
     child = successor(served, tmp_path / "coding", 4, "coding")
+    with served.server.pool.connection() as conn:  # as `macaron contract run` records one
+        record_release_score(
+            conn,
+            evaluation_id=uuid.uuid4(),
+            release_id=root,
+            contract_version="contract-test",
+            scores={
+                "release": {"chat": 0.25, "genui": 0.5},
+                "formats": {"release": {"genui": 1.0}},
+            },
+        )
     with following(served):
         turn_ids = traffic(served)
         page.on("dialog", lambda dialog: dialog.accept())  # the confirmations
@@ -95,6 +108,7 @@ def test_the_console_shows_releases_scores_and_an_audit_and_promotes(
         scored = page.get_by_test_id("score-row")
         expect(scored.filter(has_text="coding")).to_contain_text("100 %")  # its one edit
         expect(page.get_by_test_id("bar-chart")).to_have_count(2)
+        expect(page.get_by_test_id("contract-row")).to_contain_text("chat 0.25 · genui 0.50 / 1.00")
         page.screenshot(path=str(SCREENSHOTS / "console-scores.png"), full_page=True)
 
         page.get_by_test_id("tab-audit").click()
@@ -104,6 +118,11 @@ def test_the_console_shows_releases_scores_and_an_audit_and_promotes(
         expect(page.get_by_test_id("served-by")).to_contain_text(f"{root} · chat@0")
         expect(page.get_by_test_id("taught-by")).to_contain_text("a root adapter")
         expect(page.get_by_test_id("audit-events")).to_contain_text("FeedbackGiven")
+        page.get_by_test_id("verify").click()
+        expect(page.get_by_test_id("verified")).to_contain_text(
+            "0 chain violations, 0 adapter failures"
+        )
+        expect(page.get_by_test_id("verified")).to_contain_text("record verified")
         page.screenshot(path=str(SCREENSHOTS / "console-audit.png"), full_page=True)
 
     page.get_by_test_id("tab-releases").click()

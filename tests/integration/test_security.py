@@ -99,6 +99,8 @@ def test_admin_endpoints_refuse_chat_and_metrics_keys(served: Running) -> None:
     endpoints = [
         ("GET", "/admin/scores", None),
         ("GET", "/admin/lineage/genui@0", None),
+        ("GET", "/admin/releases", None),
+        ("GET", "/admin/audit", None),
         ("POST", "/admin/promote", {"release_id": "rel-x"}),
         ("POST", "/admin/rollback", None),
     ]
