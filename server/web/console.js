@@ -145,11 +145,18 @@
     }
     const chart = $("score-chart");
     chart.replaceChildren(
-      barChart("thumbs-up rate", scores, (r) => r.thumbs_up_rate),
-      barChart("edit rate", scores, (r) => r.edit_rate));
+      barChart("thumbs-up rate", scores, (r) => r.thumbs_up_rate, (r) => r.specialist),
+      barChart("edit rate", scores, (r) => r.edit_rate, (r) => r.specialist));
+    const suites = [...new Set(contract.flatMap((r) => Object.keys(r.scores || {})))].sort();
+    const releases = [...new Set(contract.map((r) => r.release_id))];
+    $("contract-chart").replaceChildren(...suites.map((suite) => barChart(
+      `${suite}: contract score per release, oldest first`,
+      contract.filter((r) => r.scores && suite in r.scores),
+      (r) => r.scores[suite],
+      (r) => `#${releases.indexOf(r.release_id)}`)));
   }
 
-  function barChart(title, rows, value) {
+  function barChart(title, rows, value, name) {
     const ns = "http://www.w3.org/2000/svg";
     const width = 40 * Math.max(rows.length, 1) + 20;
     const svg = document.createElementNS(ns, "svg");
@@ -166,13 +173,13 @@
       bar.setAttribute("height", Math.max(1, 100 * v));
       bar.setAttribute("fill", "#4f6bed");
       const tip = document.createElementNS(ns, "title");
-      tip.textContent = `${r.release_id} ${r.specialist}: ${percent(value(r))}`;
+      tip.textContent = `${r.release_id} ${name(r)}: ${percent(value(r))}`;
       bar.append(tip);
       const label = document.createElementNS(ns, "text");
       label.setAttribute("x", 10 + 40 * i);
       label.setAttribute("y", 126);
       label.setAttribute("class", "bar-label");
-      label.textContent = r.specialist.slice(0, 6);
+      label.textContent = name(r).slice(0, 6);
       svg.append(bar, label);
     });
     return el("figure", { testid: "bar-chart" }, svg, el("figcaption", {}, title));

@@ -107,7 +107,8 @@ def test_the_console_shows_releases_scores_and_an_audit_and_promotes(
         page.get_by_test_id("tab-scores").click()
         scored = page.get_by_test_id("score-row")
         expect(scored.filter(has_text="coding")).to_contain_text("100 %")  # its one edit
-        expect(page.get_by_test_id("bar-chart")).to_have_count(2)
+        expect(page.get_by_test_id("score-chart").get_by_test_id("bar-chart")).to_have_count(2)
+        expect(page.get_by_test_id("contract-chart").get_by_test_id("bar-chart")).to_have_count(2)
         expect(page.get_by_test_id("contract-row")).to_contain_text("chat 0.25 · genui 0.50 / 1.00")
         page.screenshot(path=str(SCREENSHOTS / "console-scores.png"), full_page=True)
 
