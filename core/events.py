@@ -279,10 +279,11 @@ class TurnReceived(EventPayload):
     v3 added the serving release, the harness stamp (``None`` on turns upcast from before the
     harness existed) and ``input_kind`` (a typed message, or a GenUI ``ui_event``); v4 added
     ``regenerates``, the turn this one answers again (the user asked to regenerate it); v5
-    added ``decoding``, what the client asked of the decoding (``None``: the harness's)."""
+    added ``decoding``, what the client asked of the decoding (``None``: the harness's); v6
+    added ``decoding.or_text`` (a client's tool call, or text)."""
 
     event_type = "TurnReceived"
-    schema_version = 5
+    schema_version = 6
     conversation_id: UUID
     turn_id: UUID
     client_msg_id: str = Field(min_length=1, max_length=200)
@@ -591,6 +592,14 @@ def _turn_received_v3(payload: dict[str, Any]) -> dict[str, Any]:
 def _turn_received_v4(payload: dict[str, Any]) -> dict[str, Any]:
     """v4 turns were sampled as their harness said."""
     payload.setdefault("decoding", None)
+    return payload
+
+
+@UPCASTERS.register("TurnReceived", 5)
+def _turn_received_v5(payload: dict[str, Any]) -> dict[str, Any]:
+    """v5 decodings were never a tool call or text: a client's format was enforced alone."""
+    if isinstance(payload.get("decoding"), dict):
+        payload["decoding"].setdefault("or_text", False)
     return payload
 
 

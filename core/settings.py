@@ -56,7 +56,9 @@ class Settings(BaseSettings):
     max_new_tokens: int = Field(default=256, ge=1, le=8192)
 
     redis_url: str | None = Field(
-        default=None, description="Celery broker and results; unset means the embedded Redis"
+        default=None,
+        description="Celery broker and results, and the servers' shared per-key rate limits; "
+        "unset means the embedded Redis (and each server counts its own limits in memory)",
     )
     train_threshold: int = Field(
         default=32, ge=1, le=1_000_000, description="new experience records that start a run"

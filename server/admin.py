@@ -1,6 +1,6 @@
 """The admin API (keys with the ``admin`` scope): lineage, live contract scores, promotion and
 rollback by hand; and one turn's audit, which a ``chat`` key may also ask for its own tenant's
-turns (counts and ids, without the training records' content)."""
+turns (the training records counted, not listed)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from infra.postgres.lineage import audit, lineage, releases
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.runs import contract_scores
 from infra.postgres.scores import live_scores
-from infra.postgres.turn_audit import audit_turn
+from infra.postgres.turn_audit import Shown, audit_turn
 from server.bodies import read_json
 from server.gate import Gate
 
@@ -76,8 +76,8 @@ async def audit_endpoint(request: Request) -> Response:
 
 
 async def turn_audit_endpoint(request: Request) -> Response:
-    """``GET /admin/turns/{turn_id}/audit``: an admin key audits any turn, with the content of
-    the records that trained its adapter; a chat key its own tenant's, without it."""
+    """``GET /admin/turns/{turn_id}/audit``: an admin key audits any turn, with the records that
+    trained its adapter and their content; a chat key its own tenant's, with their counts."""
     gate: Gate = request.app.state.gate
     principal = await gate.identify(bearer_key(request.headers.get("authorization")))
     admin = principal.allows("admin")
@@ -92,7 +92,8 @@ async def turn_audit_endpoint(request: Request) -> Response:
     def read() -> dict[str, Any]:
         with gate.pool.connection() as conn:
             tenant = None if admin else principal.tenant_id
-            report = audit_turn(conn, log, turn_id, tenant_id=tenant, with_content=admin)
+            shown: Shown = "content" if admin else "counts"
+            report = audit_turn(conn, log, turn_id, tenant_id=tenant, records=shown)
         return {**report.model_dump(mode="json"), "chain_ok": report.chain_ok}
 
     return JSONResponse(await asyncio.to_thread(read))

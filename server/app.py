@@ -54,6 +54,7 @@ STATUS: dict[type[errors.MacaronError], int] = {
     errors.EngineOverloaded: 503,
     errors.EngineUnavailable: 503,
     errors.LogUnavailable: 503,
+    errors.RateLimitUnavailable: 503,
 }
 
 

@@ -88,7 +88,7 @@ class ChatService:
         self, principal: Principal, request: TurnRequest, sink: Sink, cancel: asyncio.Event
     ) -> TurnOutcome:
         """Answer one turn, streaming frames to ``sink``; returns once the turn is durable."""
-        self._rate.check(principal.key_id)
+        await asyncio.to_thread(self._rate.check, principal.key_id)
         return await self._pipeline.run(principal, request, sink, cancel)
 
     async def feedback(
@@ -97,7 +97,7 @@ class ChatService:
         """Record feedback on a completed turn of this tenant's conversation (a ``regenerate``
         asks for a turn: refused first, recording nothing, when the key is out of turns)."""
         if frame.kind == "regenerate":
-            self._rate.room(principal.key_id)
+            await asyncio.to_thread(self._rate.room, principal.key_id)
         return await self._feedback.feedback(principal, conversation_id, frame)
 
     async def reroute(
@@ -105,7 +105,7 @@ class ChatService:
     ) -> TurnRequest:
         """Record a routing correction on a completed turn; the turn that answers it again
         (refused first, recording nothing, when the key is out of turns)."""
-        self._rate.room(principal.key_id)
+        await asyncio.to_thread(self._rate.room, principal.key_id)
         return await self._feedback.reroute(principal, conversation_id, frame, self.router.active)
 
     async def ui_event_turn(

@@ -82,7 +82,7 @@ async def chat_completions(request: Request) -> Response:
         return StreamingResponse(
             _stream(service, principal, turn, body), media_type="text/event-stream"
         )
-    return JSONResponse(await completion(service, principal, turn, body.tools))
+    return JSONResponse(await completion(service, principal, turn, body.callable_tools()))
 
 
 async def completion(
@@ -172,6 +172,7 @@ async def _stream(
     task = asyncio.create_task(run())
     base: dict[str, Any] = {"object": "chat.completion.chunk", "created": int(time.time())}
     completed: wire.TurnCompleted | None = None
+    tools = body.callable_tools()
     while (frame := await queue.get()) is not None:
         match frame:
             case wire.TurnStarted():
@@ -181,13 +182,13 @@ async def _stream(
                     "macaron": _provenance(frame),
                 }
                 yield _event(base, {"role": "assistant", "content": ""}, None)
-            case wire.Token() | wire.GenUI() if body.tools:
+            case wire.Token() | wire.GenUI() if tools:
                 pass  # the answer comes whole, once it is known to be a call or not
             case wire.Token():
                 yield _event(base, {"content": frame.delta}, None)
             case wire.GenUI():
                 yield _event(base, {"content": json.dumps(frame.tree)}, None)
-            case wire.TurnCompleted() if body.tools:
+            case wire.TurnCompleted() if tools:
                 completed = frame
             case wire.TurnCompleted():
                 yield _last(base, frame, body, None)
@@ -196,7 +197,7 @@ async def _stream(
     await task
     if completed is not None and answered:
         outcome = answered[0]
-        message, called = answer_message(outcome.text, body.tools, _call_id(outcome.turn_id))
+        message, called = answer_message(outcome.text, tools, _call_id(outcome.turn_id))
         delta = {"content": message["content"]}
         if called:
             delta = {"tool_calls": [{"index": 0, **message["tool_calls"][0]}]}

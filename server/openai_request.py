@@ -126,6 +126,10 @@ class ChatCompletionRequest(BaseModel):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
 
+    def callable_tools(self) -> list[ToolDef] | None:
+        """The tools an answer may call (``None`` with ``tool_choice`` none: text only)."""
+        return None if self.tool_choice == "none" else self.tools
+
     def decoding(self) -> RequestedDecoding | None:
         """What the request asks of the sampling (``None``: nothing), refusing by name what
         this server does not apply."""

@@ -4,14 +4,15 @@ From a turn id: the turn's events with their hashes and its conversation's chain
 release, adapter, router and harness versions that served it; for the adapter, the training
 run that made it, its snapshot's log range and the experience records that taught it, each
 with the event it was derived from (the feedback, live reward or rollout verdict); and the
-turn's trace id. Records are counted and named by id; their content is shown only when asked
-for (the admin scope), since it is other conversations' words.
+turn's trace id. Records are counted; an operator (the command line, an admin key) also gets
+each record's id and source, and its content when asked for, since these are other
+conversations' words: a tenant auditing its own turn gets the counts only.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from pydantic import BaseModel, JsonValue
@@ -22,6 +23,9 @@ from core.experience import snapshot_events
 from core.log import EventLog
 from infra.postgres.db import DictConnection
 from infra.postgres.lineage import active_release_at, run_detail
+
+Shown = Literal["counts", "ids", "content"]
+"""How much of the training records an audit shows: counts, each one's ids, or content too."""
 
 
 class AuditedEvent(BaseModel):
@@ -60,6 +64,10 @@ class TaughtBy(BaseModel):
 
 
 class Training(BaseModel):
+    """The run that made the adapter and its snapshot's records (``records`` empty when only
+    counts were asked for). Not listed: the specialist's older records that training replays
+    beside the snapshot against forgetting."""
+
     run: dict[str, JsonValue]
     counts: dict[str, int]
     records: list[TaughtBy]
@@ -88,10 +96,11 @@ def audit_turn(
     turn_id: UUID,
     *,
     tenant_id: str | None,
-    with_content: bool,
+    records: Shown,
 ) -> TurnAudit:
     """Audit ``turn_id``; ``tenant_id`` scopes the lookup (another tenant's turn is not found,
-    as if it did not exist); ``None`` audits any tenant's."""
+    as if it did not exist); ``None`` audits any tenant's. ``records``: how much of the
+    training records to show (their counts, each one's ids, or their content too)."""
     row = conn.execute(
         "SELECT conversation_id, tenant_id FROM turns WHERE turn_id = %s", (turn_id,)
     ).fetchone()
@@ -129,7 +138,7 @@ def audit_turn(
         chain_events=len(envelopes),
         chain_violations=[f"{v.key} #{v.sequence}: {v.kind}" for v in violations],
         served_by=served,
-        training=_training(conn, log, served.adapter_version, with_content),
+        training=_training(conn, log, served.adapter_version, records),
     )
 
 
@@ -158,7 +167,10 @@ def _served_by(conn: DictConnection, payloads: dict[str, Any]) -> ServedBy:
 
 
 def _training(
-    conn: DictConnection, log: EventLog, adapter: str | None, with_content: bool
+    conn: DictConnection,
+    log: EventLog,
+    adapter: str | None,
+    shown: Shown,
 ) -> Training | None:
     """The run that made ``adapter`` (``genui@2``) and the records of its snapshot."""
     specialist, _, version = (adapter or "").partition("@")
@@ -185,12 +197,14 @@ def _training(
                 cause_event_id=_str(event.envelope.causation_id),
                 turn_id=_str(payload.turn_id),
                 rollout_group_id=_str(payload.rollout_group_id),
-                record=payload.record if with_content else None,
+                record=payload.record if shown == "content" else None,
             )
         )
     counts = Counter(f"{r.source} {r.kind}" for r in records)
     return Training(
-        run=run_detail(conn, run["run_id"]), counts=dict(sorted(counts.items())), records=records
+        run=run_detail(conn, run["run_id"]),
+        counts=dict(sorted(counts.items())),
+        records=[] if shown == "counts" else records,
     )
 
 

@@ -16,7 +16,7 @@ from core.events import Envelope, TurnReceived
 from infra.artifacts import ArtifactStore
 from infra.postgres.lineage import audit
 from infra.postgres.lookups import conversation_of_turn
-from infra.postgres.turn_audit import TurnAudit, audit_turn
+from infra.postgres.turn_audit import Shown, TurnAudit, audit_turn
 from macaron import wiring
 from macaron.cli.common import console, err_console, settings
 
@@ -117,7 +117,8 @@ def audit_turn_command(
     with wiring.pool(cfg) as pool, pool.connection() as conn:
         log = wiring.event_log(cfg, pool)
         try:
-            report = audit_turn(conn, log, turn_id, tenant_id=None, with_content=content)
+            shown: Shown = "content" if content else "ids"
+            report = audit_turn(conn, log, turn_id, tenant_id=None, records=shown)
         finally:
             log.close()
     if as_json:

@@ -59,7 +59,7 @@ from server.engines.vllm.replica import (
     CONNECT_TIMEOUT_S,
     Replica,
     admin_client,
-    check_context,
+    fitted,
 )
 
 log = logging.getLogger(__name__)
@@ -254,7 +254,7 @@ class FleetEngine:
         prompt = self._prompt_of(request)
         if not prompt:
             raise ValueError("the prompt must hold at least one token")
-        check_context(self.replicas, len(prompt))
+        sent = fitted(self.replicas, request, len(prompt))
         structured = None
         if request.constraint is not None:  # checked once per constraint, off the event loop
             structured = await asyncio.to_thread(
@@ -273,7 +273,7 @@ class FleetEngine:
                 try:
                     stream = stream_completion(
                         replica.url,
-                        request,
+                        sent,
                         prompt,
                         timeout=self._timeout,
                         stopping=self._stopping,

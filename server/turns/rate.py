@@ -1,6 +1,7 @@
 """The per-key turn rate limit: a moving minute per API key, counted by ``limits`` in memory
 (one server) or in Redis (``MACARON_REDIS_URL``: every replica counts in one place, so two
-servers do not double a key's limit)."""
+servers do not double a key's limit). The checks block (a Redis round trip): the chat service
+runs them off the event loop."""
 
 from __future__ import annotations
 
@@ -26,7 +27,13 @@ class TurnRateLimiter:
     ) -> None:
         self._per_minute = per_minute  # read at each turn: operators may change the limits
         self._window_s = window_s
-        options = {} if storage == MEMORY else {"wrap_exceptions": True}
+        options: dict[str, float | str | bool] = {}
+        if storage != MEMORY:  # a Redis that hangs fails the check in seconds, not never
+            options = {
+                "wrap_exceptions": True,
+                "socket_timeout": 2.0,
+                "socket_connect_timeout": 2.0,
+            }
         self._limiter = MovingWindowRateLimiter(storage_from_string(storage, **options))
 
     def check(self, key_id: UUID) -> None:

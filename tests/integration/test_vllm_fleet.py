@@ -348,7 +348,8 @@ def test_a_prompt_longer_than_the_replicas_take_is_context_length_exceeded(
     fleet: FleetEngine, adapters: dict[str, Path]
 ) -> None:
     """The replicas list their ``max_model_len`` (2048 here); a prompt that leaves no room for
-    an answer token is refused by the fleet as the local engine refuses it, not sent."""
+    an answer token is refused by the fleet as the local engine refuses it, not sent, and an
+    answer that would not fit is cut where the context ends."""
     fleet.load_adapter("coding@1", str(adapters["coding@1"]))
     assert {r.max_model_len for r in fleet.replicas} == {2048}
     sent = sum(r.requests for r in fleet.replicas)
@@ -363,6 +364,9 @@ def test_a_prompt_longer_than_the_replicas_take_is_context_length_exceeded(
     assert sum(r.requests for r in fleet.replicas) == sent
     fits = too_long.model_copy(update={"prompt": tuple(range(100, 100 + 2000))})
     assert asyncio.run(collect(fleet, fits))[-1].completion_tokens == 4
+    near = too_long.model_copy(update={"prompt": tuple(range(100, 100 + 2046))})
+    cut = asyncio.run(collect(fleet, near))[-1]  # room for 2 of the 4 tokens asked
+    assert (cut.finish_reason, cut.completion_tokens) == ("length", 2)
 
 
 def test_adapters_above_the_rank_limit_are_refused(

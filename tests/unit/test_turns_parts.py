@@ -4,15 +4,22 @@ store (cache, eviction, one turn at a time, two writers on one conversation)."""
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
+import limits.storage.memory
 import pytest
 
 from core.conversation import Conversation
-from core.errors import ConversationNotFound, RateLimited, SequenceConflict, TurnInFlight
+from core.errors import (
+    ConversationNotFound,
+    RateLimited,
+    RateLimitUnavailable,
+    SequenceConflict,
+    TurnInFlight,
+)
 from core.events import ConversationStarted, TurnReceived, utc_now
 from infra.memory import InMemoryEventLog
+from server.turns import rate
 from server.turns.conversations import ConversationStore
 from server.turns.generation import HoldBack
 from server.turns.rate import TurnRateLimiter
@@ -40,23 +47,43 @@ def test_hold_back_streams_text_and_holds_json_until_judged() -> None:
     assert genui.delta("plain") == "" and genui.released("plain") == ""
 
 
-def test_the_rate_limit_is_a_moving_window_per_key() -> None:
-    limiter = TurnRateLimiter(lambda: 2, window_s=2)
+class Clock:
+    """A clock the test moves (``limits``' memory storage and the limiter read ``time.time``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def time(self) -> float:
+        return self.now
+
+
+def test_the_rate_limit_is_a_moving_minute_per_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = Clock()
+    monkeypatch.setattr(limits.storage.memory, "time", clock)
+    monkeypatch.setattr(rate, "time", clock)
+    limiter = TurnRateLimiter(lambda: 2)
     key, other = uuid.uuid4(), uuid.uuid4()
     limiter.check(key)
-    time.sleep(1.0)
+    clock.now += 30
     limiter.check(key)
     limiter.room(other)  # room counts nothing
-    with pytest.raises(RateLimited, match=r"at most 2 turns in 2 s per key; retry in [01] s"):
+    with pytest.raises(RateLimited, match="at most 2 turns a minute per key; retry in 30 s"):
         limiter.room(key)
     with pytest.raises(RateLimited):
         limiter.check(key)
     limiter.check(other)
     limiter.check(other)
-    time.sleep(1.1)  # the first turn left the window, the second not yet
+    clock.now += 31  # the first turn left the window, the second not yet
     limiter.check(key)
     with pytest.raises(RateLimited):
         limiter.check(key)
+
+
+def test_an_unreachable_redis_refuses_the_turn_as_unavailable() -> None:
+    limiter = TurnRateLimiter(lambda: 2, "redis://127.0.0.1:1/0")  # nothing listens there
+    with pytest.raises(RateLimitUnavailable) as refused:
+        limiter.check(uuid.uuid4())
+    assert (refused.value.code, refused.value.retryable) == ("unavailable", True)
 
 
 def started(conversation: Conversation) -> ConversationStarted:

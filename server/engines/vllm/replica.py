@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import httpx
 
+from core.engine import GenerationRequest
 from core.errors import AdapterInvalid, ContextLengthExceeded, EngineError
 from server.engines.vllm.errors import ReplicaLost, error_info
 
@@ -29,15 +30,27 @@ def _has_choices(body: bytes) -> bool:
         return False
 
 
-def check_context(replicas: list[Replica], prompt_tokens: int) -> None:
-    """Refuse a prompt that leaves no room for one answer token on the replica with the
-    shortest ``max_model_len`` (vLLM's own refusal would reach the user as ``engine_error``)."""
+def fitted(
+    replicas: list[Replica], request: GenerationRequest, prompt_tokens: int
+) -> GenerationRequest:
+    """``request`` with its answer capped to the room the shortest ``max_model_len`` among the
+    replicas leaves after the prompt, as the local engine ends an answer there; a prompt that
+    leaves no room is ``ContextLengthExceeded`` (vLLM's own refusal would reach the user as
+    ``engine_error``)."""
     lengths = [r.max_model_len for r in replicas if r.max_model_len is not None]
-    if lengths and prompt_tokens >= min(lengths):
+    if not lengths:
+        return request
+    room = min(lengths) - prompt_tokens
+    if room < 1:
         raise ContextLengthExceeded(
             f"the context is {prompt_tokens} tokens; this model takes at most "
             f"{min(lengths) - 1}: send a shorter message or fewer earlier ones"
         )
+    if request.params.max_tokens <= room:
+        return request
+    return request.model_copy(
+        update={"params": request.params.model_copy(update={"max_tokens": room})}
+    )
 
 
 @dataclass(eq=False)
