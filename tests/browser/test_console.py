@@ -4,20 +4,18 @@ charts, one turn's audit, and a chat key refused. Screenshots of each view are s
 
 from __future__ import annotations
 
-import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from playwright.sync_api import Page, expect, sync_playwright
+from playwright.sync_api import Page, expect
 
 from infra.artifacts import write_identity_adapter
 from infra.local_stack import LocalStack
 from infra.postgres.runs import record_release_score
 from server.engines.instant import InstantEngine
 from server.router import RouterService
-from tests.browser.test_web_ui import CHROMIUM_ARGS
 from tests.serving import Running, following, frames_until, send, serving, successor
 
 SCREENSHOTS = Path("build/screenshots")
@@ -35,18 +33,6 @@ def served(
         stack, tmp_path_factory, router=router, model_dir=tiny_model, engine=engine
     ) as running:
         yield running
-
-
-@pytest.fixture
-def page() -> Iterator[Page]:
-    executable = shutil.which("chromium")
-    assert executable, "Debian's chromium must be installed (scripts/test.sh installs it)"
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        try:
-            yield browser.new_page(viewport={"width": 1280, "height": 900})
-        finally:
-            browser.close()
 
 
 def traffic(served: Running) -> list[str]:

@@ -4,13 +4,12 @@ streaming, render a GenUI tree and press its button, give feedback; a screenshot
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from playwright.sync_api import Page, WebSocket, expect, sync_playwright
+from playwright.sync_api import Page, WebSocket, expect
 
 from core.events import FeedbackGiven, RoutingCorrected, TurnReceived
 from infra.local_stack import LocalStack
@@ -19,15 +18,6 @@ from server.router import RouterService
 from tests.serving import Running, serving
 
 SCREENSHOT = Path("build/screenshots/web_ui.png")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 CARD = {
     "type": "Card",
     "title": "Your trip",
@@ -65,18 +55,6 @@ def served(
         stack, tmp_path_factory, router=router, model_dir=tiny_model, engine=InstantEngine(script)
     ) as running:
         yield running
-
-
-@pytest.fixture
-def page() -> Iterator[Page]:
-    executable = shutil.which("chromium")
-    assert executable, "Debian's chromium must be installed (scripts/test.sh installs it)"
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS)
-        try:
-            yield browser.new_page(viewport={"width": 1000, "height": 900})
-        finally:
-            browser.close()
 
 
 def test_chat_genui_and_feedback_in_the_browser(served: Running, page: Page) -> None:

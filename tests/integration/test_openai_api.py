@@ -45,6 +45,20 @@ def served(
         yield running
 
 
+@pytest.fixture(scope="module")
+def tooled(
+    stack: LocalStack,
+    tiny_model: Path,
+    router: RouterService,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Running]:
+    """A server whose answers may be long enough for a call with a free string argument."""
+    with serving(
+        stack, tmp_path_factory, router=router, model_dir=tiny_model, max_new_tokens=160
+    ) as running:
+        yield running
+
+
 _OPEN: list[openai.OpenAI] = []
 
 
@@ -397,20 +411,6 @@ WEATHER: Any = {
 }
 CLOCK: Any = {"type": "function", "function": {"name": "get_time", "description": "The time."}}
 ASK: Any = [{"role": "user", "content": "Weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def tooled(
-    stack: LocalStack,
-    tiny_model: Path,
-    router: RouterService,
-    tmp_path_factory: pytest.TempPathFactory,
-) -> Iterator[Running]:
-    """A server whose answers may be long enough for a call with a free string argument."""
-    with serving(
-        stack, tmp_path_factory, router=router, model_dir=tiny_model, max_new_tokens=160
-    ) as running:
-        yield running
 
 
 def test_a_required_tool_call_comes_back_as_openai_tool_calls_and_runs_nothing(
