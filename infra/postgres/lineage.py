@@ -49,7 +49,12 @@ def releases(conn: DictConnection) -> list[LineageStep]:
     """Every release, newest first, each as its own lineage step (adapters, harness, router,
     the run that made it with its evaluations, its promotions)."""
     rows = conn.execute("SELECT release_id FROM releases ORDER BY created_at DESC").fetchall()
-    return [_release_chain(conn, row["release_id"], depth=1)[0] for row in rows]
+    return [release_step(conn, row["release_id"]) for row in rows]
+
+
+def release_step(conn: DictConnection, release_id: str) -> LineageStep:
+    """One release as a lineage step, without its ancestors."""
+    return _release_chain(conn, release_id, depth=1)[0]
 
 
 def _release_chain(

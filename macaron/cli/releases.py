@@ -15,7 +15,13 @@ from rich.table import Table
 from core.errors import PromotionFailed, ReleaseNotFound
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
-from infra.postgres.lineage import LineageStep, active_release_at, lineage, to_dot
+from infra.postgres.lineage import (
+    LineageStep,
+    active_release_at,
+    lineage,
+    release_step,
+    to_dot,
+)
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, harness_by_name, release_by_id
 from learners.contract import DEFAULT_CONTRACT, load_contract
@@ -83,7 +89,7 @@ def registry(
         release_id = active_release_at(conn, moment)
         if release_id is None:
             raise ReleaseNotFound(f"no release was active at {moment.isoformat()}")
-        [step, *_] = lineage(conn, release_id)
+        step = release_step(conn, release_id)
     detail: Any = step.detail
     console.print(f"active at {moment.isoformat()}: {release_id} (created {step.created_at})")
     table = Table()
