@@ -122,9 +122,19 @@ class ChatCompletionRequest(BaseModel):
     top_logprobs: int | None = None
     n: int | None = None
     response_format: ResponseFormat | None = None
-    tools: list[ToolDef] | None = Field(default=None, max_length=MAX_TOOLS)
+    tools: list[ToolDef] | None = Field(default=None, min_length=1, max_length=MAX_TOOLS)
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None
+
+    @model_validator(mode="after")
+    def _tool_results_follow_their_calls(self) -> ChatCompletionRequest:
+        """A ``tool`` message answers the assistant's ``tool_calls`` just before it."""
+        for before, message in zip([None, *self.messages], self.messages, strict=False):
+            if message.role != "tool":
+                continue
+            if before is None or not (before.role == "tool" or before.tool_calls):
+                raise ValueError("a tool message must follow an assistant message's tool_calls")
+        return self
 
     def callable_tools(self) -> list[ToolDef] | None:
         """The tools an answer may call (``None`` with ``tool_choice`` none: text only)."""

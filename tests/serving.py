@@ -184,7 +184,9 @@ def harness_successor(served: Running, spec: HarnessSpec) -> Release:
 @contextmanager
 def celery_worker(settings: Settings, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
     """``macaron worker`` (every queue) in a subprocess given ``settings`` as ``MACARON_*``
-    variables, its output in ``log_path``; terminated on exit."""
+    variables, its output in ``log_path``; terminated on exit (killed if a task it is in the
+    middle of keeps it past 30 s: Celery's warm shutdown waits for the task, and the test's
+    database may be gone by then)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("MACARON_")}
     for name, value in settings.model_dump(exclude_none=True).items():
         env[f"MACARON_{name.upper()}"] = str(value)
@@ -199,7 +201,11 @@ def celery_worker(settings: Settings, log_path: Path) -> Iterator[subprocess.Pop
             yield process
         finally:
             process.terminate()
-            process.wait(timeout=60)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=30)
 
 
 def wait_for_promotion(
