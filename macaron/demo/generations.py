@@ -9,10 +9,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
-from uuid import UUID, uuid4
+from uuid import UUID
 
 from core.contract import Contract, Task
 from core.errors import ConfigError
+from core.ids import derived_id
 from core.settings import Settings
 from infra.postgres.keys import create_key
 from infra.postgres.lookups import run_ids_oldest_first
@@ -150,6 +151,10 @@ class _Demo:
             _, self.key = create_key(conn, SIMULATOR_TENANT, {"chat"})
         self.seen = set(self._run_ids())
         """Runs of earlier generations (or from before the demo), never waited for again."""
+        self.origin = sorted(stage.server.log.end_positions().items())
+        """Where the log ended when the demo began: rollout job ids derive from it and the
+        seed, so a demo on a fresh stack samples the same again, and a second demo on the
+        same stack gets jobs of its own."""
 
     def generation(
         self, n: int, turns: int, concurrency: int, run_timeout_s: float
@@ -203,7 +208,9 @@ class _Demo:
             rolled += len(chunk)
             for specialist in sorted({task.specialist for task in chunk}):
                 job = RolloutJob(
-                    job_id=uuid4(),
+                    job_id=derived_id(
+                        "demo-rollouts", self.origin, self.traffic.seed, n, rolled, specialist
+                    ),
                     specialist=specialist,
                     environments=list(
                         dict.fromkeys(t.id for t in chunk if t.specialist == specialist)
