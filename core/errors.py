@@ -277,10 +277,28 @@ class TaskBankInvalid(MacaronError):
     code = "task_bank_invalid"
 
 
+class UnknownFilterVersion(MacaronError):
+    """No experience filter rules of that version."""
+
+    code = "unknown_filter_version"
+
+
+class RangeOutsideLog(MacaronError):
+    """A log range that starts or ends where the log has no position."""
+
+    code = "range_outside_log"
+
+
 class NothingToTrain(MacaronError):
     """A training run was asked for with no SFT examples and no preference pairs."""
 
     code = "nothing_to_train"
+
+
+class TrainingInFlight(MacaronError):
+    """A specialist's run is queued or running: the next one waits for it."""
+
+    code = "training_in_flight"
 
 
 class PromotionInProgress(MacaronError):

@@ -10,11 +10,24 @@ from typing import Any
 from uuid import UUID
 
 from core.canonical import canonical_json, sha256_hex
+from core.errors import UnknownFilterVersion
 from core.events import Envelope, ExperienceRecorded, NewEvent
 from core.log import EventLog, RecordedEvent
 
-FILTER_VERSION = "experience-1"
+FILTER_VERSIONS = ("experience-1", "experience-2")
+"""Every version of the filter rules (``streams.experience``), oldest first: the live builder
+derives under one of them (``MACARON_EXPERIENCE_FILTER``), a backfill under any."""
+FILTER_VERSION = FILTER_VERSIONS[-1]
 EMPTY_CHAIN = "0" * 64
+
+
+def known_filter(version: str) -> str:
+    """``version`` if the rules of that filter version exist."""
+    if version not in FILTER_VERSIONS:
+        raise UnknownFilterVersion(
+            f"no experience filter {version!r}; one of {', '.join(FILTER_VERSIONS)}"
+        )
+    return version
 
 
 def experience_key(specialist: str) -> str:

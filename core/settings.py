@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from core.experience import FILTER_VERSION, FILTER_VERSIONS
 
 
 def default_home() -> Path:
@@ -63,6 +65,10 @@ class Settings(BaseSettings):
     train_threshold: int = Field(
         default=32, ge=1, le=1_000_000, description="new experience records that start a run"
     )
+    experience_filter: str = Field(
+        default=FILTER_VERSION,
+        description="the filter rules new traffic is derived under (past traffic: a backfill)",
+    )
     harness_proposals: bool = Field(
         default=True,
         description="after each adapter run is decided, propose a harness successor for its "
@@ -106,6 +112,13 @@ class Settings(BaseSettings):
         le=65535,
         description="/metrics port of `streams run` and `worker` (the server uses its own port)",
     )
+
+    @field_validator("experience_filter")
+    @classmethod
+    def _known_filter(cls, version: str) -> str:
+        if version not in FILTER_VERSIONS:
+            raise ValueError(f"one of {', '.join(FILTER_VERSIONS)}")
+        return version
 
     @model_validator(mode="after")
     def _fleet(self) -> Settings:

@@ -82,6 +82,12 @@ class RunFailed(MacaronError):
     code = "run_failed"
 
 
+class SnapshotMismatch(RunFailed):
+    """A snapshot's records, read back from the log, no longer chain to its hash."""
+
+    code = "snapshot_mismatch"
+
+
 class RunBusy(MacaronError):
     """Another worker holds a live lease on the run: try again once it may have run out."""
 
@@ -163,11 +169,11 @@ class Replayed:
     tenants: int
 
 
-def materialize(rt: Runtime, snapshot: dict[str, Any]) -> Replayed:
+def materialize(log: EventLog, snapshot: dict[str, Any]) -> Replayed:
     """Replay the snapshot's log range and the older records of the same specialist. The
     records must hash to the snapshot's hash, and as many of them teach as it counted (live
     rewards are hashed, not counted: ``streams.trigger``)."""
-    events = snapshot_events(rt.log, snapshot)
+    events = snapshot_events(log, snapshot)
     records: list[Any] = [event.payload for event in events.records]
     running = EMPTY_CHAIN
     for event, record in zip(events.records, records, strict=True):
@@ -175,7 +181,11 @@ def materialize(rt: Runtime, snapshot: dict[str, Any]) -> Replayed:
         _link_to(event.envelope.trace)
     teaching = sum(1 for r in records if r.kind != "trajectory")
     if running != snapshot["content_hash"] or teaching != snapshot["record_count"]:
-        raise RunFailed(f"snapshot {snapshot['snapshot_id']} does not replay to its hash")
+        raise SnapshotMismatch(
+            f"snapshot {snapshot['snapshot_id']} does not replay to its hash: its "
+            f"{snapshot['filter_version']} records chain to {running[:12]} ({teaching} teaching), "
+            f"it was defined as {snapshot['content_hash'][:12]} ({snapshot['record_count']})"
+        )
     tenants = {event.envelope.tenant_id for event in events.records}
     return Replayed(records, [event.payload for event in events.older], len(tenants))
 
@@ -194,7 +204,7 @@ def _train(
     parent: dict[str, Any],
     progress: Progress | None,
 ) -> str:
-    replayed = materialize(rt, snapshot)
+    replayed = materialize(rt.log, snapshot)
     examples = training_examples(
         replayed.records, replayed.older, f"{parent['specialist']}@{parent['version']}"
     )
@@ -252,7 +262,7 @@ def _propose(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) -> str:
         attempt = runs_with_recipe_prefix(conn, specialist, RECIPE_PREFIX)
     examples = [
         exemplar
-        for r in materialize(rt, snapshot).records
+        for r in materialize(rt.log, snapshot).records
         if r.kind == "sft"
         and (exemplar := exemplar_of(parent.spec, specialist, _asked(r.record), r.record["target"]))
     ]

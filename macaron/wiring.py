@@ -151,7 +151,7 @@ def processor_hosts(settings: Settings, log: EventLog, pool: Pool) -> list[Proce
     """The stream processors, each in its host; the trigger enqueues training runs."""
     processors: list[Processor] = [
         Projections(),
-        ExperienceBuilder(),
+        ExperienceBuilder(settings.experience_filter),
         LiveScores(),
         TrainingTrigger(settings.train_threshold, enqueue_training),
     ]

@@ -2,8 +2,8 @@
 into ``ExperienceRecorded`` events, the training data of the learning loop, and into
 ``RoutingLabelled`` events, the router's (``streams.routing``).
 
-Filter rules ``experience-1`` (``experience_from``, pure: a joined turn and an event in, the
-records out):
+Filter rules (``experience_from``, pure: a joined turn, an event and the filter version in,
+the records out), ``experience-1``:
 - thumbs up: an SFT example (the context, and as target the answer, or for an agent turn that
   used tools its first tool call);
 - edit: an SFT example with the user's edit as target, and a preference pair (edit chosen,
@@ -17,10 +17,14 @@ records out):
   by the same specialist and answered differently: a preference pair in the first turn's
   context (the kept answer chosen, the regenerated one rejected);
 - rollouts: see ``streams.rollouts``.
+``experience-2``: as ``experience-1``, and a thumbs up also rewards the answer 1 (a
+``trajectory`` record), so live rewards are no longer all 0 for chat and coding.
 A tenant set not to teach (``TenantTrainingSet``) gives no record from then on; a turn the client
 decoded its own way (``TurnReceived.decoding``) teaches routing only.
 Ids are derived from the filter version, the turn and the feedback event, so a redelivery
 re-derives the same events. The join state lives in PostgreSQL (``infra.postgres.experience``).
+The builder derives new traffic under one version (``MACARON_EXPERIENCE_FILTER``); past traffic
+is derived under another by a backfill (``streams.backfill``), with a builder of its own.
 """
 
 from __future__ import annotations
@@ -51,7 +55,7 @@ from core.events import (
     TurnCompleted,
     TurnReceived,
 )
-from core.experience import FILTER_VERSION, experience_event, first_step
+from core.experience import FILTER_VERSION, experience_event, first_step, known_filter
 from core.harness.hcp import HISTORY_TURNS, build_context
 from core.ids import derived_id
 from core.log import RecordedEvent
@@ -64,16 +68,22 @@ from streams.routing import routing_labels
 _log = logging.getLogger(__name__)
 
 Kind = Literal["sft", "preference", "trajectory"]
+Record = tuple[Kind, dict[str, JsonValue]]
 
 
 class ExperienceBuilder:
-    name = "experience-1"
+    name = "experience"
     tables: tuple[str, ...] = (
         "experience_conversations",
         "experience_turns",
         "experience_rollouts",
         "experience_tenants",
     )
+
+    def __init__(self, filter_version: str = FILTER_VERSION, *, routing: bool = True) -> None:
+        self.filter_version = known_filter(filter_version)
+        self.routing = routing
+        """Whether it derives routing labels too (a backfill derives experience only)."""
 
     def handle(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
         """Store the turn's facts as they arrive; on its completion and on feedback, apply the
@@ -116,11 +126,10 @@ class ExperienceBuilder:
             case RolloutSampled():
                 rollouts.record_sampled(conn, event, p)
             case RolloutScored():
-                return rollouts.record_scored(conn, event, p)
+                return rollouts.record_scored(conn, event, p, self.filter_version)
         return []
 
-    @staticmethod
-    def _derive(conn: DictConnection, event: RecordedEvent, turn_id: UUID) -> list[NewEvent]:
+    def _derive(self, conn: DictConnection, event: RecordedEvent, turn_id: UUID) -> list[NewEvent]:
         try:
             turn = store.joined_turn(conn, turn_id, HISTORY_TURNS)
             replaced = None
@@ -131,32 +140,39 @@ class ExperienceBuilder:
             return []
         if turn is None or not store.teaches(conn, turn.tenant_id):
             return []
-        labels = routing_labels(turn, event, replaced)
+        labels = routing_labels(turn, event, replaced) if self.routing else []
         if turn.client_decoding:  # answered in the client's format: it teaches routing only
             return labels
-        return experience_from(turn, event, replaced) + labels
+        return experience_from(turn, event, replaced, version=self.filter_version) + labels
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:
         return None
 
 
 def experience_from(
-    turn: JoinedTurn, event: RecordedEvent, replaced: JoinedTurn | None = None
+    turn: JoinedTurn,
+    event: RecordedEvent,
+    replaced: JoinedTurn | None = None,
+    *,
+    version: str,
 ) -> list[NewEvent]:
-    """The records a completed turn's ``TurnCompleted`` or ``FeedbackGiven`` yields;
-    ``replaced`` is the completed turn it answered again, if it was a regeneration."""
+    """The records a completed turn's ``TurnCompleted`` or ``FeedbackGiven`` yields under
+    filter ``version``; ``replaced`` is the completed turn it answered again, if it was a
+    regeneration."""
     payload = event.payload
+    derived: list[Record] = []
     if isinstance(payload, TurnCompleted):
-        return _trajectory(turn, event)
-    if isinstance(payload, FeedbackGiven):
-        kept = _kept_regeneration(turn, event, replaced) if payload.kind == "up" else []
-        return _from_feedback(turn, event, payload) + kept
-    return []
+        derived = _trajectory(turn)
+    elif isinstance(payload, FeedbackGiven):
+        derived = _from_feedback(turn, payload)
+        if payload.kind == "up":
+            derived += _kept_regeneration(turn, replaced)
+            if version != "experience-1" and turn.response is not None:
+                derived.append(_rewarded(turn, 1.0))
+    return [_record(event, turn, kind, record, version) for kind, record in derived]
 
 
-def _kept_regeneration(
-    turn: JoinedTurn, event: RecordedEvent, replaced: JoinedTurn | None
-) -> list[NewEvent]:
+def _kept_regeneration(turn: JoinedTurn, replaced: JoinedTurn | None) -> list[Record]:
     """The pair a kept regeneration gives, in the context the first answer had."""
     if replaced is None or replaced.response is None or replaced.specialist != turn.specialist:
         return []
@@ -165,8 +181,7 @@ def _kept_regeneration(
     if chosen == rejected:
         return []
     messages: Any = context_messages(replaced)
-    record = {"messages": messages, "chosen": chosen, "rejected": rejected}
-    return [_record(event, turn, "preference", record)]
+    return [("preference", {"messages": messages, "chosen": chosen, "rejected": rejected})]
 
 
 def context_messages(turn: JoinedTurn) -> list[dict[str, str]]:
@@ -179,42 +194,34 @@ def context_messages(turn: JoinedTurn) -> list[dict[str, str]]:
     return build_context(turn.harness, turn.specialist, history, turn.content).messages()
 
 
-def _from_feedback(
-    turn: JoinedTurn, event: RecordedEvent, feedback: FeedbackGiven
-) -> list[NewEvent]:
+def _from_feedback(turn: JoinedTurn, feedback: FeedbackGiven) -> list[Record]:
     if turn.response is None:
         return []
     if feedback.kind in ("down", "regenerate"):
-        return [_rewarded(turn, event, 0.0)]
+        return [_rewarded(turn, 0.0)]
     messages: Any = context_messages(turn)
     if feedback.kind == "up":
-        target = first_step(turn.actions, turn.response)
-        return [_record(event, turn, "sft", {"messages": messages, "target": target})]
+        return [("sft", {"messages": messages, "target": first_step(turn.actions, turn.response)})]
     if feedback.kind == "edit" and feedback.edited_text:
         edited = feedback.edited_text
         return [
-            _record(event, turn, "sft", {"messages": messages, "target": edited}),
-            _record(
-                event,
-                turn,
-                "preference",
-                {"messages": messages, "chosen": edited, "rejected": turn.response},
-            ),
+            ("sft", {"messages": messages, "target": edited}),
+            ("preference", {"messages": messages, "chosen": edited, "rejected": turn.response}),
         ]
     return []
 
 
-def _trajectory(turn: JoinedTurn, event: RecordedEvent) -> list[NewEvent]:
+def _trajectory(turn: JoinedTurn) -> list[Record]:
     if turn.actions:
         actions = turn.actions
-        return [_rewarded(turn, event, sum(1 for a in actions if a["ok"]) / len(actions))]
+        return [_rewarded(turn, sum(1 for a in actions if a["ok"]) / len(actions))]
     if turn.genui_valid is not None and turn.response is not None:
-        return [_rewarded(turn, event, 1.0 if turn.genui_valid else 0.0)]
+        return [_rewarded(turn, 1.0 if turn.genui_valid else 0.0)]
     return []
 
 
-def _rewarded(turn: JoinedTurn, event: RecordedEvent, reward: float) -> NewEvent:
-    """The turn as it ran (context, actions, answer) with the reward ``event`` gave it."""
+def _rewarded(turn: JoinedTurn, reward: float) -> Record:
+    """The turn as it ran (context, actions, answer) with a reward."""
     messages: Any = context_messages(turn)
     record: dict[str, JsonValue] = {
         "messages": messages,
@@ -222,19 +229,21 @@ def _rewarded(turn: JoinedTurn, event: RecordedEvent, reward: float) -> NewEvent
         "answer": turn.response,
         "reward": reward,
     }
-    return _record(event, turn, "trajectory", record)
+    return ("trajectory", record)
 
 
 def _record(
-    event: RecordedEvent, turn: JoinedTurn, kind: Kind, record: dict[str, JsonValue]
+    event: RecordedEvent, turn: JoinedTurn, kind: Kind, record: dict[str, JsonValue], version: str
 ) -> NewEvent:
-    experience_id = derived_id(FILTER_VERSION, turn.turn_id, kind, event.envelope.event_id)
+    """The record as an event, caused by ``event``; its id derives from the filter version, the
+    turn, the kind and ``event``."""
+    experience_id = derived_id(version, turn.turn_id, kind, event.envelope.event_id)
     payload = ExperienceRecorded(
         experience_id=experience_id,
         kind=kind,
         specialist=turn.specialist,
         turn_id=turn.turn_id,
-        filter_version=FILTER_VERSION,
+        filter_version=version,
         record={**record, "adapter_version": turn.adapter_version, "release_id": turn.release_id},
     )
     return experience_event(payload, turn.tenant_id, event.envelope, turn.turn_id)

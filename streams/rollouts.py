@@ -1,4 +1,4 @@
-"""Experience from rollouts (rules ``experience-1``, continued): what a completely scored
+"""Experience from rollouts (the same in every filter version): what a completely scored
 rollout group teaches.
 
 - each distinct answer that passed its verifier: an SFT example (the context without any hint
@@ -23,7 +23,7 @@ from typing import Literal
 from pydantic import JsonValue
 
 from core.events import ExperienceRecorded, NewEvent, RolloutSampled, RolloutScored
-from core.experience import FILTER_VERSION, experience_event
+from core.experience import experience_event
 from core.ids import derived_id
 from core.log import RecordedEvent
 from infra.postgres import rollouts as store
@@ -54,19 +54,20 @@ def record_sampled(conn: DictConnection, event: RecordedEvent, sampled: RolloutS
 
 
 def record_scored(
-    conn: DictConnection, event: RecordedEvent, scored: RolloutScored
+    conn: DictConnection, event: RecordedEvent, scored: RolloutScored, version: str
 ) -> list[NewEvent]:
-    """Store the verdict; once the group's last sample is scored, its records."""
+    """Store the verdict; once the group's last sample is scored, its records under filter
+    ``version``."""
     if not store.record_score(
         conn, scored.rollout_id, scored.reward, scored.passed, scored.failure
     ):
         _log.warning("verdict on rollout %s, which was never sampled: ignored", scored.rollout_id)
         return []
     group = store.scored_group(conn, scored.group_id)
-    return [] if group is None else group_records(group, event)
+    return [] if group is None else group_records(group, event, version)
 
 
-def group_records(group: list[ScoredSample], event: RecordedEvent) -> list[NewEvent]:
+def group_records(group: list[ScoredSample], event: RecordedEvent, version: str) -> list[NewEvent]:
     """The SFT examples and preference pairs of a completely scored group."""
     verified = [s for s in group if s.failure is None]
     passed = _distinct([s for s in verified if s.passed])
@@ -74,7 +75,7 @@ def group_records(group: list[ScoredSample], event: RecordedEvent) -> list[NewEv
     records: list[NewEvent] = []
     for n, sample in enumerate(passed):
         body: dict[str, JsonValue] = {"target": sample.answer, "rollout_id": str(sample.rollout_id)}
-        records.append(_record(event, sample, "sft", n, body))
+        records.append(_record(event, sample, ("sft", n), body, version))
     for n, (chosen, rejected) in enumerate(zip(passed, failed, strict=False)):
         body = {
             "chosen": chosen.answer,
@@ -82,7 +83,7 @@ def group_records(group: list[ScoredSample], event: RecordedEvent) -> list[NewEv
             "chosen_rollout_id": str(chosen.rollout_id),
             "rejected_rollout_id": str(rejected.rollout_id),
         }
-        records.append(_record(event, chosen, "preference", n, body))
+        records.append(_record(event, chosen, ("preference", n), body, version))
     rewards = [s.reward for s in verified if s.reward is not None]
     if len(set(rewards)) > 1 and not group[0].hinted:
         body = {
@@ -91,7 +92,7 @@ def group_records(group: list[ScoredSample], event: RecordedEvent) -> list[NewEv
                 for s in verified
             ]
         }
-        records.append(_record(event, verified[0], "group", 0, body))
+        records.append(_record(event, verified[0], ("group", 0), body, version))
     return records
 
 
@@ -106,17 +107,18 @@ def _distinct(samples: list[ScoredSample]) -> list[ScoredSample]:
 def _record(
     event: RecordedEvent,
     sample: ScoredSample,
-    kind: Kind,
-    n: int,
+    place: tuple[Kind, int],
     body: dict[str, JsonValue],
+    version: str,
 ) -> NewEvent:
+    kind, n = place
     payload = ExperienceRecorded(
-        experience_id=derived_id(FILTER_VERSION, sample.group_id, kind, n),
+        experience_id=derived_id(version, sample.group_id, kind, n),
         kind=kind,
         specialist=sample.specialist,
         turn_id=None,
         rollout_group_id=sample.group_id,
-        filter_version=FILTER_VERSION,
+        filter_version=version,
         record={
             "messages": [m.model_dump() for m in sample.messages],
             **body,

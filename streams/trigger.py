@@ -1,14 +1,17 @@
 """The training trigger: when a specialist has ``threshold`` new teaching records (SFT,
-preference, rollout group) since its last snapshot and no run in flight, it defines a dataset
-snapshot (the log range of those records, the filter version, their content hash), records a
-queued training run and a ``TrainingRequested`` event, and, after the commit, enqueues the run
-(task id = run id).
+preference, rollout group) of one filter version since its last snapshot and no run in
+flight, it defines a dataset snapshot (the log range of those records, the filter version,
+their content hash), records a queued training run and a ``TrainingRequested`` event, and,
+after the commit, enqueues the run (task id = run id).
 
 A specialist's records are the events of one key, so one partition in order: the snapshot is
 ``[start_offset, end_offset)`` there, and its hash chains the records' payload hashes in log
-order, which is exactly what replaying that range gives back. Live rewards (``trajectory``
-records) ride along: they are in the range and the hash but do not count toward the threshold
-(a busy agent would otherwise start runs with little else to learn from). The rules
+order, which is exactly what replaying that range under the snapshot's filter version gives
+back (each filter version's records are counted apart; a backfill's records, which carry its
+id as correlation id, name it in the snapshot). ``train_now`` snapshots the pending records
+before the threshold (``macaron train``). Live rewards (``trajectory`` records) ride along:
+they are in the range and the hash but do not count toward the threshold (a busy agent would
+otherwise start runs with little else to learn from). The rules
 (``counted``, ``due``, ``training_request``) are pure; the state lives in PostgreSQL
 (``infra.postgres.trigger``).
 """
@@ -19,15 +22,23 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from uuid import UUID
 
+from core.errors import AdapterNotFound, NothingToTrain, TrainingInFlight
 from core.events import ExperienceRecorded, NewEvent, TrainingRequested
-from core.experience import FILTER_VERSION, chain_record
+from core.experience import chain_record
 from core.ids import derived_id
 from core.log import RecordedEvent
 from core.release import AdapterRef
+from infra.postgres.backfills import is_backfill
 from infra.postgres.db import DictConnection
 from infra.postgres.registry import active_adapter
 from infra.postgres.runs import SnapshotRange, queue_run, record_snapshot, run_in_flight
-from infra.postgres.trigger import PendingRecords, clear_pending, pending_records, save_pending
+from infra.postgres.trigger import (
+    PendingRecords,
+    clear_pending,
+    locked_pending,
+    pending_records,
+    save_pending,
+)
 
 RECIPE = "lora-sft-dpo-1"
 
@@ -58,29 +69,16 @@ class TrainingTrigger:
         if not isinstance(record, ExperienceRecorded):
             return []
         where = event.position
-        pending = counted(
-            pending_records(conn, record.specialist, where.partition, where.offset), record
-        )
+        specialist, version = record.specialist, record.filter_version
+        pending = pending_records(conn, specialist, version, where.partition, where.offset)
+        backfill = event.envelope.correlation_id
+        replayed = backfill if backfill is not None and is_backfill(conn, backfill) else None
+        pending = counted(pending, record, where.offset, replayed)
         save_pending(conn, pending)
-        if not due(pending, self.threshold) or run_in_flight(conn, record.specialist):
+        if not due(pending, self.threshold) or run_in_flight(conn, specialist):
             return []
-        parent = active_adapter(conn, record.specialist)
-        # The next record starts the next range (also when there is nothing to improve: the
-        # serving release has no adapter for this specialist).
-        clear_pending(conn, record.specialist)
-        if parent is None:
-            return []
-        request = training_request(event, pending, parent)
-        record_snapshot(conn, request.snapshot)
-        queue_run(
-            conn,
-            run_id=request.run_id,
-            specialist=record.specialist,
-            parent_adapter_id=request.parent_adapter_id,
-            snapshot_id=request.snapshot.snapshot_id,
-            recipe=RECIPE,
-        )
-        return [request.event]
+        request = _snapshot(conn, pending, event.envelope.event_id)
+        return [] if request is None else [request.event]
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:
         for event in derived:
@@ -88,15 +86,66 @@ class TrainingTrigger:
                 self.enqueue(event.payload.run_id, event.trace)
 
 
-def counted(pending: PendingRecords, record: ExperienceRecorded) -> PendingRecords:
-    """``pending`` with one more record (counted toward the threshold unless a live reward,
-    chained unless a live reward in a range begun before they were)."""
+def train_now(conn: DictConnection, specialist: str, filter_version: str) -> TrainingRequest:
+    """Snapshot the specialist's pending records of ``filter_version`` now, whatever their
+    count, and queue the run (``macaron train``); the caller appends the request's event and,
+    after the commit, enqueues the run."""
+    pending = locked_pending(conn, specialist, filter_version)
+    if pending is None or pending.end_offset is None or not pending.count:
+        raise NothingToTrain(
+            f"{specialist} has no {filter_version} record to teach since its last snapshot"
+        )
+    if run_in_flight(conn, specialist):
+        raise TrainingInFlight(f"a run of {specialist} is queued or running; it goes first")
+    request = _snapshot(conn, pending, None)
+    if request is None:
+        raise AdapterNotFound(f"the active release serves no adapter of {specialist}")
+    return request
+
+
+def _snapshot(
+    conn: DictConnection, pending: PendingRecords, cause: UUID | None
+) -> TrainingRequest | None:
+    """Record the snapshot of ``pending`` and queue the run on it; the next record starts the
+    next range (also when there is nothing to improve: the serving release has no adapter for
+    the specialist, and then no run)."""
+    parent = active_adapter(conn, pending.specialist)
+    clear_pending(conn, pending.specialist, pending.filter_version)
+    if parent is None:
+        return None
+    request = training_request(pending, parent, cause)
+    record_snapshot(conn, request.snapshot)
+    queue_run(
+        conn,
+        run_id=request.run_id,
+        specialist=pending.specialist,
+        parent_adapter_id=request.parent_adapter_id,
+        snapshot_id=request.snapshot.snapshot_id,
+        recipe=RECIPE,
+    )
+    return request
+
+
+def counted(
+    pending: PendingRecords,
+    record: ExperienceRecorded,
+    offset: int,
+    backfill: UUID | None = None,
+) -> PendingRecords:
+    """``pending`` with one more record, at ``offset`` (counted toward the threshold unless a
+    live reward, chained unless a live reward in a range begun before they were), appended by
+    ``backfill`` if one did."""
     if record.kind == "trajectory" and not pending.rewards_hashed:
         return pending
+    backfills = pending.backfills
+    if backfill is not None and backfill not in backfills:
+        backfills = (*backfills, backfill)
     return replace(
         pending,
         count=pending.count + (record.kind != "trajectory"),
         running_hash=chain_record(pending.running_hash, record),
+        end_offset=offset + 1,
+        backfills=backfills,
     )
 
 
@@ -106,13 +155,16 @@ def due(pending: PendingRecords, threshold: int) -> bool:
 
 
 def training_request(
-    event: RecordedEvent, pending: PendingRecords, parent: AdapterRef
+    pending: PendingRecords, parent: AdapterRef, cause: UUID | None = None
 ) -> TrainingRequest:
-    """The snapshot of the pending records up to and including ``event``, and the request to
-    train ``parent``'s successor on it; ids derive from the range, so a replay gives the same."""
-    partition, end = event.position.partition, event.position.offset + 1
-    specialist, start = pending.specialist, pending.start_offset
-    snapshot_id = derived_id("snapshot", specialist, partition, start, end, FILTER_VERSION)
+    """The snapshot of the pending records and the request to train ``parent``'s successor on
+    it, caused by the record that made it due (``None``: asked for by hand); ids derive from
+    the range and the filter version, so a replay gives the same."""
+    if pending.end_offset is None:
+        raise ValueError("no record is pending")
+    specialist, partition = pending.specialist, pending.partition
+    start, end, version = pending.start_offset, pending.end_offset, pending.filter_version
+    snapshot_id = derived_id("snapshot", specialist, partition, start, end, version)
     run_id = derived_id("run", snapshot_id)
     snapshot = SnapshotRange(
         snapshot_id=snapshot_id,
@@ -120,10 +172,11 @@ def training_request(
         partition=partition,
         start_offset=start,
         end_offset=end,
-        filter_version=FILTER_VERSION,
+        filter_version=version,
         content_hash=pending.running_hash,
         record_count=pending.count,
         rewards_hashed=pending.rewards_hashed,
+        backfills=pending.backfills,
     )
     payload = TrainingRequested(
         run_id=run_id,
@@ -137,6 +190,6 @@ def training_request(
         tenant_id="system",
         key=f"training.{specialist}",
         event_id=run_id,
-        causation_id=event.envelope.event_id,
+        causation_id=cause,
     )
     return TrainingRequest(snapshot, parent.adapter_version_id, requested)

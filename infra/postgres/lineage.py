@@ -24,6 +24,7 @@ from core.events import Envelope
 from core.harness.artifact import harness_number
 from core.log import EventLog
 from infra.artifacts import ArtifactStore
+from infra.postgres.backfills import backfills
 from infra.postgres.db import DictConnection
 
 _ADAPTER = re.compile(r"([a-z][a-z0-9_-]{0,63})@([0-9]{1,9})")
@@ -192,10 +193,12 @@ def _adapter_chain(conn: DictConnection, specialist: str, version: int) -> list[
 
 
 def run_detail(conn: DictConnection, run_id: Any) -> dict[str, JsonValue]:
-    """A training run: recipe, config, metrics, its snapshot and its evaluations."""
+    """A training run: recipe, config, metrics, its snapshot (with the backfills that replayed
+    history into it) and its evaluations."""
     run = conn.execute(
         "SELECT r.*, s.start_positions, s.end_positions, s.filter_version, s.content_hash, "
-        "s.record_count FROM training_runs r JOIN dataset_snapshots s USING (snapshot_id) "
+        "s.record_count, s.backfills FROM training_runs r "
+        "JOIN dataset_snapshots s USING (snapshot_id) "
         "WHERE r.run_id = %s",
         (run_id,),
     ).fetchone()
@@ -224,6 +227,17 @@ def run_detail(conn: DictConnection, run_id: Any) -> dict[str, JsonValue]:
                 "filter_version": run["filter_version"],
                 "content_hash": run["content_hash"],
                 "records": run["record_count"],
+                "replayed": [
+                    {
+                        "backfill_id": b["backfill_id"],
+                        "filter_version": b["filter_version"],
+                        "from": b["start_positions"],
+                        "to": b["end_positions"],
+                        "records": b["records"],
+                        "finished_at": b["finished_at"],
+                    }
+                    for b in backfills(conn, run["backfills"])
+                ],
             },
             "evaluations": [
                 {

@@ -29,15 +29,24 @@ def scratch_schema(conn: DictConnection, tables: Sequence[str]) -> Iterator[str]
     schema = f"replay_{uuid.uuid4().hex[:12]}"
     try:
         with conn.transaction():
-            conn.execute(f'CREATE SCHEMA "{schema}"')
-            for table in tables:
-                conn.execute(
-                    f'CREATE TABLE "{schema}"."{table}" (LIKE public."{table}" INCLUDING ALL)'
-                )
+            copy_tables(conn, schema, tables)
         yield schema
     finally:
         with conn.transaction():
-            conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
+            drop_schema(conn, schema)
+
+
+def copy_tables(conn: DictConnection, schema: str, tables: Sequence[str]) -> None:
+    """Make ``schema`` hold empty copies of ``tables`` (kept where they are already)."""
+    conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+    for table in tables:
+        conn.execute(
+            f'CREATE TABLE IF NOT EXISTS "{schema}"."{table}" (LIKE public."{table}" INCLUDING ALL)'
+        )
+
+
+def drop_schema(conn: DictConnection, schema: str) -> None:
+    conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
 
 
 def search_first(conn: DictConnection, schema: str) -> None:

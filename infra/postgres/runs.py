@@ -32,13 +32,15 @@ class SnapshotRange:
     record_count: int
     rewards_hashed: bool = True
     """Whether its live rewards are in ``content_hash`` (not for a range begun before they were)."""
+    backfills: tuple[UUID, ...] = ()
+    """The backfills that appended any of its records (replayed history)."""
 
 
 def record_snapshot(conn: DictConnection, snapshot: SnapshotRange) -> None:
     conn.execute(
         "INSERT INTO dataset_snapshots (snapshot_id, specialist, start_positions, "
-        "end_positions, filter_version, content_hash, record_count, rewards_hashed) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        "end_positions, filter_version, content_hash, record_count, rewards_hashed, backfills) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
         (
             snapshot.snapshot_id,
             snapshot.specialist,
@@ -48,6 +50,7 @@ def record_snapshot(conn: DictConnection, snapshot: SnapshotRange) -> None:
             snapshot.content_hash,
             snapshot.record_count,
             snapshot.rewards_hashed,
+            list(snapshot.backfills),
         ),
     )
 

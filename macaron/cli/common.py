@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import typer
 from rich.console import Console
-from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 from core.errors import ConfigError
 from core.settings import Settings
@@ -26,6 +33,18 @@ def spinner() -> Progress:
     """A spinner on stderr with the current step and the time so far."""
     return Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console
+    )
+
+
+def progress_bar() -> Progress:
+    """A progress bar on stderr: the step, done of total, and the time so far."""
+    return Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        console=err_console,
     )
 
 

@@ -10,22 +10,22 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    SpinnerColumn,
-    TextColumn,
-    TimeElapsedColumn,
-)
 
+from core.experience import known_filter
 from infra.postgres.keys import create_key
 from infra.telemetry import configure_telemetry, serve_metrics
 from learners.tasks import BANK_V1, load_bank
 from learners.worker import configure as configure_celery
-from learners.worker import install_runtime
+from learners.worker import enqueue_training, install_runtime
 from macaron import wiring
-from macaron.cli.common import console, err_console, settings, specialist_names, spinner
+from macaron.cli.common import (
+    console,
+    err_console,
+    progress_bar,
+    settings,
+    specialist_names,
+    spinner,
+)
 from macaron.demo import demo_table, generation_table, run_demo
 from macaron.simulator import (
     DEFAULT_SPECIALISTS,
@@ -35,6 +35,7 @@ from macaron.simulator import (
     report_table,
     run_simulation,
 )
+from streams.trigger import train_now
 
 
 def worker(
@@ -69,6 +70,37 @@ def worker(
     )
 
 
+def train(
+    ctx: typer.Context,
+    specialist: Annotated[str, typer.Argument(help="The specialist whose successor to train.")],
+    filter_version: Annotated[
+        str | None,
+        typer.Option(help="Train on records of this filter version (default: the live one)."),
+    ] = None,
+) -> None:
+    """Train a successor now on the specialist's records since its last snapshot (live ones,
+    or those a backfill appended), without waiting for the threshold: records the snapshot,
+    queues the run for the workers, and prints its ids. The run is evaluated and promoted (or
+    refused) like any other."""
+    cfg = settings(ctx)
+    version = known_filter(filter_version or cfg.experience_filter)
+    configure_celery(cfg)
+    with wiring.pool(cfg) as pool:
+        log = wiring.event_log(cfg, pool)
+        with pool.connection() as conn, conn.transaction():
+            request = train_now(conn, specialist, version)
+            log.append([request.event])
+        log.close()
+    enqueue_training(request.run_id)
+    snapshot = request.snapshot
+    replayed = ", ".join(str(b) for b in snapshot.backfills) or "none"
+    console.print(
+        f"run {request.run_id} queued: {specialist} on snapshot {snapshot.snapshot_id} "
+        f"({snapshot.record_count} records of {version}, offsets [{snapshot.start_offset}, "
+        f"{snapshot.end_offset}) of partition {snapshot.partition}; backfills: {replayed})"
+    )
+
+
 def simulate(
     ctx: typer.Context,
     turns: Annotated[int, typer.Option(min=1, help="Turns to play in all.")] = 100,
@@ -97,14 +129,7 @@ def simulate(
             key_id, key = create_key(conn, SIMULATOR_TENANT, {"chat"})
         err_console.print(f"made key {key_id} for tenant {SIMULATOR_TENANT}")
     target = url or f"ws://{cfg.bind_host}:{cfg.http_port}/v1/ws"
-    columns = (
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, console=err_console) as progress:
+    with progress_bar() as progress:
         task = progress.add_task(f"simulating users against {target}", total=turns)
         report = asyncio.run(
             run_simulation(

@@ -156,15 +156,27 @@ def _lineage_table(ref: str, steps: list[LineageStep]) -> Table:
             f"{harness.get('name', '')} {str(harness.get('sha256', ''))[:12]}".strip(),
             " ".join(str(a).split(" ")[0] for a in adapters.values()),
             f"{run.get('run_id', '')[:8]} {run.get('status', '')}",
-            f"{snapshot.get('records', '')} records {snapshot.get('start', '')}->"
-            f"{snapshot.get('end', '')} {str(snapshot.get('content_hash', ''))[:12]}"
-            if snapshot
-            else "",
+            _snapshot_cell(snapshot) if snapshot else "",
             f"passed={evaluation.get('passed')} {evaluation.get('candidate', '')}"
             if evaluation
             else "",
         )
     return table
+
+
+def _snapshot_cell(snapshot: dict[str, Any]) -> str:
+    """Records, range, hash and filter version; the backfills that replayed history into it."""
+    cell = (
+        f"{snapshot.get('records', '')} records {snapshot.get('start', '')}->"
+        f"{snapshot.get('end', '')} {str(snapshot.get('content_hash', ''))[:12]} "
+        f"{snapshot.get('filter_version', '')}"
+    )
+    for replayed in snapshot.get("replayed") or []:
+        cell += (
+            f"; replayed by backfill {str(replayed['backfill_id'])[:8]} "
+            f"({replayed['filter_version']}, log {replayed['from']}->{replayed['to']})"
+        )
+    return cell
 
 
 @contract_app.command("run")

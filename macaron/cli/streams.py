@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 from enum import StrEnum
@@ -10,10 +11,14 @@ from typing import Annotated
 import typer
 
 from core.errors import ConfigError
+from core.log import EventLog
+from infra.postgres.db import Pool
 from infra.telemetry import configure_telemetry, serve_metrics
 from learners.worker import configure as configure_celery
 from macaron import wiring
-from macaron.cli.common import console, settings
+from macaron.cli.common import console, progress_bar, settings
+from streams.backfill import backfill, describe
+from streams.experience import ExperienceBuilder
 from streams.faust_app import run_worker as run_faust_worker
 from streams.processor import content_hash
 from streams.replay import replay as replay_processor
@@ -68,10 +73,22 @@ def replay(
     processor: Annotated[str, typer.Argument(help="Processor name (macaron replay --list).")] = "",
     start: Annotated[int | None, typer.Option("--from", help="First position (one log).")] = None,
     end: Annotated[int | None, typer.Option("--to", help="Position to stop before.")] = None,
+    filter_version: Annotated[
+        str | None,
+        typer.Option(
+            help="With processor experience: backfill, deriving the experience of [--from, --to) "
+            "under this filter version into the log (experience-1, experience-2)."
+        ),
+    ] = None,
+    output_json: Annotated[bool, typer.Option("--json", help="A backfill's outcome as JSON.")] = (
+        False
+    ),
     list_: Annotated[bool, typer.Option("--list", help="List the processors.")] = False,
 ) -> None:
     """Rebuild a processor's output from the log into a fresh schema and print its content
-    hash, beside the live one (equal when the live processor has read as far)."""
+    hash, beside the live one (equal when the live processor has read as far); or, with
+    --filter-version, backfill the experience of past events under that filter version
+    (idempotent: a second run appends nothing; a stopped one resumes)."""
     cfg = settings(ctx)
     with wiring.pool(cfg) as pool:
         log = wiring.event_log(cfg, pool)
@@ -81,17 +98,48 @@ def replay(
             return
         if processor not in hosts:
             raise ConfigError(f"no processor {processor!r}; one of {', '.join(hosts)}")
-        chosen = hosts[processor].processor
         partitions = list(log.end_positions())
-        digest, handled = replay_processor(
-            chosen,
-            log,
-            pool,
-            start=None if start is None else dict.fromkeys(partitions, start),
-            end=None if end is None else dict.fromkeys(partitions, end),
-        )
+        first = None if start is None else dict.fromkeys(partitions, start)
+        last = None if end is None else dict.fromkeys(partitions, end)
+        if filter_version is not None:
+            if processor != ExperienceBuilder.name:
+                raise ConfigError(f"--filter-version backfills {ExperienceBuilder.name!r} only")
+            _backfill(log, pool, filter_version, first, last, output_json)
+            return
+        chosen = hosts[processor].processor
+        digest, handled = replay_processor(chosen, log, pool, start=first, end=last)
         with pool.connection() as conn:
             live = content_hash(conn, chosen)
         log.close()
     console.print(f"{processor}: replayed {handled} events")
     console.print(f"replayed  {digest}\nlive      {live}")
+
+
+def _backfill(
+    log: EventLog,
+    pool: Pool,
+    filter_version: str,
+    start: dict[int, int] | None,
+    end: dict[int, int] | None,
+    output_json: bool,
+) -> None:
+    with progress_bar() as bar:
+        task = bar.add_task(f"backfilling {filter_version}", total=None)
+        outcome = backfill(
+            log,
+            pool,
+            filter_version,
+            start=start,
+            end=end,
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+        )
+    log.close()
+    shown = describe(outcome)
+    if output_json:
+        console.print_json(json.dumps(shown))
+        return
+    state = "already done" if outcome.already_done else "resumed" if outcome.resumed else "done"
+    console.print(
+        f"backfill {shown['backfill_id']} ({state}): {filter_version} over "
+        f"[{shown['from']}, {shown['to']}): {outcome.records} records appended in all"
+    )

@@ -121,7 +121,7 @@ def test_both_hosts_give_the_same_outputs(
                 by_runner = outputs(conn, hosts)
             derived = [e for e in log.read() if isinstance(e.payload, ExperienceRecorded)]
         kinds = sorted(e.payload.kind for e in derived)  # type: ignore[attr-defined]
-        assert kinds == ["preference", "sft", "sft", "sft", *["trajectory"] * 4]
+        assert kinds == ["preference", "sft", "sft", "sft", *["trajectory"] * 6]  # 2 ups rewarded
 
         # The faust agents over the Kafka-protocol broker, in their own process.
         topic = f"events-{uuid.uuid4().hex[:10]}"

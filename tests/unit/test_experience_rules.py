@@ -1,11 +1,13 @@
-"""The experience rules ``experience-1`` without a database: a joined turn and a completion or
-feedback event in, the ``ExperienceRecorded`` events out."""
+"""The experience rules without a database: a joined turn and a completion or feedback event
+in, the ``ExperienceRecorded`` events out. ``derive`` applies ``experience-1``; the tests of
+``experience-2`` say so."""
 
 from __future__ import annotations
 
 import json
 from dataclasses import replace
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 from uuid import UUID
 
@@ -37,6 +39,7 @@ OTHER_FEEDBACK = UUID("0190f0a0-0000-7000-8000-0000000000f2")
 COMPLETED = UUID("0190f0a0-0000-7000-8000-0000000000d0")
 AT = datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC)
 ROOT = root_version()
+derive = partial(experience_from, version="experience-1")
 
 CHAT_TURN = JoinedTurn(
     turn_id=TURN,
@@ -91,7 +94,7 @@ def payloads(events: list[NewEvent]) -> list[ExperienceRecorded]:
 
 
 def test_thumbs_up_is_an_sft_example_with_the_answer_as_target() -> None:
-    [event] = experience_from(CHAT_TURN, feedback("up"))
+    [event] = derive(CHAT_TURN, feedback("up"))
     record = payloads([event])[0]
     assert record.kind == "sft"
     assert record.specialist == "chat"
@@ -106,7 +109,7 @@ def test_thumbs_up_is_an_sft_example_with_the_answer_as_target() -> None:
 
 
 def test_a_record_is_keyed_by_specialist_and_caused_by_the_feedback() -> None:
-    [event] = experience_from(CHAT_TURN, feedback("up"))
+    [event] = derive(CHAT_TURN, feedback("up"))
     assert event.key == "experience.chat"
     assert event.tenant_id == "acme"
     assert event.causation_id == FEEDBACK
@@ -117,15 +120,15 @@ def test_a_record_is_keyed_by_specialist_and_caused_by_the_feedback() -> None:
 
 def test_the_experience_id_is_pinned() -> None:
     """The derived ids are part of the log: changing them would duplicate every record."""
-    [up] = experience_from(CHAT_TURN, feedback("up"))
-    sft, preference = experience_from(CHAT_TURN, feedback("edit", "Paris, France."))
+    [up] = derive(CHAT_TURN, feedback("up"))
+    sft, preference = derive(CHAT_TURN, feedback("edit", "Paris, France."))
     assert up.event_id == UUID("d1c91960-5623-534b-8fbb-4155527f5634")
     assert sft.event_id == up.event_id  # same turn, kind and feedback event
     assert preference.event_id == UUID("f968020b-2c2c-50a1-a4db-4b2b91d2dd06")
 
 
 def test_thumbs_up_on_an_agent_turn_teaches_its_first_tool_call() -> None:
-    [event] = experience_from(AGENT_TURN, feedback("up"))
+    [event] = derive(AGENT_TURN, feedback("up"))
     target = payloads([event])[0].record["target"]
     assert target == '{"tool": "calculator", "args": {"expression": "2+2"}}'
     assert json.loads(str(target)) == {"tool": "calculator", "args": {"expression": "2+2"}}
@@ -137,7 +140,7 @@ def test_first_step_is_the_answer_when_no_tool_was_called() -> None:
 
 
 def test_an_edit_is_an_sft_example_and_a_preference_pair() -> None:
-    sft, preference = payloads(experience_from(CHAT_TURN, feedback("edit", "Paris, France.")))
+    sft, preference = payloads(derive(CHAT_TURN, feedback("edit", "Paris, France.")))
     messages = context_messages(CHAT_TURN)
     assert sft.kind == "sft"
     assert sft.record["target"] == "Paris, France."
@@ -154,20 +157,20 @@ def test_an_edit_is_an_sft_example_and_a_preference_pair() -> None:
 
 
 def test_an_edit_on_an_agent_turn_targets_the_edit_not_the_tool_call() -> None:
-    sft, _ = payloads(experience_from(AGENT_TURN, feedback("edit", "Four and nine.")))
+    sft, _ = payloads(derive(AGENT_TURN, feedback("edit", "Four and nine.")))
     assert sft.record["target"] == "Four and nine."
 
 
 @pytest.mark.parametrize("edited", [None, ""])
 def test_an_edit_without_text_teaches_nothing(edited: str | None) -> None:
-    assert experience_from(CHAT_TURN, feedback("edit", edited)) == []
+    assert derive(CHAT_TURN, feedback("edit", edited)) == []
 
 
 @pytest.mark.parametrize("kind", ["down", "regenerate"])
 @pytest.mark.parametrize("turn", [CHAT_TURN, AGENT_TURN], ids=["chat", "agent"])
 def test_thumbs_down_and_regenerate_reward_the_turn_zero(kind: str, turn: JoinedTurn) -> None:
     """A live reward: the turn as it ran, its actions included, rewarded 0."""
-    [event] = experience_from(turn, feedback(kind))
+    [event] = derive(turn, feedback(kind))
     [record] = payloads([event])
     assert record.kind == "trajectory" and event.causation_id == FEEDBACK
     assert record.record == {
@@ -182,23 +185,23 @@ def test_thumbs_down_and_regenerate_reward_the_turn_zero(kind: str, turn: Joined
 
 @pytest.mark.parametrize("kind", ["down", "regenerate"])
 def test_a_negative_on_a_turn_without_an_answer_teaches_nothing(kind: str) -> None:
-    assert experience_from(replace(CHAT_TURN, response=None), feedback(kind)) == []
+    assert derive(replace(CHAT_TURN, response=None), feedback(kind)) == []
 
 
 @pytest.mark.parametrize("kind", ["up", "edit"])
 def test_feedback_on_a_turn_without_an_answer_teaches_nothing(kind: str) -> None:
-    assert experience_from(replace(CHAT_TURN, response=None), feedback(kind, "x")) == []
+    assert derive(replace(CHAT_TURN, response=None), feedback(kind, "x")) == []
 
 
 def test_the_same_feedback_gives_the_same_events() -> None:
-    first = experience_from(CHAT_TURN, feedback("edit", "Paris, France."))
-    again = experience_from(CHAT_TURN, feedback("edit", "Paris, France."))
+    first = derive(CHAT_TURN, feedback("edit", "Paris, France."))
+    again = derive(CHAT_TURN, feedback("edit", "Paris, France."))
     assert first == again
 
 
 def test_another_feedback_event_gives_other_ids() -> None:
-    [one] = experience_from(CHAT_TURN, feedback("up"))
-    [two] = experience_from(CHAT_TURN, feedback("up", event_id=OTHER_FEEDBACK))
+    [one] = derive(CHAT_TURN, feedback("up"))
+    [two] = derive(CHAT_TURN, feedback("up", event_id=OTHER_FEEDBACK))
     assert one.event_id != two.event_id
     assert one.payload.model_dump(exclude={"experience_id"}) == two.payload.model_dump(
         exclude={"experience_id"}
@@ -207,8 +210,8 @@ def test_another_feedback_event_gives_other_ids() -> None:
 
 def test_another_turn_gives_other_ids() -> None:
     other = replace(CHAT_TURN, turn_id=UUID("0190f0a0-0000-7000-8000-000000000002"))
-    [one] = experience_from(CHAT_TURN, feedback("up"))
-    [two] = experience_from(other, feedback("up"))
+    [one] = derive(CHAT_TURN, feedback("up"))
+    [two] = derive(other, feedback("up"))
     assert one.event_id != two.event_id
 
 
@@ -216,7 +219,7 @@ def test_another_turn_gives_other_ids() -> None:
 
 
 def test_a_completed_agent_turn_with_actions_is_a_trajectory() -> None:
-    [event] = experience_from(AGENT_TURN, completed())
+    [event] = derive(AGENT_TURN, completed())
     [record] = payloads([event])
     assert record.kind == "trajectory"
     assert record.specialist == "agent"
@@ -242,7 +245,7 @@ def test_the_reward_is_the_share_of_actions_that_succeeded(
     actions: tuple[dict[str, Any], ...] = tuple(
         {"name": "calculator", "args": {}, "result": None, "ok": ok} for ok in oks
     )
-    [record] = payloads(experience_from(replace(AGENT_TURN, actions=actions), completed()))
+    [record] = payloads(derive(replace(AGENT_TURN, actions=actions), completed()))
     assert record.record["reward"] == reward
 
 
@@ -251,7 +254,7 @@ def test_a_completed_genui_turn_is_rewarded_by_its_trees_validity(
     valid: bool, reward: float
 ) -> None:
     ui = replace(CHAT_TURN, specialist="genui", response='{"type": "Text"}', genui_valid=valid)
-    [record] = payloads(experience_from(ui, completed()))
+    [record] = payloads(derive(ui, completed()))
     assert (record.kind, record.record["reward"], record.record["actions"]) == (
         "trajectory",
         reward,
@@ -260,19 +263,19 @@ def test_a_completed_genui_turn_is_rewarded_by_its_trees_validity(
 
 
 def test_a_completed_turn_without_actions_teaches_nothing() -> None:
-    assert experience_from(CHAT_TURN, completed()) == []
-    assert experience_from(replace(AGENT_TURN, actions=()), completed()) == []
+    assert derive(CHAT_TURN, completed()) == []
+    assert derive(replace(AGENT_TURN, actions=()), completed()) == []
 
 
 def test_a_trajectory_is_recorded_even_without_an_answer() -> None:
-    [record] = payloads(experience_from(replace(AGENT_TURN, response=None), completed()))
+    [record] = payloads(derive(replace(AGENT_TURN, response=None), completed()))
     assert record.record["answer"] is None
 
 
 def test_the_trajectory_id_depends_on_the_completion_event() -> None:
-    [first] = experience_from(AGENT_TURN, completed())
-    [again] = experience_from(AGENT_TURN, completed())
-    [up] = experience_from(AGENT_TURN, feedback("up"))
+    [first] = derive(AGENT_TURN, completed())
+    [again] = derive(AGENT_TURN, completed())
+    [up] = derive(AGENT_TURN, feedback("up"))
     assert first.event_id == again.event_id
     assert first.event_id != up.event_id
 
@@ -286,7 +289,7 @@ def test_other_events_teach_nothing() -> None:
         harness=ROOT.stamp,
         release_id="rel-1",
     )
-    assert experience_from(CHAT_TURN, recorded(received)) == []
+    assert derive(CHAT_TURN, recorded(received)) == []
 
 
 # --- the context a record teaches -----------------------------------------------------------
@@ -342,7 +345,7 @@ SECOND = replace(CHAT_TURN, turn_id=REGENERATED, response="Paris, France.", rege
 
 
 def test_a_kept_regeneration_pairs_its_answer_over_the_one_it_replaced() -> None:
-    found = payloads(experience_from(SECOND, feedback("up"), CHAT_TURN))
+    found = payloads(derive(SECOND, feedback("up"), CHAT_TURN))
     assert [r.kind for r in found] == ["sft", "preference"]
     pair = found[1]
     assert pair.turn_id == REGENERATED
@@ -361,11 +364,11 @@ def test_a_kept_regeneration_pairs_its_answer_over_the_one_it_replaced() -> None
 def test_a_regeneration_pairs_nothing_unless_two_answers_of_one_specialist_differ(
     first: JoinedTurn,
 ) -> None:
-    assert [r.kind for r in payloads(experience_from(SECOND, feedback("up"), first))] == ["sft"]
+    assert [r.kind for r in payloads(derive(SECOND, feedback("up"), first))] == ["sft"]
 
 
 def test_only_thumbs_up_keeps_a_regeneration() -> None:
-    found = payloads(experience_from(SECOND, feedback("down"), CHAT_TURN))
+    found = payloads(derive(SECOND, feedback("down"), CHAT_TURN))
     assert [(r.kind, r.turn_id, r.record["reward"]) for r in found] == [
         ("trajectory", REGENERATED, 0.0)
     ]
@@ -396,7 +399,7 @@ def test_a_reroute_labels_the_turns_words_with_the_named_specialist() -> None:
     [event] = routing_labels(CHAT_TURN, corrected)
     assert (event.key, event.causation_id, event.tenant_id) == ("routing", FEEDBACK, "acme")
     assert labels(CHAT_TURN, corrected) == [(TURN, TEXT, "genui", "correction")]
-    assert experience_from(CHAT_TURN, corrected) == []  # no answer to learn from
+    assert derive(CHAT_TURN, corrected) == []  # no answer to learn from
 
 
 def test_thumbs_up_confirms_the_routers_choice_and_down_teaches_routing_nothing() -> None:
@@ -416,3 +419,24 @@ def test_an_answer_of_another_specialist_kept_after_a_reroute_is_a_kept_label() 
 def test_a_ui_event_is_not_a_users_words() -> None:
     ui = replace(PICKED, input_kind="ui_event")
     assert labels(ui, completed()) == labels(ui, feedback("up")) == []
+
+
+# --- experience-2 ---------------------------------------------------------------------------
+
+
+def test_experience_2_also_rewards_a_thumbs_up_1() -> None:
+    sft, reward = payloads(experience_from(CHAT_TURN, feedback("up"), version="experience-2"))
+    assert (sft.kind, reward.kind) == ("sft", "trajectory")
+    assert {sft.filter_version, reward.filter_version} == {"experience-2"}
+    assert reward.record["reward"] == 1.0 and reward.record["answer"] == "Paris."
+    [v1] = payloads(derive(CHAT_TURN, feedback("up")))
+    assert sft.record == v1.record  # the rules it keeps derive the same records
+    assert sft.experience_id != v1.experience_id  # under ids of its own
+
+
+@pytest.mark.parametrize("kind", ["down", "regenerate", "edit"])
+def test_experience_2_derives_the_rest_as_experience_1(kind: str) -> None:
+    event = feedback(kind, "Paris, France." if kind == "edit" else None)
+    v1 = payloads(derive(CHAT_TURN, event))
+    v2 = payloads(experience_from(CHAT_TURN, event, version="experience-2"))
+    assert [(r.kind, r.record) for r in v2] == [(r.kind, r.record) for r in v1]

@@ -25,7 +25,7 @@ from core.events import (
     RolloutStep,
     decode_payload,
 )
-from core.experience import EMPTY_CHAIN, chain_record
+from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record
 from core.log import LogPosition, RecordedEvent
 from infra.postgres.rollouts import ScoredSample
 from learners.contract import DEFAULT_CONTRACT, load_contract
@@ -86,7 +86,7 @@ def scored_event() -> RecordedEvent:
 
 
 def records(group: list[ScoredSample]) -> list[ExperienceRecorded]:
-    found = [e.payload for e in group_records(group, scored_event())]
+    found = [e.payload for e in group_records(group, scored_event(), FILTER_VERSION)]
     assert all(isinstance(p, ExperienceRecorded) for p in found)
     return found  # type: ignore[return-value]
 
@@ -119,10 +119,10 @@ def test_passed_samples_are_sft_examples_and_pair_with_failed_ones() -> None:
         assert record.record["messages"] == [m.model_dump() for m in MESSAGES]
         assert record.record["release_id"] == "rel-1"
         assert "crash" not in str(record.record)  # a failed verdict teaches nothing
-    events = group_records(group, scored_event())
+    events = group_records(group, scored_event(), FILTER_VERSION)
     assert all(e.causation_id == SCORED and e.key == "experience.genui" for e in events)
     assert [e.event_id for e in events] == [
-        e.event_id for e in group_records(group, scored_event())
+        e.event_id for e in group_records(group, scored_event(), FILTER_VERSION)
     ]
 
 

@@ -58,14 +58,26 @@ def recorded(payload: EventPayload, partition: int = 0, offset: int = 10) -> Rec
 
 def fresh(start: int = 7) -> PendingRecords:
     return PendingRecords(
-        specialist="coding", partition=0, start_offset=start, count=0, running_hash=EMPTY_CHAIN
+        specialist="coding",
+        filter_version="experience-1",
+        partition=0,
+        start_offset=start,
+        count=0,
+        running_hash=EMPTY_CHAIN,
     )
 
 
+def ending(pending: PendingRecords, offset: int, partition: int = 0) -> PendingRecords:
+    """``pending`` whose last record is at ``offset`` of ``partition``."""
+    return replace(pending, partition=partition, end_offset=offset + 1)
+
+
 def test_a_record_counts_and_extends_the_chain() -> None:
-    one = counted(fresh(), record(1))
-    assert one == PendingRecords("coding", 0, 7, 1, chain_record(EMPTY_CHAIN, record(1)))
-    two = counted(one, record(2))
+    one = counted(fresh(), record(1), 10)
+    assert one == replace(
+        fresh(), count=1, running_hash=chain_record(EMPTY_CHAIN, record(1)), end_offset=11
+    )
+    two = counted(one, record(2), 11)
     assert two.count == 2
     assert two.start_offset == 7
     assert two.running_hash == chain_record(chain_record(EMPTY_CHAIN, record(1)), record(2))
@@ -73,32 +85,32 @@ def test_a_record_counts_and_extends_the_chain() -> None:
 
 def test_a_live_reward_is_chained_but_not_counted() -> None:
     """It rides in the next snapshot (its range and hash) without starting one."""
-    one = counted(counted(fresh(), record(1)), reward(1))
+    one = counted(counted(fresh(), record(1), 10), reward(1), 11)
     assert one.count == 1
     assert one.running_hash == chain_record(chain_record(EMPTY_CHAIN, record(1)), reward(1))
-    assert not due(counted(fresh(), reward(1)), 1)
+    assert not due(counted(fresh(), reward(1), 10), 1)
 
 
 def test_a_range_begun_before_live_rewards_were_hashed_goes_on_without_them() -> None:
     """A range the trigger began before the upgrade hashes as it was begun (its snapshot says
     so, and the run replays it the same way)."""
     old = replace(fresh(), rewards_hashed=False)
-    assert counted(old, reward(1)) == old
-    assert counted(counted(old, record(1)), reward(1)).running_hash == chain_record(
+    assert counted(old, reward(1), 10) == old
+    assert counted(counted(old, record(1), 10), reward(1), 11).running_hash == chain_record(
         EMPTY_CHAIN, record(1)
     )
 
 
 def test_the_chain_is_pinned() -> None:
     """Snapshots store this hash and the training run checks the replay against it."""
-    assert counted(fresh(), record(1)).running_hash == (
+    assert counted(fresh(), record(1), 10).running_hash == (
         "34ecdedbb0ba0fdbccdebd21d04303a3937f4ad0cdedbd31722f4ba536aa4e07"
     )
 
 
 def test_the_order_of_records_changes_the_hash() -> None:
-    forward = counted(counted(fresh(), record(1)), record(2))
-    backward = counted(counted(fresh(), record(2)), record(1))
+    forward = counted(counted(fresh(), record(1), 10), record(2), 11)
+    backward = counted(counted(fresh(), record(2), 10), record(1), 11)
     assert forward.count == backward.count == 2
     assert forward.running_hash != backward.running_hash
 
@@ -108,13 +120,13 @@ def test_the_order_of_records_changes_the_hash() -> None:
     [(0, 1, False), (1, 1, True), (2, 3, False), (3, 3, True), (4, 3, True), (49, 50, False)],
 )
 def test_due_at_the_threshold(count: int, threshold: int, expected: bool) -> None:
-    pending = PendingRecords("coding", 0, 0, count, EMPTY_CHAIN)
+    pending = PendingRecords("coding", "experience-1", 0, 0, count, EMPTY_CHAIN)
     assert due(pending, threshold) is expected
 
 
 def test_the_request_snapshots_the_range_up_to_the_event() -> None:
-    pending = PendingRecords("coding", 0, 7, 4, "b" * 64)
-    request = training_request(recorded(record(4), partition=2, offset=10), pending, PARENT)
+    pending = PendingRecords("coding", "experience-1", 0, 7, 4, "b" * 64)
+    request = training_request(ending(pending, 10, partition=2), PARENT, EVENT)
     assert request.snapshot == SnapshotRange(
         snapshot_id=request.snapshot.snapshot_id,
         specialist="coding",
@@ -129,15 +141,15 @@ def test_the_request_snapshots_the_range_up_to_the_event() -> None:
 
 
 def test_the_snapshot_and_run_ids_are_pinned() -> None:
-    pending = PendingRecords("coding", 0, 7, 4, "b" * 64)
-    request = training_request(recorded(record(4), offset=10), pending, PARENT)
+    pending = PendingRecords("coding", "experience-1", 0, 7, 4, "b" * 64)
+    request = training_request(ending(pending, 10), PARENT, EVENT)
     assert request.snapshot.snapshot_id == UUID("c186ad59-6fbd-5b81-857d-6d8976853ff2")
     assert request.run_id == UUID("5040dd31-4caa-576f-9b60-de2f5a0d6c88")
 
 
 def test_the_request_event_asks_to_train_the_parents_successor() -> None:
-    pending = PendingRecords("coding", 0, 7, 4, "b" * 64)
-    request = training_request(recorded(record(4)), pending, PARENT)
+    pending = PendingRecords("coding", "experience-1", 0, 7, 4, "b" * 64)
+    request = training_request(ending(pending, 10), PARENT, EVENT)
     event = request.event
     assert event.payload == TrainingRequested(
         run_id=request.run_id,
@@ -153,9 +165,9 @@ def test_the_request_event_asks_to_train_the_parents_successor() -> None:
 
 
 def test_the_same_range_gives_the_same_ids() -> None:
-    pending = PendingRecords("coding", 0, 7, 4, "b" * 64)
-    first = training_request(recorded(record(4)), pending, PARENT)
-    again = training_request(recorded(record(4)), pending, PARENT)
+    pending = PendingRecords("coding", "experience-1", 0, 7, 4, "b" * 64)
+    first = training_request(ending(pending, 10), PARENT, EVENT)
+    again = training_request(ending(pending, 10), PARENT, EVENT)
     assert first.snapshot == again.snapshot
     assert first.event.event_id == again.event.event_id
     assert first.event.payload == again.event.payload
@@ -164,33 +176,55 @@ def test_the_same_range_gives_the_same_ids() -> None:
 @pytest.mark.parametrize(
     ("pending", "offset"),
     [
-        (PendingRecords("coding", 0, 8, 4, "b" * 64), 10),  # another start
-        (PendingRecords("coding", 0, 7, 4, "b" * 64), 11),  # another end
-        (PendingRecords("genui", 0, 7, 4, "b" * 64), 10),  # another specialist
+        (PendingRecords("coding", "experience-1", 0, 8, 4, "b" * 64), 10),  # another start
+        (PendingRecords("coding", "experience-1", 0, 7, 4, "b" * 64), 11),  # another end
+        (PendingRecords("genui", "experience-1", 0, 7, 4, "b" * 64), 10),  # another specialist
     ],
 )
 def test_another_range_gives_other_ids(pending: PendingRecords, offset: int) -> None:
     base = training_request(
-        recorded(record(4), offset=10), PendingRecords("coding", 0, 7, 4, "b" * 64), PARENT
+        ending(PendingRecords("coding", "experience-1", 0, 7, 4, "b" * 64), 10), PARENT, EVENT
     )
-    other = training_request(recorded(record(4), offset=offset), pending, PARENT)
+    other = training_request(ending(pending, offset), PARENT, EVENT)
     assert other.snapshot.snapshot_id != base.snapshot.snapshot_id
     assert other.run_id != base.run_id
 
 
 def test_the_hash_and_count_do_not_change_the_ids() -> None:
     """A range is its identity; what it holds is checked against the hash when it is read."""
-    one = training_request(recorded(record(4)), PendingRecords("coding", 0, 7, 4, "b" * 64), PARENT)
-    two = training_request(recorded(record(4)), PendingRecords("coding", 0, 7, 5, "c" * 64), PARENT)
+    one = training_request(
+        ending(PendingRecords("coding", "experience-1", 0, 7, 4, "b" * 64), 10), PARENT, EVENT
+    )
+    two = training_request(
+        ending(PendingRecords("coding", "experience-1", 0, 7, 5, "c" * 64), 10), PARENT, EVENT
+    )
     assert one.run_id == two.run_id
 
 
 def test_after_commit_enqueues_each_requested_run_with_its_trace() -> None:
     enqueued: list[tuple[UUID, Mapping[str, str]]] = []
     trigger = TrainingTrigger(3, lambda run_id, trace: enqueued.append((run_id, trace)))
-    pending = PendingRecords("coding", 0, 7, 4, "b" * 64)
-    requested = training_request(recorded(record(4)), pending, PARENT).event
+    pending = PendingRecords("coding", "experience-1", 0, 7, 4, "b" * 64)
+    requested = training_request(ending(pending, 10), PARENT, EVENT).event
     traced = requested.model_copy(update={"trace": {"traceparent": "00-abc-def-01"}})
     other = NewEvent(payload=record(5), tenant_id="acme", key="experience.coding")
     trigger.after_commit([other, traced])
     assert enqueued == [(requested.event_id, {"traceparent": "00-abc-def-01"})]
+
+
+def test_a_backfills_records_name_it_once() -> None:
+    backfill = UUID("0190f0a0-0000-7000-8000-0000000000b1")
+    one = counted(fresh(), record(1), 10, backfill)
+    two = counted(one, record(2), 11, backfill)
+    three = counted(two, record(3), 12)
+    assert three.backfills == (backfill,) and three.end_offset == 13
+    request = training_request(three, PARENT)
+    assert request.snapshot.backfills == (backfill,)
+    assert request.event.causation_id is None  # asked for by hand
+
+
+def test_each_filter_version_has_its_own_snapshot_ids() -> None:
+    v1 = training_request(ending(fresh(), 10), PARENT, EVENT)
+    v2 = training_request(ending(replace(fresh(), filter_version="experience-2"), 10), PARENT)
+    assert v2.snapshot.filter_version == "experience-2"
+    assert v2.snapshot.snapshot_id != v1.snapshot.snapshot_id

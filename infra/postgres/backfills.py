@@ -1,0 +1,91 @@
+"""Backfills (``experience_backfills``): the experience of a past log range derived under one
+filter version (``streams.backfill``): which range, where its join state lives, how many
+records it appended, whether it is done."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+from uuid import UUID
+
+from psycopg.types.json import Jsonb
+
+from infra.postgres.db import DictConnection
+
+
+def begin_backfill(
+    conn: DictConnection,
+    backfill_id: UUID,
+    filter_version: str,
+    start: Mapping[int, int],
+    end: Mapping[int, int],
+) -> dict[str, Any]:
+    """The backfill's row, added as ``running`` if it is new."""
+    conn.execute(
+        "INSERT INTO experience_backfills (backfill_id, filter_version, start_positions, "
+        "end_positions, schema_name, status, records) VALUES (%s, %s, %s, %s, %s, 'running', 0) "
+        "ON CONFLICT DO NOTHING",
+        (
+            backfill_id,
+            filter_version,
+            Jsonb({str(p): o for p, o in start.items()}),
+            Jsonb({str(p): o for p, o in end.items()}),
+            f"backfill_{backfill_id.hex[:16]}",
+        ),
+    )
+    row = conn.execute(
+        "SELECT * FROM experience_backfills WHERE backfill_id = %s", (backfill_id,)
+    ).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def running_end(
+    conn: DictConnection, filter_version: str, start: Mapping[int, int]
+) -> dict[int, int] | None:
+    """Where the stopped backfill of ``filter_version`` from ``start`` (empty: from the
+    beginning) ends, if there is one."""
+    for row in conn.execute(
+        "SELECT start_positions, end_positions FROM experience_backfills "
+        "WHERE filter_version = %s AND status = 'running' ORDER BY started_at DESC",
+        (filter_version,),
+    ).fetchall():
+        begins = {int(p): o for p, o in row["start_positions"].items()}
+        if begins == dict(start) or (not start and not any(begins.values())):
+            return {int(p): o for p, o in row["end_positions"].items()}
+    return None
+
+
+def add_records(conn: DictConnection, backfill_id: UUID, appended: int) -> None:
+    conn.execute(
+        "UPDATE experience_backfills SET records = records + %s WHERE backfill_id = %s",
+        (appended, backfill_id),
+    )
+
+
+def finish_backfill(conn: DictConnection, backfill_id: UUID) -> dict[str, Any]:
+    row = conn.execute(
+        "UPDATE experience_backfills SET status = 'done', finished_at = now() "
+        "WHERE backfill_id = %s RETURNING *",
+        (backfill_id,),
+    ).fetchone()
+    assert row is not None
+    return dict(row)
+
+
+def is_backfill(conn: DictConnection, backfill_id: UUID) -> bool:
+    row = conn.execute(
+        "SELECT 1 FROM experience_backfills WHERE backfill_id = %s", (backfill_id,)
+    ).fetchone()
+    return row is not None
+
+
+def backfills(conn: DictConnection, ids: Sequence[UUID]) -> list[dict[str, Any]]:
+    """The backfills of ``ids``, as lineage shows them."""
+    rows = conn.execute(
+        "SELECT backfill_id, filter_version, start_positions, end_positions, status, records, "
+        "started_at, finished_at FROM experience_backfills WHERE backfill_id = ANY(%s) "
+        "ORDER BY started_at",
+        (list(ids),),
+    ).fetchall()
+    return [dict(r) for r in rows]
