@@ -27,12 +27,14 @@ from core.events import (
     TurnCompleted,
 )
 from core.settings import Settings
+from infra.postgres.lineage import lineage
 from infra.postgres.lookups import conversation_of_turn
 from infra.postgres.registry import active_release
 from learners.contract import load_contract
 from learners.loop import recorded_outcomes
 from learners.worker import configure as configure_celery
 from server.router import RouterService
+from streams.backfill import backfill
 from streams.processor import content_hash
 from streams.replay import replay
 from tests.factories import run_macaron
@@ -376,3 +378,56 @@ def assert_lineage(served: Running, release_id: str, first_turns: set[str]) -> N
         e.envelope.event_id for e in served.events() if isinstance(e.payload, TurnCompleted)
     }
     assert rewards and rewards <= completions  # live rewards (GenUI validity) ride along
+
+
+def test_a_candidate_trained_on_replayed_history_is_promoted_with_its_lineage(
+    loop_settings: Settings,
+    router: RouterService,
+    worker: subprocess.Popen[bytes],
+    tmp_path: Path,
+) -> None:
+    """Users teach while the live filter is still ``experience-1`` (and the threshold is out of
+    reach); a backfill derives their feedback again under ``experience-2``; ``macaron train``
+    snapshots the backfilled records; the candidate is evaluated and promoted, and its lineage
+    names the backfill, its filter version and its log range."""
+    settings = loop_settings.model_copy(
+        update={
+            "experience_filter": "experience-1",
+            "train_threshold": 1000,
+            "harness_proposals": False,
+        }
+    )
+    configure_celery(settings)
+    env = {
+        f"MACARON_{k.upper()}": str(v) for k, v in settings.model_dump(exclude_none=True).items()
+    }
+    with running_server(settings, router=router) as served, following(served):
+        teach(served)
+        log, pool = served.server.log, served.server.pool
+        outcome = backfill(log, pool, "experience-2")
+        assert outcome.records > 0
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # until the trigger has counted the new records
+            with pool.connection() as conn:
+                row = conn.execute(
+                    "SELECT pending FROM trigger_state "
+                    "WHERE specialist = 'genui' AND filter_version = 'experience-2'"
+                ).fetchone()
+            if row is not None and row["pending"] == 8:  # 4 edits: 4 SFT examples, 4 pairs
+                break
+            time.sleep(0.2)
+        queued = run_macaron("train", "genui", "--filter-version", "experience-2", **env)
+        assert queued.returncode == 0, queued.stdout + queued.stderr
+        assert str(outcome.backfill_id) in queued.stdout
+        promoted = wait_for_promotion(served, tmp_path / "worker.log", worker)
+        with pool.connection() as conn:
+            steps = lineage(conn, promoted.release_id)
+    run: Any = steps[0].detail["run"]
+    snapshot = run["snapshot"]
+    assert snapshot["filter_version"] == "experience-2"
+    [replayed] = snapshot["replayed"]
+    assert replayed["backfill_id"] == str(outcome.backfill_id)
+    assert replayed["filter_version"] == "experience-2" and replayed["records"] == outcome.records
+    assert replayed["to"] == {str(p): o for p, o in outcome.end.items()}
+    shown = run_macaron("lineage", promoted.release_id, COLUMNS="400", **env)
+    assert shown.returncode == 0 and "replayed by backfill" in shown.stdout
