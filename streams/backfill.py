@@ -26,7 +26,7 @@ from core.ids import derived_id
 from core.log import EventLog, Positions, RecordedEvent
 from infra.postgres import backfills as store
 from infra.postgres.db import Pool
-from infra.postgres.positions import load_positions, save_positions
+from infra.postgres.positions import forget_positions, load_positions, save_positions
 from infra.postgres.replay import copy_tables, drop_schema, search_first
 from streams.experience import ExperienceBuilder
 
@@ -116,7 +116,7 @@ def backfill(
             progress(done, total)
     with pool.connection() as conn, conn.transaction():
         drop_schema(conn, row["schema_name"])
-        conn.execute("DELETE FROM processor_positions WHERE processor = %s", (name,))
+        forget_positions(conn, name)
         finished = store.finish_backfill(conn, backfill_id)
     return replace(outcome, records=finished["records"])
 

@@ -39,3 +39,8 @@ def save_positions(
             "SET next_offset = EXCLUDED.next_offset, updated_at = now()",
             [(processor, p, o) for p, o in sorted(positions.items())],
         )
+
+
+def forget_positions(conn: psycopg.Connection[Any], processor: str) -> None:
+    """Drop a finished processor's positions (a backfill's, once it is done)."""
+    conn.execute("DELETE FROM processor_positions WHERE processor = %s", (processor,))
