@@ -1,7 +1,8 @@
 """The learning loop end to end on the tiny model, with real PostgreSQL, Redis and a Celery
-worker process: turns with feedback -> experience -> a training run -> the contract ->
-promotion -> the next turn is served by the new adapter version, and the release's lineage
-leads back to the events of the first turns."""
+worker process: turns with feedback -> experience (derived again by a backfill under a new
+filter version) -> a training run -> the contract -> promotion -> the next turn is served by
+the new adapter version, and the release's lineage leads back through the backfill to the
+events of the first turns."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ from learners.contract import load_contract
 from learners.loop import recorded_outcomes
 from learners.worker import configure as configure_celery
 from server.router import RouterService
-from streams.backfill import backfill
+from streams.backfill import Backfill, backfill
 from streams.processor import content_hash
 from streams.replay import replay
 from tests.factories import run_macaron
@@ -82,23 +83,59 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
     worker: subprocess.Popen[bytes],
     tmp_path: Path,
 ) -> None:
-    configure_celery(loop_settings)
-    with running_server(loop_settings, router=router) as served:
+    """Users teach while the live filter is still ``experience-1``; the operator backfills
+    their feedback under ``experience-2`` and trains on it (``macaron train``): the candidate
+    is evaluated, promoted and serves, and everything after leads back to the users' events
+    through the backfill."""
+    settings = loop_settings.model_copy(
+        update={"experience_filter": "experience-1", "train_threshold": 1000}
+    )
+    configure_celery(settings)
+    with running_server(settings, router=router) as served:
         with following(served) as hosts:
             first_turns = teach(served)
+            replayed = backfill_and_train(served)
             promoted = wait_for_promotion(served, tmp_path / "worker.log", worker)
-            assert_harness_proposed_and_judged(served, tmp_path, worker, loop_settings)
+            assert_harness_proposed_and_judged(served, tmp_path, worker, settings)
             shown, served_turn = after_training(served, promoted.release_id)
-            assert_turn_audit(served, loop_settings, served_turn, promoted.release_id)
+            assert_turn_audit(served, settings, served_turn, promoted.release_id)
         assert_replay_matches_live(served, hosts)
         [trained] = [e.payload for e in served.events() if isinstance(e.payload, CandidateTrained)]
         assert trained.metrics["pairs"] >= 1  # the snapshot's edit pairs, trained by DPO
         assert trained.metrics["tenants"] == 1  # counted in lineage, never named
         assert "green" in shown  # what the users taught
-        assert_lineage(served, promoted.release_id, first_turns)
+        assert_lineage(served, promoted.release_id, first_turns, replayed)
         assert_outcomes_recorded(served, promoted, load_contract(DATA / "contract-e2e.yaml"))
-        assert_audit(loop_settings)
+        assert_audit(settings)
         assert_admin_api(served, promoted.release_id)  # ends with a rollback
+
+
+def backfill_and_train(served: Running) -> Backfill:
+    """Backfill the users' feedback under ``experience-2`` (live: ``experience-1``), wait for
+    the trigger to count it (4 edits: 4 SFT examples and 4 pairs, short of the threshold), and
+    queue the run by hand as an operator would."""
+    outcome = backfill(served.server.log, served.server.pool, "experience-2")
+    assert outcome.records > 0
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with served.server.pool.connection() as conn:
+            row = conn.execute(
+                "SELECT pending FROM trigger_state "
+                "WHERE specialist = 'genui' AND filter_version = 'experience-2'"
+            ).fetchone()
+        if row is not None and row["pending"] == 8:
+            break
+        time.sleep(0.2)
+    queued = run_macaron("train", "genui", "--filter-version", "experience-2", **env_of(served))
+    assert queued.returncode == 0, queued.stdout + queued.stderr
+    assert str(outcome.backfill_id) in queued.stdout
+    return outcome
+
+
+def env_of(served: Running) -> dict[str, str]:
+    """The server's settings as the ``MACARON_*`` variables of a command."""
+    dumped = served.settings.model_dump(exclude_none=True)
+    return {f"MACARON_{k.upper()}": str(v) for k, v in dumped.items()}
 
 
 def after_training(served: Running, release_id: str, tries: int = 3) -> tuple[str, str]:
@@ -347,7 +384,11 @@ def assert_harness_proposed_and_judged(
     assert diff.returncode == 0 and "specialists.genui.enforce_grammar" in diff.stdout
 
 
-def assert_lineage(served: Running, release_id: str, first_turns: set[str]) -> None:
+def assert_lineage(
+    served: Running, release_id: str, first_turns: set[str], replayed: Backfill
+) -> None:
+    """The promoted release's run learned from the backfill's records, each caused by the first
+    turns' events, and lineage names the backfill: its filter version and log range."""
     with served.server.pool.connection() as conn:
         release = active_release(conn)
         run = conn.execute(
@@ -378,56 +419,15 @@ def assert_lineage(served: Running, release_id: str, first_turns: set[str]) -> N
         e.envelope.event_id for e in served.events() if isinstance(e.payload, TurnCompleted)
     }
     assert rewards and rewards <= completions  # live rewards (GenUI validity) ride along
-
-
-def test_a_candidate_trained_on_replayed_history_is_promoted_with_its_lineage(
-    loop_settings: Settings,
-    router: RouterService,
-    worker: subprocess.Popen[bytes],
-    tmp_path: Path,
-) -> None:
-    """Users teach while the live filter is still ``experience-1`` (and the threshold is out of
-    reach); a backfill derives their feedback again under ``experience-2``; ``macaron train``
-    snapshots the backfilled records; the candidate is evaluated and promoted, and its lineage
-    names the backfill, its filter version and its log range."""
-    settings = loop_settings.model_copy(
-        update={
-            "experience_filter": "experience-1",
-            "train_threshold": 1000,
-            "harness_proposals": False,
-        }
-    )
-    configure_celery(settings)
-    env = {
-        f"MACARON_{k.upper()}": str(v) for k, v in settings.model_dump(exclude_none=True).items()
-    }
-    with running_server(settings, router=router) as served, following(served):
-        teach(served)
-        log, pool = served.server.log, served.server.pool
-        outcome = backfill(log, pool, "experience-2")
-        assert outcome.records > 0
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # until the trigger has counted the new records
-            with pool.connection() as conn:
-                row = conn.execute(
-                    "SELECT pending FROM trigger_state "
-                    "WHERE specialist = 'genui' AND filter_version = 'experience-2'"
-                ).fetchone()
-            if row is not None and row["pending"] == 8:  # 4 edits: 4 SFT examples, 4 pairs
-                break
-            time.sleep(0.2)
-        queued = run_macaron("train", "genui", "--filter-version", "experience-2", **env)
-        assert queued.returncode == 0, queued.stdout + queued.stderr
-        assert str(outcome.backfill_id) in queued.stdout
-        promoted = wait_for_promotion(served, tmp_path / "worker.log", worker)
-        with pool.connection() as conn:
-            steps = lineage(conn, promoted.release_id)
-    run: Any = steps[0].detail["run"]
-    snapshot = run["snapshot"]
+    assert {e.payload.filter_version for e in trained_on} == {"experience-2"}
+    assert {e.envelope.correlation_id for e in trained_on} == {replayed.backfill_id}
+    with served.server.pool.connection() as conn:
+        steps = lineage(conn, release_id)
+    snapshot: Any = steps[0].detail["run"]["snapshot"]  # type: ignore[index, call-overload]
     assert snapshot["filter_version"] == "experience-2"
-    [replayed] = snapshot["replayed"]
-    assert replayed["backfill_id"] == str(outcome.backfill_id)
-    assert replayed["filter_version"] == "experience-2" and replayed["records"] == outcome.records
-    assert replayed["to"] == {str(p): o for p, o in outcome.end.items()}
-    shown = run_macaron("lineage", promoted.release_id, COLUMNS="400", **env)
+    [named] = snapshot["replayed"]
+    assert named["backfill_id"] == str(replayed.backfill_id)
+    assert named["filter_version"] == "experience-2" and named["records"] == replayed.records
+    assert named["to"] == {str(p): o for p, o in replayed.end.items()}
+    shown = run_macaron("lineage", release_id, COLUMNS="400", **env_of(served))
     assert shown.returncode == 0 and "replayed by backfill" in shown.stdout
