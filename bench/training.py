@@ -23,7 +23,7 @@ from core.events import ChatMessage
 from core.harness.artifact import root_version
 from core.harness.hcp import build_context
 from core.settings import default_home
-from infra.artifacts import write_identity_adapter
+from infra.identity_adapter import write_identity_adapter
 from infra.models import pull_model
 from learners.recipes import lora
 from learners.recipes.lora import CPU_CONFIG, SFTExample, TrainingResult, load_config

@@ -289,6 +289,19 @@ class RangeOutsideLog(MacaronError):
     code = "range_outside_log"
 
 
+class BackfillRunning(MacaronError):
+    """The same backfill is running in another process."""
+
+    code = "backfill_running"
+
+
+class TriggerBehind(MacaronError):
+    """The training trigger has not read the log as far as asked (are the processors up?)."""
+
+    code = "trigger_behind"
+    retryable = True
+
+
 class NothingToTrain(MacaronError):
     """A training run was asked for with no SFT examples and no preference pairs."""
 

@@ -1,92 +1,41 @@
-"""The Celery app and its tasks: ``train_successor`` (queue ``train``, GPU workers with
-concurrency 1; a ``harness.*`` run proposes a harness instead), ``evaluate_candidate``
-(``eval``), ``promote`` (``default``) and ``sample_rollouts`` (``rollout``: sample, verify and
-record a rollout job's groups, ``learners.rollouts``). The evaluation of an adapter run queues
-a harness proposal for its specialist, started once the decision took effect.
-
-Redis is broker and result backend. Tasks are acknowledged late and rejected when their worker
-is lost, so a killed worker's task is given to another after ``task_visibility_timeout``; every
-task is idempotent by its run id (the task id is the run id, or a rollout job's id), so a
-redelivery repeats nothing.
-Only the composition root builds the app (``celery_app``); the tasks find their runtime there.
+"""The Celery tasks, on ``learners.queue``'s app: ``train_successor`` (queue ``train``, GPU
+workers with concurrency 1; a ``harness.*`` run proposes a harness instead),
+``evaluate_candidate`` (``eval``), ``promote`` (``default``) and ``sample_rollouts``
+(``rollout``: sample, verify and record a rollout job's groups, ``learners.rollouts``). The
+evaluation of an adapter run queues a harness proposal for its specialist, started once the
+decision took effect. Every task is idempotent by its id, so a redelivery repeats nothing.
+Only the composition root builds the runtime (``install_runtime``); the tasks find it there.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from celery import Celery, Task
+from celery import Task
 from celery.exceptions import Retry
 from opentelemetry.trace import Span
 from rich.progress import Progress
 
 from core.engine import Engine
-from core.errors import ConfigError
 from core.log import EventLog
 from core.settings import Settings
 from infra import observe
 from infra.artifacts import ArtifactStore
-from infra.local_stack import LocalStack
 from infra.postgres.db import Pool
 from infra.postgres.promotions import last_request_of_run, request_promotion, wait_for_request
 from learners.contract import DEFAULT_CONTRACT
 from learners.loop import RunBusy, Runtime, evaluate_run, train_run
+from learners.queue import app, enqueue_training
 from learners.recipes.lora import DEFAULT_CONFIG, load_config
 from learners.rollouts import RolloutJob, run_rollouts
 
-TRAIN, EVAL, DEFAULT, ROLLOUT = "train", "eval", "default", "rollout"
 PROMOTION_TIMEOUT_S = 300.0
-
-app = Celery("macaron")
-app.conf.update(
-    task_acks_late=True,
-    task_reject_on_worker_lost=True,
-    worker_prefetch_multiplier=1,
-    task_serializer="json",
-    result_serializer="json",
-    accept_content=["json"],
-    task_default_queue=DEFAULT,
-    task_routes={
-        "macaron.train_successor": {"queue": TRAIN},
-        "macaron.evaluate_candidate": {"queue": EVAL},
-        "macaron.promote": {"queue": DEFAULT},
-        "macaron.sample_rollouts": {"queue": ROLLOUT},
-    },
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-)
 _runtime: Runtime | None = None
-_configured_url: str | None = None
-
-
-def redis_url(settings: Settings) -> str:
-    return settings.redis_url or LocalStack(settings).redis.url()
-
-
-def configure(settings: Settings) -> Celery:
-    """Point the app at the settings' Redis, once per process: Celery keeps the connections it
-    opened, so pointing it elsewhere later would silently send tasks to the first Redis."""
-    global _configured_url
-    url = redis_url(settings)
-    if _configured_url not in (None, url):
-        raise ConfigError("the Celery app is already configured for another Redis in this process")
-    _configured_url = url
-    app.conf.update(
-        broker_url=url,
-        result_backend=url,
-        broker_transport_options={
-            "visibility_timeout": settings.task_visibility_timeout,
-            "unacked_restore_interval": 1,
-            "unacked_restore_throttle": 1,
-        },
-        result_backend_transport_options={"visibility_timeout": settings.task_visibility_timeout},
-    )
-    return app
 
 
 def install_runtime(runtime: Runtime) -> None:
@@ -113,21 +62,6 @@ def make_runtime(
         training=load_config(settings.training_config or DEFAULT_CONFIG),
         contract_path=settings.contract_path or DEFAULT_CONTRACT,
         contract_engine=engine,
-    )
-
-
-def enqueue_training(run_id: uuid.UUID, trace: Mapping[str, str] | None = None) -> None:
-    """Enqueue a run's training once (the task id is the run id); ``trace`` (W3C headers) is
-    the trace it continues, else the current one."""
-    train_successor.apply_async(
-        (str(run_id),), task_id=str(run_id), headers=dict(trace or observe.carrier())
-    )
-
-
-def enqueue_rollouts(job: RolloutJob) -> None:
-    """Enqueue a rollout job once (the task id is the job id)."""
-    sample_rollouts.apply_async(
-        (job.model_dump(mode="json"),), task_id=str(job.job_id), headers=observe.carrier()
     )
 
 

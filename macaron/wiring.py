@@ -1,12 +1,15 @@
-"""Build adapters from settings. The only place that decides which adapter serves a port."""
+"""Build adapters from settings. The only place that decides which adapter serves a port.
+
+The serving and training parts (engines, the router, the trainer) load torch, so they are
+imported by the functions that build them: the commands that only read the database or the
+log start in about a second."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-
-from starlette.applications import Starlette
+from typing import TYPE_CHECKING
 
 from core.engine import Engine
 from core.errors import ModelUnavailable
@@ -19,24 +22,20 @@ from infra.models import models_dir
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from infra.postgres.runs import queued_run_ids
-from learners.loop import Runtime
-from learners.worker import enqueue_training, make_runtime
-from server.app import create_app
-from server.chat import ChatService
-from server.engines.fleet import FleetEngine
-from server.engines.local import LocalEngine
-from server.gate import Gate
-from server.promotion import PromotionListener
-from server.releases import ensure_root_release, load_release
-from server.router import RouterService, SentenceEmbedder
-from server.turns.rate import MEMORY
-from server.turns.request import ChatLimits, Router
+from learners.queue import enqueue_training
 from streams.experience import ExperienceBuilder
 from streams.host import ProcessorHost
 from streams.processor import Processor
 from streams.projections import Projections
 from streams.scores import LiveScores
 from streams.trigger import TrainingTrigger
+
+if TYPE_CHECKING:  # the serving and training parts load torch: imported where they are built
+    from starlette.applications import Starlette
+
+    from learners.loop import Runtime
+    from server.chat import ChatService
+    from server.turns.request import Router
 
 
 def database_url(settings: Settings) -> str:
@@ -82,6 +81,8 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
     """What the learning loop's tasks run with; the contract runs on the kind of engine that
     serves (this process's own, or the vLLM fleet, which the evaluation shares with the
     server: it unloads the candidates it loaded when it is done)."""
+    from learners.worker import make_runtime
+
     folder = model_dir(settings)
     return make_runtime(
         settings,
@@ -94,6 +95,9 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
 
 def serving_engine(settings: Settings, folder: Path, step: Callable[[str], None]) -> Engine:
     """The engine ``macaron serve`` answers with: this process's own, or the vLLM fleet."""
+    from server.engines.fleet import FleetEngine
+    from server.engines.local import LocalEngine
+
     if settings.engine == "vllm":
         step(f"connecting to the vLLM fleet at {settings.vllm_urls}")
         return FleetEngine(
@@ -113,6 +117,15 @@ def chat_server(
 ) -> Server:
     """Everything ``macaron serve`` runs: engine, router, log, registry, the root release.
     Benchmarks and tests may bring their own engine, router or log."""
+    from server.app import create_app
+    from server.chat import ChatService
+    from server.gate import Gate
+    from server.promotion import PromotionListener
+    from server.releases import ensure_root_release, load_release
+    from server.router import RouterService, SentenceEmbedder
+    from server.turns.rate import MEMORY
+    from server.turns.request import ChatLimits
+
     folder = model_dir(settings)
     step("connecting to PostgreSQL")
     db = pool(settings)

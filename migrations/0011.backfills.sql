@@ -23,6 +23,11 @@ CREATE TABLE experience_backfills (
 ALTER TABLE trigger_state ADD COLUMN filter_version TEXT NOT NULL DEFAULT 'experience-1';
 ALTER TABLE trigger_state ALTER COLUMN filter_version DROP DEFAULT;
 ALTER TABLE trigger_state ADD COLUMN end_offset BIGINT;
+-- Pending ranges begun before: they end after the specialist's last record (on the PostgreSQL
+-- log; a Kafka log's pending range gets its end with its next record).
+UPDATE trigger_state t SET end_offset = (
+    SELECT max(e.position) + 1 FROM events e WHERE e.key = 'experience.' || t.specialist
+) WHERE t.pending > 0;
 ALTER TABLE trigger_state ADD COLUMN backfills UUID[] NOT NULL DEFAULT '{}';
 ALTER TABLE trigger_state DROP CONSTRAINT trigger_state_pkey;
 ALTER TABLE trigger_state ADD PRIMARY KEY (specialist, filter_version);

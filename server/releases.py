@@ -20,7 +20,8 @@ from core.harness.grammars import output_constraint
 from core.log import EventLog
 from core.release import AdapterRef, Release, release_id_for
 from infra import observe
-from infra.artifacts import ArtifactStore, write_identity_adapter
+from infra.artifacts import ArtifactStore
+from infra.identity_adapter import write_identity_adapter
 from infra.postgres.db import DictConnection, Pool
 from infra.postgres.registry import (
     active_release,

@@ -8,7 +8,8 @@ its read position is saved with it, batch by batch, so a killed backfill resumes
 stopped. Nothing old is rewritten: records carry the filter version, their source event as
 causation and the backfill's id as correlation id; their ids derive from the filter version and
 the source event, so a record already derived (live, or by an earlier backfill) is not appended
-again, and a second run appends nothing.
+again, and a second run appends nothing. A tenant that does not teach now gives no record, even
+from traffic of a time it did. One process runs a backfill at a time (a session lock).
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from itertools import islice
 from typing import Any
 from uuid import UUID
 
-from core.errors import RangeOutsideLog
+from core.errors import BackfillRunning, RangeOutsideLog
 from core.events import ExperienceRecorded, NewEvent
 from core.experience import known_filter
 from core.ids import derived_id
 from core.log import EventLog, Positions, RecordedEvent
 from infra.postgres import backfills as store
 from infra.postgres.db import Pool
+from infra.postgres.experience import teaches_now
 from infra.postgres.positions import forget_positions, load_positions, save_positions
 from infra.postgres.replay import copy_tables, drop_schema, search_first
 from streams.experience import ExperienceBuilder
@@ -88,48 +90,82 @@ def backfill(
     backfill_id = derived_id(
         "backfill", filter_version, sorted(first.items()), sorted(last.items())
     )
-    name = f"backfill:{backfill_id}"
-    with pool.connection() as conn, conn.transaction():
-        row = store.begin_backfill(conn, backfill_id, filter_version, first, last)
-        read = load_positions(conn, name)
-        if row["status"] == "running":
-            copy_tables(conn, row["schema_name"], builder.tables)
-    outcome = Backfill(backfill_id, filter_version, first, last, row["records"], bool(read))
-    if row["status"] == "done":
-        return replace(outcome, already_done=True)
-    total = sum(last.values()) - sum(read.get(p, 0) for p in last)
+    with pool.connection() as lock:
+        if not store.try_lock(lock, backfill_id):
+            raise BackfillRunning(f"backfill {backfill_id} is running in another process")
+        with pool.connection() as conn, conn.transaction():
+            row = store.begin_backfill(conn, backfill_id, filter_version, first, last)
+            read = load_positions(conn, _name(backfill_id))
+            if row["status"] == "running":
+                copy_tables(conn, row["schema_name"], builder.tables)
+        outcome = Backfill(backfill_id, filter_version, first, last, row["records"], bool(read))
+        if row["status"] == "done":
+            return replace(outcome, already_done=True)
+        _derive(log, pool, builder, outcome, row["schema_name"], read, batch, progress)
+        records = sum(1 for _ in _appended(log, backfill_id))
+        with pool.connection() as conn, conn.transaction():
+            drop_schema(conn, row["schema_name"])
+            forget_positions(conn, _name(backfill_id))
+            store.finish_backfill(conn, backfill_id, records)
+    return replace(outcome, records=records)
+
+
+def _derive(
+    log: EventLog,
+    pool: Pool,
+    builder: ExperienceBuilder,
+    outcome: Backfill,
+    schema: str,
+    read: Positions,
+    batch: int,
+    progress: Progress | None,
+) -> None:
+    """Run the builder from ``read`` to the backfill's end, batch by batch, each batch's join
+    state, appends and read position in one transaction. A record of a tenant that does not
+    teach now (as the live builder has read it) is left out, whatever it said back then."""
+    first, last = outcome.start, outcome.end
+    total = sum(max(0, last[p] - read.get(p, first.get(p, 0))) for p in last)
     done = 0
     for events in _batches(log.read(start=read, end=last), batch):
         with pool.connection() as conn, conn.transaction():
-            search_first(conn, row["schema_name"])
+            search_first(conn, schema)
             derived: list[NewEvent] = []
             for event in events:
                 found = builder.handle(conn, event)
                 if event.position.offset >= first.get(event.position.partition, 0):
-                    derived += [_marked(e, backfill_id) for e in found]
+                    derived += [
+                        _marked(e, outcome.backfill_id)
+                        for e in found
+                        if teaches_now(conn, e.tenant_id)
+                    ]
                 read[event.position.partition] = event.position.offset + 1
-            appended = log.append(derived) if derived else []
-            store.add_records(conn, backfill_id, sum(_ours(e, backfill_id) for e in appended))
-            save_positions(conn, name, read)
+            if derived:
+                log.append(derived)
+            save_positions(conn, _name(outcome.backfill_id), read)
         done += len(events)
         if progress is not None:
-            progress(done, total)
-    with pool.connection() as conn, conn.transaction():
-        drop_schema(conn, row["schema_name"])
-        forget_positions(conn, name)
-        finished = store.finish_backfill(conn, backfill_id)
-    return replace(outcome, records=finished["records"])
+            progress(min(done, total), total)
 
 
 def _marked(event: NewEvent, backfill_id: UUID) -> NewEvent:
     """A record of the backfill, correlated with it (lineage finds it by that)."""
-    assert isinstance(event.payload, ExperienceRecorded)
+    if not isinstance(event.payload, ExperienceRecorded):
+        raise TypeError(f"a backfill appends experience, not {type(event.payload).__name__}")
     return event.model_copy(update={"correlation_id": backfill_id})
 
 
-def _ours(event: RecordedEvent, backfill_id: UUID) -> bool:
-    """Whether this backfill appended ``event`` (else it was there already, under its id)."""
-    return event.envelope.correlation_id == backfill_id
+def _name(backfill_id: UUID) -> str:
+    """The processor name its read position is saved under."""
+    return f"backfill:{backfill_id}"
+
+
+def _appended(log: EventLog, backfill_id: UUID) -> Iterator[RecordedEvent]:
+    """The records this backfill appended (others, derived before under their ids, are not
+    its): counted from the log, so a run killed between an append and its commit counts each
+    record once."""
+    for event in log.read(types=["ExperienceRecorded"]):
+        if event.envelope.correlation_id == backfill_id:
+            yield event
 
 
 def _batches(events: Iterator[RecordedEvent], size: int) -> Iterator[list[RecordedEvent]]:

@@ -31,7 +31,13 @@ from core.release import AdapterRef
 from infra.postgres.backfills import is_backfill
 from infra.postgres.db import DictConnection
 from infra.postgres.registry import active_adapter
-from infra.postgres.runs import SnapshotRange, queue_run, record_snapshot, run_in_flight
+from infra.postgres.runs import (
+    SnapshotRange,
+    queue_run,
+    record_snapshot,
+    run_in_flight,
+    run_result,
+)
 from infra.postgres.trigger import (
     PendingRecords,
     clear_pending,
@@ -115,7 +121,7 @@ def _snapshot(
         return None
     request = training_request(pending, parent, cause)
     record_snapshot(conn, request.snapshot)
-    queue_run(
+    queued = queue_run(
         conn,
         run_id=request.run_id,
         specialist=pending.specialist,
@@ -123,6 +129,10 @@ def _snapshot(
         snapshot_id=request.snapshot.snapshot_id,
         recipe=RECIPE,
     )
+    if not queued and run_result(conn, request.run_id) is None:
+        # Another filter version's run was queued meanwhile (each version's records lock a row
+        # of their own): roll back, so these records stay pending until it is done.
+        raise TrainingInFlight(f"a run of {pending.specialist} was queued first; it goes first")
     return request
 
 

@@ -36,7 +36,8 @@ def begin_backfill(
     row = conn.execute(
         "SELECT * FROM experience_backfills WHERE backfill_id = %s", (backfill_id,)
     ).fetchone()
-    assert row is not None
+    if row is None:
+        raise RuntimeError("a backfill inserted or there is no row")
     return dict(row)
 
 
@@ -56,21 +57,25 @@ def running_end(
     return None
 
 
-def add_records(conn: DictConnection, backfill_id: UUID, appended: int) -> None:
-    conn.execute(
-        "UPDATE experience_backfills SET records = records + %s WHERE backfill_id = %s",
-        (appended, backfill_id),
-    )
-
-
-def finish_backfill(conn: DictConnection, backfill_id: UUID) -> dict[str, Any]:
+def finish_backfill(conn: DictConnection, backfill_id: UUID, records: int) -> dict[str, Any]:
+    """Mark it done, with the records it appended in all."""
     row = conn.execute(
-        "UPDATE experience_backfills SET status = 'done', finished_at = now() "
+        "UPDATE experience_backfills SET status = 'done', records = %s, finished_at = now() "
         "WHERE backfill_id = %s RETURNING *",
-        (backfill_id,),
+        (records, backfill_id),
     ).fetchone()
-    assert row is not None
+    if row is None:
+        raise RuntimeError(f"no backfill {backfill_id}")
     return dict(row)
+
+
+def try_lock(conn: DictConnection, backfill_id: UUID) -> bool:
+    """Hold the backfill's session lock on ``conn`` (one run at a time); ``False`` if another
+    session holds it."""
+    row = conn.execute(
+        "SELECT pg_try_advisory_lock(hashtext(%s)) AS locked", (f"backfill:{backfill_id}",)
+    ).fetchone()
+    return row is not None and bool(row["locked"])
 
 
 def is_backfill(conn: DictConnection, backfill_id: UUID) -> bool:

@@ -136,6 +136,15 @@ def teaches(conn: DictConnection, tenant_id: str) -> bool:
     return True if row is None else bool(row["training"])
 
 
+def teaches_now(conn: DictConnection, tenant_id: str) -> bool:
+    """Whether the tenant's traffic may teach as the live builder has read it (the public
+    table, whatever schema a backfill resolves names in first)."""
+    row = conn.execute(
+        "SELECT training FROM public.experience_tenants WHERE tenant_id = %s", (tenant_id,)
+    ).fetchone()
+    return True if row is None else bool(row["training"])
+
+
 def training_consent(conn: DictConnection) -> list[tuple[str, bool]]:
     """Every tenant with a key, and whether its traffic teaches (as the builder has read it)."""
     rows = conn.execute(

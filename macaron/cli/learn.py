@@ -1,22 +1,28 @@
-"""The learning loop: ``worker`` trains and evaluates, ``simulate`` plays users against a
-server, ``demo`` runs the whole loop for a few generations."""
+"""The learning loop: ``worker`` trains and evaluates, ``train`` queues a run by hand,
+``simulate`` plays users against a server, ``demo`` runs the whole loop for a few generations.
+The training code is imported by the commands that run it (``macaron.wiring`` says why)."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import time
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
+from core.errors import TriggerBehind
 from core.experience import known_filter
+from core.log import Positions
+from infra.postgres.db import Pool
 from infra.postgres.keys import create_key
+from infra.postgres.positions import load_positions
 from infra.telemetry import configure_telemetry, serve_metrics
+from learners.queue import configure as configure_celery
+from learners.queue import enqueue_training
 from learners.tasks import BANK_V1, load_bank
-from learners.worker import configure as configure_celery
-from learners.worker import enqueue_training, install_runtime
 from macaron import wiring
 from macaron.cli.common import (
     console,
@@ -26,7 +32,6 @@ from macaron.cli.common import (
     specialist_names,
     spinner,
 )
-from macaron.demo import demo_table, generation_table, run_demo
 from macaron.simulator import (
     DEFAULT_SPECIALISTS,
     SIMULATOR_TENANT,
@@ -35,7 +40,7 @@ from macaron.simulator import (
     report_table,
     run_simulation,
 )
-from streams.trigger import train_now
+from streams.trigger import TrainingTrigger, train_now
 
 
 def worker(
@@ -52,6 +57,8 @@ def worker(
     pool = wiring.pool(cfg)
     if cfg.metrics_port is not None:
         serve_metrics(cfg, pool, cfg.metrics_port)
+    from learners.worker import install_runtime  # the training code: torch, peft
+
     install_runtime(wiring.learning_runtime(cfg, pool))
     celery.worker_main(
         [
@@ -77,16 +84,21 @@ def train(
         str | None,
         typer.Option(help="Train on records of this filter version (default: the live one)."),
     ] = None,
+    wait: Annotated[
+        float, typer.Option(min=0, help="Seconds to wait for the trigger to read the log.")
+    ] = 60.0,
 ) -> None:
     """Train a successor now on the specialist's records since its last snapshot (live ones,
-    or those a backfill appended), without waiting for the threshold: records the snapshot,
-    queues the run for the workers, and prints its ids. The run is evaluated and promoted (or
-    refused) like any other."""
+    or those a backfill appended), without waiting for the threshold: once the training trigger
+    (macaron streams run) has read the log as far as it goes now, records the snapshot, queues
+    the run for the workers, and prints its ids. The run is evaluated and promoted (or refused)
+    like any other."""
     cfg = settings(ctx)
     version = known_filter(filter_version or cfg.experience_filter)
     configure_celery(cfg)
     with wiring.pool(cfg) as pool:
         log = wiring.event_log(cfg, pool)
+        _trigger_reads(pool, log.end_positions(), wait)
         with pool.connection() as conn, conn.transaction():
             request = train_now(conn, specialist, version)
             log.append([request.event])
@@ -99,6 +111,22 @@ def train(
         f"({snapshot.record_count} records of {version}, offsets [{snapshot.start_offset}, "
         f"{snapshot.end_offset}) of partition {snapshot.partition}; backfills: {replayed})"
     )
+
+
+def _trigger_reads(pool: Pool, end: Positions, wait: float) -> None:
+    """Wait until the training trigger has read the log to ``end``."""
+    deadline = time.monotonic() + wait
+    while True:
+        with pool.connection() as conn:
+            read = load_positions(conn, TrainingTrigger.name)
+        if all(read.get(p, 0) >= o for p, o in end.items() if o):
+            return
+        if time.monotonic() >= deadline:
+            raise TriggerBehind(
+                f"the training trigger has not read the log to {dict(end)} in {wait:g} s (it is "
+                f"at {read}): is `macaron streams run` running?"
+            )
+        time.sleep(0.2)
 
 
 def simulate(
@@ -184,6 +212,8 @@ def demo(
     set, MACARON_MAX_NEW_TOKENS is 96, MACARON_TURNS_PER_MINUTE does not limit the simulated
     users (their answers only need to be long enough to be judged) and MACARON_TRAINING_CONFIG
     is the CPU recipe learners/recipes/lora-cpu.yaml (lora-rloo.yaml in --mode self)."""
+    from macaron.demo import demo_table, generation_table, run_demo  # torch, peft
+
     cfg = settings(ctx)
     configure_telemetry(cfg, "macaron-demo")
     folder = out or cfg.home / "demo"

@@ -25,10 +25,8 @@ from infra.postgres.lineage import (
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, harness_by_name, release_by_id
 from learners.contract import DEFAULT_CONTRACT, load_contract
-from learners.loop import release_outcomes
 from macaron import wiring
 from macaron.cli.common import console, settings
-from server.engines.local import LocalEngine
 
 contract_app = typer.Typer(help="The external contract.", no_args_is_help=True)
 
@@ -190,6 +188,9 @@ def contract_run(
     and its harness, greedy decoding) and print each suite's score and share of well-formed
     answers. The outcomes are recorded: a release is scored once per contract version, and the
     learning loop reuses them when the release is a run's parent."""
+    from learners.loop import release_outcomes  # the engine and the trainer: torch
+    from server.engines.local import LocalEngine
+
     cfg = settings(ctx)
     contract = load_contract(cfg.contract_path or DEFAULT_CONTRACT)
     store = ArtifactStore(cfg.home / "adapters")

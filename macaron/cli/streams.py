@@ -14,7 +14,7 @@ from core.errors import ConfigError
 from core.log import EventLog
 from infra.postgres.db import Pool
 from infra.telemetry import configure_telemetry, serve_metrics
-from learners.worker import configure as configure_celery
+from learners.queue import configure as configure_celery
 from macaron import wiring
 from macaron.cli.common import console, progress_bar, settings
 from streams.backfill import backfill, describe

@@ -20,11 +20,11 @@ from infra.postgres.lookups import run_ids_oldest_first
 from infra.postgres.registry import active_release
 from learners.contract import DEFAULT_CONTRACT, load_contract
 from learners.loop import release_outcomes
+from learners.queue import app as celery_app
+from learners.queue import enqueue_rollouts
 from learners.recipes.lora import CPU_CONFIG, RLOO_CONFIG
 from learners.rollouts import RolloutJob, RolloutSummary
 from learners.tasks import BANK_V1, load_bank
-from learners.worker import app as celery_app
-from learners.worker import enqueue_rollouts
 from macaron.demo.outcomes import run_outcome, run_progress
 from macaron.demo.output import write_outputs
 from macaron.demo.records import DemoFailed, DemoReport, GenerationRecord, RunRecord

@@ -10,7 +10,7 @@ from core.harness.proposals import RECIPE_PREFIX
 from infra.postgres.db import Pool
 from infra.postgres.lookups import run_verdicts
 from infra.postgres.runs import training_run
-from learners.worker import app as celery_app
+from learners.queue import app as celery_app
 from macaron.demo.records import DemoFailed, RunRecord
 
 

@@ -19,8 +19,8 @@ import uvicorn
 
 from core.settings import Settings
 from infra.local_stack import free_port
-from learners.worker import app as celery_app
-from learners.worker import configure as configure_celery
+from learners.queue import app as celery_app
+from learners.queue import configure as configure_celery
 from macaron import wiring
 from macaron.demo.records import DemoFailed
 from server.turns.request import Router

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
-from infra.artifacts import write_identity_adapter
+from infra.identity_adapter import write_identity_adapter
 from infra.local_stack import LocalStack
 from infra.postgres.runs import record_release_score
 from server.engines.instant import InstantEngine

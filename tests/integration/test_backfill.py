@@ -16,7 +16,7 @@ from uuid import UUID
 import pytest
 
 from core.errors import RangeOutsideLog, UnknownFilterVersion
-from core.events import ExperienceRecorded, FeedbackGiven
+from core.events import ExperienceRecorded, FeedbackGiven, NewEvent, TenantTrainingSet
 from core.log import RecordedEvent
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
@@ -199,6 +199,24 @@ def test_a_stopped_backfill_resumes_without_duplicates(
                 "SELECT 1 FROM processor_positions WHERE processor LIKE 'backfill:%'"
             ).fetchall()
         assert left == [] and positions == []  # its join state goes when it is done
+
+
+def test_a_tenant_that_does_not_teach_now_gives_no_backfilled_record(
+    stack: LocalStack,
+    conversation_events: list[RecordedEvent],
+    tiny_model: Path,
+    tmp_path: Path,
+) -> None:
+    """Its traffic taught back then (experience-1 has records of it); set not to teach since,
+    none of it is derived again."""
+    with served_v1(stack, conversation_events, tmp_path, tiny_model) as served:
+        [tenant] = {e.envelope.tenant_id for e in served.records("experience-1")}
+        served.log.append(
+            [NewEvent(payload=TenantTrainingSet(training=False), tenant_id=tenant, key="tenants")]
+        )
+        served.catch_up()
+        outcome = backfill(served.log, served.pool, "experience-2")
+        assert outcome.records == 0 and served.records("experience-2") == []
 
 
 def test_bad_backfills_write_nothing(

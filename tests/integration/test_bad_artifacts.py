@@ -12,7 +12,8 @@ import pytest
 
 from core.errors import AdapterInvalid
 from core.settings import Settings
-from infra.artifacts import ArtifactStore, folder_digest, write_identity_adapter
+from infra.artifacts import ArtifactStore, folder_digest
+from infra.identity_adapter import write_identity_adapter
 from infra.postgres.eventlog import PostgresEventLog
 from server.engines.instant import InstantEngine, fixed_reply
 from server.router import RouterService

@@ -28,8 +28,8 @@ from infra.local_stack import LocalStack, free_port
 from infra.postgres.db import open_pool
 from infra.postgres.keys import create_key
 from infra.postgres.registry import active_release
-from learners.worker import app as celery_app
-from learners.worker import configure as configure_celery
+from learners.queue import app as celery_app
+from learners.queue import configure as configure_celery
 from macaron import wiring
 from macaron.demo import worker_environment
 from server.engines.instant import InstantEngine, fixed_reply

@@ -33,7 +33,7 @@ from infra.postgres.lookups import conversation_of_turn
 from infra.postgres.registry import active_release
 from learners.contract import load_contract
 from learners.loop import recorded_outcomes
-from learners.worker import configure as configure_celery
+from learners.queue import configure as configure_celery
 from server.router import RouterService
 from streams.backfill import Backfill, backfill
 from streams.processor import content_hash
@@ -111,24 +111,14 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
 
 
 def backfill_and_train(served: Running) -> Backfill:
-    """Backfill the users' feedback under ``experience-2`` (live: ``experience-1``), wait for
-    the trigger to count it (4 edits: 4 SFT examples and 4 pairs, short of the threshold), and
-    queue the run by hand as an operator would."""
+    """Backfill the users' feedback under ``experience-2`` (live: ``experience-1``) and queue
+    the run by hand as an operator would: ``macaron train`` waits for the trigger to count the
+    backfill's records (4 edits: 4 SFT examples and 4 pairs, short of the threshold)."""
     outcome = backfill(served.server.log, served.server.pool, "experience-2")
     assert outcome.records > 0
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        with served.server.pool.connection() as conn:
-            row = conn.execute(
-                "SELECT pending FROM trigger_state "
-                "WHERE specialist = 'genui' AND filter_version = 'experience-2'"
-            ).fetchone()
-        if row is not None and row["pending"] == 8:
-            break
-        time.sleep(0.2)
     queued = run_macaron("train", "genui", "--filter-version", "experience-2", **env_of(served))
     assert queued.returncode == 0, queued.stdout + queued.stderr
-    assert str(outcome.backfill_id) in queued.stdout
+    assert str(outcome.backfill_id) in queued.stdout and "8 records" in queued.stdout
     return outcome
 
 

@@ -18,7 +18,7 @@ from core.canonical import canonical_json, sha256_hex
 from core.harness.artifact import HarnessSpec, root_harness
 from core.routing import RouterDecision
 from core.settings import Settings
-from infra.artifacts import write_identity_adapter
+from infra.identity_adapter import write_identity_adapter
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import create_release
 from server.engines.instant import InstantEngine

@@ -35,10 +35,10 @@ from core.settings import Settings
 from infra.postgres.db import Pool
 from learners.files import load_yaml_model
 from learners.loop import Runtime
+from learners.queue import configure as configure_celery
+from learners.queue import enqueue_rollouts
 from learners.rollouts import RolloutJob, rollout_key, run_rollouts
 from learners.tasks import TaskBank
-from learners.worker import configure as configure_celery
-from learners.worker import enqueue_rollouts
 from macaron import wiring
 from macaron.demo import run_demo
 from server.releases import ensure_root_release

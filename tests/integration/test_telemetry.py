@@ -26,8 +26,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from core.settings import Settings
 from infra.local_stack import free_port
 from infra.telemetry import JsonFormatter, serve_metrics
-from learners.worker import app as celery_app
-from learners.worker import configure as configure_celery
+from learners.queue import app as celery_app
+from learners.queue import configure as configure_celery
 from macaron import wiring
 from macaron.demo import worker_environment
 from server.router import RouterService

@@ -16,7 +16,8 @@ from transformers import AutoTokenizer
 from core.engine import GenerationRequest, SamplingParams
 from core.errors import ConfigError, NothingToTrain
 from core.events import ChatMessage
-from infra.artifacts import ADAPTER_FILES, write_identity_adapter
+from infra.artifacts import ADAPTER_FILES
+from infra.identity_adapter import write_identity_adapter
 from learners.recipes.lora import (
     CPU_CONFIG,
     DEFAULT_CONFIG,
