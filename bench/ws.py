@@ -37,7 +37,7 @@ from websockets.asyncio.client import ClientConnection, connect
 from bench.report import Row, report, row
 from core.events import Envelope, NewEvent
 from core.log import DeadLetter, LogPosition, Positions, RecordedEvent, seal_batch
-from core.routing import RouterDecision
+from core.routing import RouterDecision, RouterModel
 from core.settings import Settings
 from infra.local_stack import LocalStack, free_port
 from infra.models import make_tiny_model, tokenizer_for_tiny
@@ -56,6 +56,9 @@ class FixedRouter:
 
     version = "router-fixed"
     specialists = ("chat", "agent", "coding", "genui")
+
+    def serve_model(self, model: RouterModel) -> None:
+        raise NotImplementedError("a router without a classifier serves no other version")
 
     def route(self, text: str, hint: str | None = None) -> RouterDecision:
         return RouterDecision(

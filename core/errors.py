@@ -156,6 +156,18 @@ class InsufficientTrainingData(RoutingError):
     code = "insufficient_training_data"
 
 
+class RouterNotFound(RoutingError):
+    """A release names a router version the registry does not hold."""
+
+    code = "router_not_found"
+
+
+class RouterInvalid(RoutingError):
+    """A stored router version no longer matches its content hash."""
+
+    code = "router_invalid"
+
+
 class EmbedderUnavailable(MacaronError):
     """The router's sentence-embedding model cannot be found or loaded."""
 

@@ -51,16 +51,19 @@ class Release(BaseModel):
         *,
         adapters: Mapping[str, AdapterRef] | None = None,
         harness: HarnessVersion | None = None,
+        router_version: str | None = None,
     ) -> Release:
         """The child this release would promote: ``adapters`` replace those of the specialists
-        they name, ``harness`` (a registered version) replaces the harness; either or both."""
+        they name, ``harness`` (a registered version) replaces the harness, ``router_version``
+        (a registered one) the router; any of them."""
         served = {**self.adapters, **(adapters or {})}
+        router = self.router_version if router_version is None else router_version
         harness_version = self.harness_version if harness is None else harness.name
         hcp_version = self.hcp_version if harness is None else harness.spec.hcp_version
         release_id = release_id_for(
             self.release_id,
             self.base_model,
-            self.router_version,
+            router,
             harness_version,
             hcp_version,
             {name: ref.sha256 for name, ref in served.items()},
@@ -71,6 +74,7 @@ class Release(BaseModel):
                 "parent_release_id": self.release_id,
                 "harness_version": harness_version,
                 "hcp_version": hcp_version,
+                "router_version": router,
                 "adapters": served,
             }
         )

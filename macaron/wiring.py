@@ -6,13 +6,14 @@ log start in about a second."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from core.engine import Engine
-from core.errors import ModelUnavailable
+from core.errors import ModelUnavailable, RouterNotFound
 from core.log import EventLog
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
@@ -21,6 +22,7 @@ from infra.local_stack import LocalStack
 from infra.models import models_dir
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
+from infra.postgres.routers import register_router, router_model
 from infra.postgres.runs import queued_run_ids
 from learners.queue import enqueue_training
 from streams.experience import ExperienceBuilder
@@ -30,11 +32,15 @@ from streams.projections import Projections
 from streams.scores import LiveScores
 from streams.trigger import TrainingTrigger
 
+_log = logging.getLogger(__name__)
+
 if TYPE_CHECKING:  # the serving and training parts load torch: imported where they are built
     from starlette.applications import Starlette
 
+    from core.release import Release
     from learners.loop import Runtime
     from server.chat import ChatService
+    from server.router import RouterService
     from server.turns.request import Router
 
 
@@ -147,6 +153,8 @@ def chat_server(
         specialists=router.specialists,
     )
     harness = load_release(engine, store, db, release)
+    if isinstance(router, RouterService):
+        serve_router_of(db, release, router)
     limits = ChatLimits(
         turns_per_minute=settings.turns_per_minute, max_new_tokens=settings.max_new_tokens
     )
@@ -158,6 +166,25 @@ def chat_server(
     gate = Gate(db, max_connections_per_tenant=settings.max_connections_per_tenant)
     listener = PromotionListener(chat, db, store, log)
     return Server(create_app(chat, gate, listener), chat, engine, log, db)
+
+
+def serve_router_of(db: Pool, release: Release, router: RouterService) -> None:
+    """Register the router's classifier; route with the one ``release`` names if that is
+    another (a promoted router version). A release from before router versions were stored
+    keeps the seed router, with a warning."""
+    with db.connection() as conn, conn.transaction():
+        register_router(conn, router.model, parent=None)
+        if release.router_version == router.version:
+            return
+        try:
+            router.serve_model(router_model(conn, release.router_version))
+        except RouterNotFound:
+            _log.warning(
+                "release %s names router %s, which the registry does not hold: routing with %s",
+                release.release_id,
+                release.router_version,
+                router.version,
+            )
 
 
 def processor_hosts(settings: Settings, log: EventLog, pool: Pool) -> list[ProcessorHost]:

@@ -16,11 +16,12 @@ from uuid import UUID
 from core.auth import Principal
 from core.conversation import Conversation, Turn
 from core.engine import Engine
-from core.errors import HarnessInvalid
+from core.errors import HarnessInvalid, RouterInvalid
 from core.events import utc_now
 from core.harness.artifact import HarnessVersion, harness_number
 from core.log import EventLog
 from core.release import Release
+from core.routing import RouterModel
 from server import protocol as wire
 from server.turns.agent import AgentLoop
 from server.turns.conversations import ConversationStore
@@ -70,14 +71,23 @@ class ChatService:
         """The wall-clock moment ``release`` began to be served."""
         return self._tracker.serving_since
 
-    def serve(self, release: Release, harness: HarnessVersion) -> None:
-        """Answer new turns with ``release`` and the ``harness`` it names, in one step. A turn
-        keeps the release and harness it began with to its end; an adapter the new release does
-        not serve is unloaded once no turn in flight uses it."""
+    def serve(
+        self, release: Release, harness: HarnessVersion, router: RouterModel | None = None
+    ) -> None:
+        """Answer new turns with ``release``, the ``harness`` it names and, when it names
+        another router version, its classifier ``router``, in one step. A turn keeps the
+        release and harness it began with to its end; an adapter the new release does not serve
+        is unloaded once no turn in flight uses it."""
         if harness_number(release.harness_version) != harness.version:
             raise HarnessInvalid(
                 f"release {release.release_id} names {release.harness_version}, not {harness.name}"
             )
+        if router is not None and router.version != release.router_version:
+            raise RouterInvalid(
+                f"release {release.release_id} names {release.router_version}, not {router.version}"
+            )
+        if router is not None:
+            self.router.serve_model(router)
         self._tracker.serve(release, harness)
 
     async def conversation(self, principal: Principal, conversation_id: UUID) -> Conversation:

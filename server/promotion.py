@@ -6,7 +6,8 @@ address, and its tools, GenUI catalogue and HCP version against what this server
 the release's adapters (each checked against its content address), sends a canary request
 through every adapter that is new, and flips the active release in one transaction with the
 promotion record; then it appends ``ReleasePromoted`` (or ``ReleaseRolledBack``) and swaps the
-release and its harness in one step: turns in flight finish on the release and harness they
+release, its harness and its router version (loaded from the registry, checked against its
+content hash) in one step: turns in flight finish on the release and harness they
 began with, and the chat service unloads the adapters no longer served when the last of those
 turns ends. Any failure before the flip unloads what was loaded, keeps the old release active
 and records why. A server that sees another replica's flip follows it.
@@ -25,9 +26,10 @@ from core.harness.artifact import HarnessVersion
 from core.ids import derived_id
 from core.log import EventLog
 from core.release import Release
+from core.routing import RouterModel
 from infra import observe
 from infra.artifacts import ArtifactStore
-from infra.postgres.db import Pool
+from infra.postgres.db import DictConnection, Pool
 from infra.postgres.promotions import (
     fail_request,
     finish_request,
@@ -40,6 +42,7 @@ from infra.postgres.registry import (
     harness_by_name,
     release_by_id,
 )
+from infra.postgres.routers import router_model
 from server.chat import ChatService
 from server.releases import RELEASES_KEY, SYSTEM_TENANT, prepare_harness
 
@@ -69,19 +72,26 @@ class PromotionListener:
         if request is not None:
             await self._carry_out(request)
             return
-        active, harness = await asyncio.to_thread(self._active)
+        active, harness, router = await asyncio.to_thread(self._active)
         if active.release_id != self.chat.release.release_id:
             await self._load(active)
-            self.chat.serve(active, harness)
+            self.chat.serve(active, harness, router)
 
     def _pending(self) -> dict[str, Any] | None:
         with self.pool.connection() as conn:
             return pending_request(conn)
 
-    def _active(self) -> tuple[Release, HarnessVersion]:
+    def _active(self) -> tuple[Release, HarnessVersion, RouterModel | None]:
         with self.pool.connection() as conn:
             release = active_release(conn)
-            return release, harness_by_name(conn, release.harness_version)
+            harness = harness_by_name(conn, release.harness_version)
+            return release, harness, self._router_of(conn, release)
+
+    def _router_of(self, conn: DictConnection, release: Release) -> RouterModel | None:
+        """The classifier ``release`` names, when it is not the one that routes now."""
+        if release.router_version == self.chat.router.version:
+            return None
+        return router_model(conn, release.router_version)
 
     async def _carry_out(self, request: dict[str, Any]) -> None:
         with observe.tracer.start_as_current_span(
@@ -104,6 +114,7 @@ class PromotionListener:
             with self.pool.connection() as conn:
                 release = release_by_id(conn, request["release_id"])
                 harness = harness_by_name(conn, release.harness_version)
+                router = self._router_of(conn, release)
             if request["kind"] == "promote" and release.parent_release_id != old.release_id:
                 raise PromotionFailed(
                     f"{release.release_id} was evaluated against {release.parent_release_id}, "
@@ -122,7 +133,7 @@ class PromotionListener:
                 self.chat.engine.unload_adapter(name)
             await asyncio.to_thread(self._refuse, request, old, exc.message)
             return "refused"
-        self.chat.serve(release, harness)
+        self.chat.serve(release, harness, router)
         return "done"
 
     async def _load(self, release: Release) -> list[str]:

@@ -19,6 +19,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 from core.errors import (
     EmbedderUnavailable,
     InsufficientTrainingData,
+    RouterInvalid,
     SpecialistExists,
     UnknownSpecialist,
 )
@@ -192,6 +193,23 @@ class RouterService:
 
     def activate(self, name: str) -> None:
         self._active = self._active | {self._known(name)}
+
+    def serve_model(self, model: RouterModel) -> None:
+        """Route with ``model`` from now on (the router version a promoted release names).
+        Specialists it adds are active, ones it drops are no longer chosen; the assignments go
+        in an order that keeps every decision in flight on a model that knows its choices."""
+        if model.dim != self._model.dim:
+            raise RouterInvalid(
+                f"router {model.version} takes {model.dim} features; this embedder gives "
+                f"{self._model.dim}"
+            )
+        known = set(model.specialists)
+        active = (self._active & known) | (known - set(self._specialists))
+        if known >= set(self._specialists):
+            self._model, self._active = model, active
+        else:
+            self._active, self._model = active, model
+        self._specialists = model.specialists
 
     def retrain(self, labels: Iterable[RoutingLabelled]) -> RouterModel:
         """Refit on the base examples plus routing experience (``core.routing.labels_of``).

@@ -10,7 +10,7 @@ from uuid import UUID
 
 from core.events import ChatMessage, HarnessActionExecuted, RequestedDecoding
 from core.harness.genui import GenUIResult, text_fallback
-from core.routing import RouterDecision
+from core.routing import RouterDecision, RouterModel
 from server import protocol as wire
 
 Sink = Callable[[wire.Frame], Awaitable[None]]
@@ -32,6 +32,10 @@ class Router(Protocol):
         ...
 
     def route(self, text: str, hint: str | None = None) -> RouterDecision: ...
+
+    def serve_model(self, model: RouterModel) -> None:
+        """Route with the classifier of another router version (a promotion's)."""
+        ...
 
 
 @dataclass(frozen=True)

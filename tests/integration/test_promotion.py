@@ -15,14 +15,16 @@ import pytest
 from psycopg.types.json import Jsonb
 
 from core.canonical import canonical_json, sha256_hex
+from core.events import RouterDecided
 from core.harness.artifact import HarnessSpec, root_harness
-from core.routing import RouterDecision
+from core.routing import RouterDecision, RouterModel
 from core.settings import Settings
 from infra.identity_adapter import write_identity_adapter
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import create_release
+from infra.postgres.routers import register_router
 from server.engines.instant import InstantEngine
-from server.router import RouterService
+from server.router import RouterService, SentenceEmbedder
 from tests.serving import Running, harness_successor, running_server, successor, turn_frames
 
 
@@ -247,3 +249,76 @@ def _assert_refused(served: Running, change: dict[str, Any], reason: str) -> Non
         frames = _ask(ws, "m1")
     assert frames[-1]["type"] == "turn_completed"
     assert _stamps(served, frames[0]["conversation_id"]) == {"harness@0"}
+
+
+def test_a_release_naming_another_router_version_routes_with_it_from_the_flip(
+    database_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A retrained classifier is registered and named by a child release: the promotion swaps
+    it in with the release, the next turn is decided by it, and a rollback brings the seed
+    router back. A release naming a version the registry lacks, or one whose stored model was
+    altered, is refused and the router routes on unchanged."""
+    own = RouterService.from_seed(SentenceEmbedder())  # this test swaps its classifier
+    seed = own.model
+    coding = seed.specialists.index("coding")
+    leaning = RouterModel.create(  # as if corrections had taught it: everything is coding
+        seed.specialists,
+        seed.weights,
+        [b + (50.0 if i == coding else 0.0) for i, b in enumerate(seed.bias)],
+        seed.training_digest,
+    )
+    settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model)
+    with running_server(settings, engine=InstantEngine(_system_prompt), router=own) as served:
+        chat, pool = served.server.chat, served.server.pool
+        root = chat.release
+        with served.connect(served.key("t-router")) as ws:
+            assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+            assert _chat_turn(ws, "before")[0]["adapter_version"] == "chat@0"
+
+            with pool.connection() as conn, conn.transaction():
+                register_router(conn, leaning, parent=seed.version)
+                child = root.successor(router_version=leaning.version)
+                create_release(conn, child, active=False)
+            request_id = request_promotion(pool, child.release_id, requested_by="t")
+            assert wait_for_request(pool, request_id, 60)["status"] == "done"
+            assert (chat.release.release_id, own.version) == (child.release_id, leaning.version)
+            assert _chat_turn(ws, "after")[0]["adapter_version"] == "coding@0"
+            decided = [e.payload for e in served.events() if isinstance(e.payload, RouterDecided)]
+            assert decided[-1].router_version == leaning.version
+
+            back = request_promotion(pool, root.release_id, kind="rollback", requested_by="t")
+            assert wait_for_request(pool, back, 60)["status"] == "done"
+            assert own.version == seed.version
+            assert _chat_turn(ws, "back")[0]["adapter_version"] == "chat@0"
+
+            for router_version, reason in [
+                ("router-unknown", "no router version"),
+                (_altered(pool, leaning), "does not match"),
+            ]:
+                with pool.connection() as conn, conn.transaction():
+                    bad = root.successor(router_version=router_version)
+                    create_release(conn, bad, active=False)
+                refused = request_promotion(pool, bad.release_id, requested_by="t")
+                final = wait_for_request(pool, refused, 60)
+                assert final["status"] == "failed" and reason in final["reason"], final
+                assert (chat.release, own.version) == (root, seed.version)
+
+
+def _chat_turn(ws: Any, msg: str) -> list[dict[str, Any]]:
+    ws.send(json.dumps({"type": "user_turn", "client_msg_id": msg, "content": "tell me a joke"}))
+    return turn_frames(ws)
+
+
+def _altered(pool: Any, model: RouterModel) -> str:
+    """Store ``model`` under a new version name with one weight changed (as a tampered row
+    would be); returns the name."""
+    stored = model.model_dump(mode="json")
+    stored["bias"] = [b + 1.0 for b in stored["bias"]]
+    stored["version"] = "router-tampered"
+    with pool.connection() as conn:
+        conn.execute(
+            "INSERT INTO router_versions (router_version, parent_version, model) "
+            "VALUES ('router-tampered', NULL, %s)",
+            (Jsonb(stored),),
+        )
+    return "router-tampered"

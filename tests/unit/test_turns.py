@@ -47,7 +47,7 @@ from core.harness.artifact import (
 )
 from core.harness.grammars import output_constraint
 from core.release import AdapterRef, Release
-from core.routing import RouterDecision
+from core.routing import RouterDecision, RouterModel
 from infra.memory import InMemoryEventLog
 from server import protocol as wire
 from server.chat import ChatService
@@ -91,6 +91,9 @@ class HintRouter:
     version = "router-test"
     specialists = SPECIALISTS
     active = frozenset(SPECIALISTS)
+
+    def serve_model(self, model: RouterModel) -> None:
+        raise NotImplementedError("a router without a classifier serves no other version")
 
     def route(self, text: str, hint: str | None = None) -> RouterDecision:
         chosen = hint or "chat"
