@@ -32,7 +32,7 @@ from core.routing import LabelledTurn, RouterDecision, decide
 from server.router import RouterService, SentenceEmbedder
 from server.router_training import SEED_EXAMPLES, TrainingConfig, fit_router, load_examples
 
-HELDOUT = Path(__file__).resolve().parents[1] / "tests" / "data" / "routing_heldout.jsonl"
+HELDOUT = Path(__file__).resolve().parents[1] / "learners" / "routing-v1.jsonl"
 TURN_WORDS = 50
 P99_TARGET_MS = 15.0
 POLICY_TARGET_MS = 1.0

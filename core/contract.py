@@ -143,6 +143,18 @@ class PromotionRule(_Frozen):
 DEFAULT_ANSWER_TOKENS = 256
 
 
+class RoutingRule(_Frozen):
+    """How a router version is judged: on a held-out file of labelled turns (``suite``, next to
+    the contract), the candidate's accuracy must be shown non-inferior to its parent's within
+    ``margin`` (Tango's paired score test at ``alpha``), and no specialist's recall may drop by
+    more than ``max_recall_drop``."""
+
+    suite: str = Field(pattern=r"^[A-Za-z0-9._-]+\.jsonl$")
+    margin: float = Field(gt=0.0, lt=1.0)
+    alpha: float = Field(gt=0.0, lt=1.0)
+    max_recall_drop: float = Field(ge=0.0, le=1.0)
+
+
 class Contract(_Frozen):
     """Suites are named by specialist, plus ``general`` whose tasks may name any specialist.
 
@@ -157,6 +169,7 @@ class Contract(_Frozen):
         default_factory=dict
     )
     suites: dict[SpecialistName, list[Task]]
+    routing: RoutingRule | None = None
 
     def answer_budget(self, specialist: str) -> int:
         return self.answer_tokens.get(specialist, DEFAULT_ANSWER_TOKENS)
@@ -287,6 +300,46 @@ def decide(
         regressions=regressions,
         reasons=reasons,
         guard_p_values=guard_p_values,
+    )
+
+
+def decide_routing(
+    candidate: dict[str, list[bool]], parent: dict[str, list[bool]], rule: RoutingRule
+) -> Decision:
+    """Whether a router version may replace its parent: ``candidate`` and ``parent`` hold, per
+    specialist, whether each held-out turn labelled with it was routed to it (paired, in the
+    same order). ``gain`` is the accuracy difference over all turns, ``regressions`` each
+    specialist's recall drop."""
+    if candidate.keys() != parent.keys() or any(
+        len(candidate[s]) != len(parent[s]) for s in candidate
+    ):
+        raise ValueError("candidate and parent outcomes are not paired")
+    both = [(c, p) for s in sorted(candidate) for c, p in zip(candidate[s], parent[s], strict=True)]
+    if not both:
+        raise ValueError("a routing suite needs turns")
+    wins = sum(c and not p for c, p in both)
+    losses = sum(p and not c for c, p in both)
+    p_value = non_inferiority_p_value(wins, losses, len(both), rule.margin)
+    reasons = []
+    if p_value > rule.alpha:
+        reasons.append(
+            f"routing accuracy is not shown within {_points(rule.margin)} points of the parent: "
+            f"non-inferiority p = {p_value:.4f} > alpha = {rule.alpha} ({wins} wins, {losses} "
+            f"losses of {len(both)} turns)"
+        )
+    regressions = {s: _difference(parent[s], candidate[s]) for s in sorted(candidate)}
+    for specialist, drop in regressions.items():
+        if drop > rule.max_recall_drop:
+            reasons.append(
+                f"{specialist} recall drops by {_points(drop)} points; at most "
+                f"{_points(rule.max_recall_drop)} are allowed"
+            )
+    return Decision(
+        passed=not reasons,
+        gain=(wins - losses) / len(both),
+        p_value=p_value,
+        regressions=regressions,
+        reasons=reasons,
     )
 
 

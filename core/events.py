@@ -482,6 +482,31 @@ class TrainingRequested(EventPayload):
     recipe: str
 
 
+class RouterTrainingRequested(EventPayload):
+    """Enough new routing labels: a router successor is to be trained on every label of the
+    log before ``labels_end`` (with the seed examples) and judged by the routing suite."""
+
+    event_type = "RouterTrainingRequested"
+    run_id: UUID
+    labels: int = Field(ge=1)
+    labels_end: dict[str, int]
+
+
+class RouterEvaluated(EventPayload):
+    """A router successor judged on the contract's routing suite against the router it would
+    replace: accuracies over the suite, and why it was refused (nothing when it passed)."""
+
+    event_type = "RouterEvaluated"
+    run_id: UUID
+    router_version: str
+    parent_router_version: str
+    contract_version: str
+    candidate_accuracy: float = Field(ge=0.0, le=1.0)
+    parent_accuracy: float = Field(ge=0.0, le=1.0)
+    passed: bool
+    reasons: list[str] = Field(default_factory=list)
+
+
 class CandidateTrained(EventPayload):
     event_type = "CandidateTrained"
     run_id: UUID
@@ -552,6 +577,8 @@ CATALOGUE: dict[str, type[EventPayload]] = {
         RolloutSampled,
         RolloutScored,
         TrainingRequested,
+        RouterTrainingRequested,
+        RouterEvaluated,
         CandidateTrained,
         HarnessProposed,
         ContractEvaluated,

@@ -12,7 +12,7 @@ import math
 import re
 from collections.abc import Collection, Iterable, Sequence
 from operator import mul
-from typing import Annotated, Literal, Self
+from typing import Annotated, Literal, Protocol, Self
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -36,6 +36,11 @@ RoutingReason = Literal["classifier", "hint", "only_specialist"]
 
 _SPECIALIST = re.compile(SPECIALIST_PATTERN)
 _SCORE_TOLERANCE = 1e-6
+
+ROUTING_KEY = "routing"
+"""The log key of routing labels (``RoutingLabelled``)."""
+ROUTER_RUNS_KEY = "training.router"
+"""The log key of router runs (``RouterTrainingRequested``, ``RouterEvaluated``)."""
 
 
 def specialist_name(name: str) -> str:
@@ -243,3 +248,17 @@ def labels_of(
         )
         for label in latest.values()
     ]
+
+
+class RouterTrainer(Protocol):
+    """What the learning loop needs to train and judge router versions (the composition root
+    hands it ``server.router.RouterService``, on the seed examples)."""
+
+    def retrain(self, labels: Iterable[RoutingLabelled]) -> RouterModel:
+        """A classifier fitted on the seed examples and ``labels``."""
+        ...
+
+    def outcomes(self, model: RouterModel, turns: Sequence[LabelledTurn]) -> dict[str, list[bool]]:
+        """Per specialist, whether each of its ``turns`` (in order) is routed to it by
+        ``model`` (every specialist of the model active)."""
+        ...

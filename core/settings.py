@@ -65,6 +65,12 @@ class Settings(BaseSettings):
     train_threshold: int = Field(
         default=32, ge=1, le=1_000_000, description="new experience records that start a run"
     )
+    router_threshold: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="new routing labels that start a router run (unset: no router runs)",
+    )
     experience_filter: str = Field(
         default=FILTER_VERSION,
         description="the filter rules new traffic is derived under (past traffic: a backfill)",

@@ -37,6 +37,7 @@ from core.harness.proposals import RECIPE_PREFIX, changes, exemplar_of, next_cha
 from core.ids import derived_id
 from core.log import EventLog
 from core.release import AdapterRef, Release
+from core.routing import RouterTrainer
 from core.settings import Settings
 from infra import observe
 from infra.artifacts import ArtifactStore
@@ -104,6 +105,8 @@ class Runtime:
     model_dir: Path
     training: TrainingConfig
     contract_path: Path
+    router_trainer: Callable[[], RouterTrainer]
+    """A fresh router trainer on the seed examples (it embeds with the router's model)."""
     contract_engine: Callable[[], Engine]
     """A fresh engine on the base model, to run the contract with (closed after each run)."""
 

@@ -39,6 +39,7 @@ app.conf.update(
         "macaron.evaluate_candidate": {"queue": EVAL},
         "macaron.promote": {"queue": DEFAULT},
         "macaron.sample_rollouts": {"queue": ROLLOUT},
+        "macaron.train_router": {"queue": TRAIN},
     },
     broker_connection_retry_on_startup=True,
     worker_hijack_root_logger=False,
@@ -89,4 +90,14 @@ def enqueue_rollouts(job: RolloutJob) -> None:
         (job.model_dump(mode="json"),),
         task_id=str(job.job_id),
         headers=observe.carrier(),
+    )
+
+
+def enqueue_router_training(run_id: uuid.UUID, trace: Mapping[str, str] | None = None) -> None:
+    """Enqueue a router run once (the task id is the run id)."""
+    app.send_task(
+        "macaron.train_router",
+        (str(run_id),),
+        task_id=str(run_id),
+        headers=dict(trace or observe.carrier()),
     )

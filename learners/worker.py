@@ -1,7 +1,8 @@
 """The Celery tasks, on ``learners.queue``'s app: ``train_successor`` (queue ``train``, GPU
 workers with concurrency 1; a ``harness.*`` run proposes a harness instead),
-``evaluate_candidate`` (``eval``), ``promote`` (``default``) and ``sample_rollouts``
-(``rollout``: sample, verify and record a rollout job's groups, ``learners.rollouts``). The
+``evaluate_candidate`` (``eval``), ``promote`` (``default``), ``sample_rollouts``
+(``rollout``: sample, verify and record a rollout job's groups, ``learners.rollouts``) and
+``train_router`` (``train``: a router successor, ``learners.router_loop``). The
 evaluation of an adapter run queues a harness proposal for its specialist, started once the
 decision took effect. Every task is idempotent by its id, so a redelivery repeats nothing.
 Only the composition root builds the runtime (``install_runtime``); the tasks find it there.
@@ -23,6 +24,7 @@ from rich.progress import Progress
 
 from core.engine import Engine
 from core.log import EventLog
+from core.routing import RouterTrainer
 from core.settings import Settings
 from infra import observe
 from infra.artifacts import ArtifactStore
@@ -33,6 +35,7 @@ from learners.loop import RunBusy, Runtime, evaluate_run, train_run
 from learners.queue import app, enqueue_training
 from learners.recipes.lora import DEFAULT_CONFIG, load_config
 from learners.rollouts import RolloutJob, run_rollouts
+from learners.router_loop import train_router_run
 
 PROMOTION_TIMEOUT_S = 300.0
 _runtime: Runtime | None = None
@@ -50,9 +53,15 @@ def runtime() -> Runtime:
 
 
 def make_runtime(
-    settings: Settings, model_dir: Path, pool: Pool, log: EventLog, engine: Callable[[], Engine]
+    settings: Settings,
+    model_dir: Path,
+    pool: Pool,
+    log: EventLog,
+    engine: Callable[[], Engine],
+    router_trainer: Callable[[], RouterTrainer],
 ) -> Runtime:
-    """The worker's runtime; ``engine`` makes the engine the contract runs on."""
+    """The worker's runtime; ``engine`` makes the engine the contract runs on,
+    ``router_trainer`` the trainer of router versions."""
     return Runtime(
         settings=settings,
         pool=pool,
@@ -62,6 +71,7 @@ def make_runtime(
         training=load_config(settings.training_config or DEFAULT_CONFIG),
         contract_path=settings.contract_path or DEFAULT_CONTRACT,
         contract_engine=engine,
+        router_trainer=router_trainer,
     )
 
 
@@ -160,6 +170,20 @@ def sample_rollouts(self: Task, job: dict[str, Any]) -> dict[str, Any]:
         summary = run_rollouts(runtime(), checked)
         span.set_attributes({"macaron.samples": summary.samples, "macaron.passed": summary.passed})
     return summary.model_dump(mode="json")
+
+
+@app.task(bind=True, name="macaron.train_router")
+def train_router(self: Task, run_id: str) -> dict[str, Any]:
+    """Train a router successor on the routing labels, judge it on the contract's routing
+    suite, and promote a release naming it when it passes (``learners.router_loop``)."""
+    with _step(self, "train_router", run_id) as span:
+        outcome = train_router_run(runtime(), uuid.UUID(run_id))
+        span.set_attribute("macaron.router_outcome", outcome.status)
+    return {
+        "status": outcome.status,
+        "router_version": outcome.router_version,
+        "release_id": outcome.release_id,
+    }
 
 
 def _promote(run_id: str, release_id: str) -> dict[str, Any]:

@@ -24,11 +24,12 @@ from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from infra.postgres.routers import register_router, router_model
 from infra.postgres.runs import queued_run_ids
-from learners.queue import enqueue_training
+from learners.queue import enqueue_router_training, enqueue_training
 from streams.experience import ExperienceBuilder
 from streams.host import ProcessorHost
 from streams.processor import Processor
 from streams.projections import Projections
+from streams.router_trigger import RouterTrigger
 from streams.scores import LiveScores
 from streams.trigger import TrainingTrigger
 
@@ -88,6 +89,7 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
     serves (this process's own, or the vLLM fleet, which the evaluation shares with the
     server: it unloads the candidates it loaded when it is done)."""
     from learners.worker import make_runtime
+    from server.router import RouterService, SentenceEmbedder
 
     folder = model_dir(settings)
     return make_runtime(
@@ -96,6 +98,7 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
         pool,
         event_log(settings, pool),
         lambda: serving_engine(settings, folder, lambda _: None),
+        lambda: RouterService.from_seed(SentenceEmbedder()),
     )
 
 
@@ -195,6 +198,8 @@ def processor_hosts(settings: Settings, log: EventLog, pool: Pool) -> list[Proce
         LiveScores(),
         TrainingTrigger(settings.train_threshold, enqueue_training),
     ]
+    if settings.router_threshold is not None:
+        processors.append(RouterTrigger(settings.router_threshold, enqueue_router_training))
     return [ProcessorHost(p, log, pool) for p in processors]
 
 

@@ -222,6 +222,17 @@ class RouterService:
         self._learned = learned
         return self._model
 
+    def outcomes(self, model: RouterModel, turns: Sequence[LabelledTurn]) -> dict[str, list[bool]]:
+        """Per specialist, whether each of its ``turns`` (in order) goes to it under ``model``,
+        every specialist of ``model`` active (a turn of a specialist it lacks goes wrong)."""
+        features = self._features_of([t.text for t in turns]).tolist()
+        active = frozenset(model.specialists)
+        found: dict[str, list[bool]] = {}
+        for turn, row in zip(turns, features, strict=True):
+            chosen = decide(row, model, active).specialist
+            found.setdefault(turn.specialist, []).append(chosen == turn.specialist)
+        return found
+
     def _known(self, name: str) -> str:
         if name not in self._specialists:
             raise UnknownSpecialist(f"unknown specialist {name!r}")

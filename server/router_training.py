@@ -9,11 +9,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from core.canonical import canonical_json, sha256_hex
 from core.errors import InsufficientTrainingData, RoutingError, UnknownSpecialist
 from core.routing import LabelledTurn, RouterModel
+from infra.jsonl import load_jsonl
 
 EMBEDDER_NAME = "sentence-transformers/all-MiniLM-L6-v2"  # the features every fit is trained on
 SEED_EXAMPLES = Path(__file__).resolve().with_name("routing_seed.jsonl")
@@ -21,15 +22,7 @@ SEED_EXAMPLES = Path(__file__).resolve().with_name("routing_seed.jsonl")
 
 def load_examples(path: Path) -> list[LabelledTurn]:
     """Labelled turns from a JSON-lines file of ``{"text", "specialist"}`` objects."""
-    examples = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            examples.append(LabelledTurn.model_validate_json(line))
-        except ValidationError as exc:
-            raise RoutingError(f"{path}:{number}: not a labelled turn: {exc}") from exc
-    return examples
+    return load_jsonl(path, LabelledTurn, RoutingError)
 
 
 class TrainingConfig(BaseModel):

@@ -26,10 +26,10 @@ from core.events import (
 )
 from core.ids import derived_id
 from core.log import RecordedEvent
+from core.routing import ROUTING_KEY
 from infra.postgres.experience import JoinedTurn
 
 ROUTING_RULES = "routing-1"
-ROUTING_KEY = "routing"
 
 
 def routing_labels(

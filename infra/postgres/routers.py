@@ -1,8 +1,12 @@
 """Router versions in the registry (``router_versions``): each classifier a release can name,
 stored whole (``core.routing.RouterModel``) under its content hash, with the version it was
-retrained from."""
+retrained from; router runs (``router_runs``) and the router trigger's count of new labels."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+from uuid import UUID
 
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
@@ -35,3 +39,76 @@ def router_model(conn: DictConnection, version: str) -> RouterModel:
     if model.version != version:
         raise RouterInvalid(f"the model stored as {version!r} is {model.version!r}")
     return model
+
+
+def add_pending_label(conn: DictConnection) -> int:
+    """Count one more routing label since the last router run; returns the count."""
+    row = conn.execute(
+        "INSERT INTO router_trigger_state (key, pending) VALUES ('routing', 1) "
+        "ON CONFLICT (key) DO UPDATE SET pending = router_trigger_state.pending + 1 "
+        "RETURNING pending"
+    ).fetchone()
+    if row is None:
+        raise RuntimeError("INSERT ... RETURNING gave no row")
+    return int(row["pending"])
+
+
+def queue_router_run(
+    conn: DictConnection, run_id: UUID, labels_end: Mapping[int, int], label_count: int
+) -> bool:
+    """Queue a router run and start counting labels again; ``False`` (nothing changed) when a
+    router run is in flight or this one exists."""
+    row = conn.execute(
+        "INSERT INTO router_runs (run_id, labels_end, label_count, status) "
+        "VALUES (%s, %s, %s, 'queued') ON CONFLICT DO NOTHING RETURNING run_id",
+        (run_id, Jsonb({str(p): o for p, o in labels_end.items()}), label_count),
+    ).fetchone()
+    if row is not None:
+        conn.execute("UPDATE router_trigger_state SET pending = 0 WHERE key = 'routing'")
+    return row is not None
+
+
+def router_run_in_flight(conn: DictConnection) -> bool:
+    row = conn.execute("SELECT 1 FROM router_runs WHERE status IN ('queued', 'running')").fetchone()
+    return row is not None
+
+
+def claim_router_run(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
+    """The queued run, now running; ``None`` when it is not queued (done, or another worker's)."""
+    row = conn.execute(
+        "UPDATE router_runs SET status = 'running' WHERE run_id = %s AND status = 'queued' "
+        "RETURNING *",
+        (run_id,),
+    ).fetchone()
+    return None if row is None else dict(row)
+
+
+def finish_router_run(
+    conn: DictConnection,
+    run_id: UUID,
+    *,
+    status: str,
+    parent: str | None = None,
+    router_version: str | None = None,
+    release_id: str | None = None,
+    evaluation: Mapping[str, Any] | None = None,
+    error: str | None = None,
+) -> None:
+    conn.execute(
+        "UPDATE router_runs SET status = %s, parent_router_version = %s, router_version = %s, "
+        "release_id = %s, evaluation = %s, error = %s, finished_at = now() WHERE run_id = %s",
+        (
+            status,
+            parent,
+            router_version,
+            release_id,
+            None if evaluation is None else Jsonb(dict(evaluation)),
+            error,
+            run_id,
+        ),
+    )
+
+
+def router_run(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
+    row = conn.execute("SELECT * FROM router_runs WHERE run_id = %s", (run_id,)).fetchone()
+    return None if row is None else dict(row)

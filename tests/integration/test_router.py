@@ -20,7 +20,7 @@ from core.routing import (
 from server.router import RouterService, SentenceEmbedder
 from server.router_training import SEED_EXAMPLES, load_examples
 
-HELDOUT = Path(__file__).resolve().parents[1] / "data" / "routing_heldout.jsonl"
+HELDOUT = Path(__file__).resolve().parents[2] / "learners" / "routing-v1.jsonl"
 
 LEGAL_EXAMPLES = [
     "Is a verbal agreement legally binding?",

@@ -23,9 +23,11 @@ from core.contract import (
     PromotionRule,
     PythonTestsChecker,
     RegexChecker,
+    RoutingRule,
     Task,
     ToolCallChecker,
     decide,
+    decide_routing,
     non_inferiority_p_value,
     prompt_words,
     sign_test_p_value,
@@ -676,3 +678,41 @@ def test_run_contract_needs_an_adapter_for_every_specialist() -> None:
         asyncio.run(
             run_contract(InstantEngine(fixed_reply("nope")), {"chat": None}, CONTRACT, harness=ROOT)
         )
+
+
+# --- the routing rule -----------------------------------------------------------------------
+
+ROUTING_RULE = RoutingRule(suite="routing-v1.jsonl", margin=0.03, alpha=0.05, max_recall_drop=0.05)
+
+
+def _routed(rights: dict[str, int], size: int = 62) -> dict[str, list[bool]]:
+    """Per specialist, ``size`` turns of which the first ``rights[s]`` were routed right."""
+    return {s: [n < right for n in range(size)] for s, right in rights.items()}
+
+
+def test_a_router_as_good_as_its_parent_passes() -> None:
+    same = _routed({"chat": 58, "agent": 57, "coding": 60, "genui": 59})
+    decision = decide_routing(same, same, ROUTING_RULE)
+    assert decision.passed and decision.gain == 0.0 and decision.p_value < 0.05
+
+
+def test_a_router_that_loses_a_specialists_turns_is_refused() -> None:
+    parent = _routed({"chat": 58, "agent": 57, "coding": 60, "genui": 59})
+    candidate = _routed({"chat": 62, "agent": 50, "coding": 60, "genui": 62})  # gains, but agent
+    decision = decide_routing(candidate, parent, ROUTING_RULE)
+    assert not decision.passed
+    assert decision.regressions["agent"] == pytest.approx(7 / 62)
+    assert decision.reasons == ["agent recall drops by 11.3 points; at most 5.0 are allowed"]
+
+
+def test_a_router_that_is_worse_overall_is_refused() -> None:
+    parent = _routed({"chat": 60, "agent": 60, "coding": 60, "genui": 60})
+    candidate = _routed({"chat": 57, "agent": 57, "coding": 57, "genui": 57})
+    decision = decide_routing(candidate, parent, ROUTING_RULE)
+    assert not decision.passed and decision.gain == pytest.approx(-12 / 248)
+    assert "not shown within 3.0 points" in decision.reasons[0]
+
+
+def test_routing_outcomes_must_be_paired() -> None:
+    with pytest.raises(ValueError, match="paired"):
+        decide_routing(_routed({"chat": 1}), _routed({"agent": 1}), ROUTING_RULE)

@@ -52,6 +52,8 @@ def test_catalogue_names_every_event_of_the_data_flow() -> None:
         "RolloutSampled",
         "RolloutScored",
         "TrainingRequested",
+        "RouterTrainingRequested",
+        "RouterEvaluated",
         "CandidateTrained",
         "HarnessProposed",
         "ContractEvaluated",

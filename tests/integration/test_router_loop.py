@@ -1,0 +1,90 @@
+"""The router in the learning loop, with real PostgreSQL, Redis, a Celery worker process and
+the real embedding model: users' routing labels start a router run; the worker trains a
+successor on them, judges it on the contract's routing suite, and the server promotes a release
+naming it, swapping the router in the flip."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from core.events import (
+    ReleasePromoted,
+    RouterDecided,
+    RouterEvaluated,
+    RouterTrainingRequested,
+    RoutingLabelled,
+)
+from core.settings import Settings
+from infra.postgres.routers import router_model
+from learners.queue import configure as configure_celery
+from server.router import RouterService, SentenceEmbedder
+from tests.serving import celery_worker, following, frames_until, running_server, send
+
+HINTED = [
+    ("Can you check what is on my calendar and add a reminder?", "agent"),
+    ("Write a Python function that reverses a linked list.", "coding"),
+    ("Show me a card with today's weather.", "genui"),
+    ("What do you think about rainy days?", "chat"),
+]
+
+
+def test_routing_labels_train_a_router_that_is_judged_and_promoted(
+    database_url: str, celery_redis_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url=database_url,
+        model_dir=tiny_model,
+        redis_url=celery_redis_url,
+        router_threshold=len(HINTED),
+        train_threshold=1000,
+        harness_proposals=False,
+        turns_per_minute=1000,
+        max_new_tokens=8,
+        task_visibility_timeout=120,
+    )
+    configure_celery(settings)
+    own = RouterService.from_seed(SentenceEmbedder())  # the test swaps its classifier
+    seed_version = own.version
+    log_path = tmp_path / "worker.log"
+    with (
+        celery_worker(settings, log_path) as worker,
+        running_server(settings, router=own) as served,
+        following(served),
+        served.connect(served.key("router-user")) as ws,
+    ):
+        frames_until(ws, "ready")
+        for n, (text, hint) in enumerate(HINTED):
+            send(ws, type="user_turn", client_msg_id=f"h{n}", content=text, specialist_hint=hint)
+            frames_until(ws, "turn_completed")
+        deadline = time.monotonic() + 300
+        while own.version == seed_version:
+            assert worker.poll() is None, log_path.read_text()[-4000:]
+            assert time.monotonic() < deadline, log_path.read_text()[-4000:]
+            time.sleep(0.5)
+
+        events = [e.payload for e in served.events()]
+        labels = [p for p in events if isinstance(p, RoutingLabelled)]
+        assert {(label.text, label.specialist, label.source) for label in labels} == {
+            (text, hint, "hint") for text, hint in HINTED
+        }
+        [requested] = [p for p in events if isinstance(p, RouterTrainingRequested)]
+        assert requested.labels == len(HINTED)
+        [evaluated] = [p for p in events if isinstance(p, RouterEvaluated)]
+        assert evaluated.run_id == requested.run_id and evaluated.passed, evaluated.reasons
+        assert evaluated.parent_router_version == seed_version
+        assert evaluated.router_version == own.version
+        assert evaluated.candidate_accuracy >= evaluated.parent_accuracy - 0.03
+        release = served.server.chat.release
+        assert release.router_version == own.version
+        assert any(
+            isinstance(p, ReleasePromoted) and p.release_id == release.release_id for p in events
+        )
+        with served.server.pool.connection() as conn:
+            assert router_model(conn, own.version).version == own.version
+
+        send(ws, type="user_turn", client_msg_id="after", content="Tell me a joke.")
+        frames_until(ws, "turn_completed")
+        decided = [e.payload for e in served.events() if isinstance(e.payload, RouterDecided)]
+        assert decided[-1].router_version == own.version
