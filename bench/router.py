@@ -9,17 +9,30 @@ and scores every held-out turn. Targets and baselines:
 - fitting the classifier on cached seed embeddings: well under a few seconds (<= 2 s).
 The encoder runs eagerly (as the tests run it) and through ``torch.compile``, turn by turn in
 alternation, so both see the same machine load.
+- under the server's thread budget: the same decisions while the local engine generates on
+  SmolLM2-135M in its own thread (four answers at a time, as a busy server does), both on
+  torch's one intra-op pool: p99 <= 15 ms (``--no-engine`` skips it).
+- accuracy after labelled traffic (issue 19): the seed router retrained on N turns of the task
+  bank's prompts (the simulator's traffic, never in the seed or held-out sets), each labelled
+  as the experience builder labels it: a ``correction`` when the router of the moment
+  misrouted it, else a thumbs-up (``up``); N = 0, 50, 200; accuracy on the held-out file and
+  on the bank prompts never labelled, >= 95 % after them (baseline: N = 0). The labels are
+  built in memory as ``streams.routing`` derives them, not read back from a log.
 
-Usage: python -m bench.router [--decisions N] [--warmup W] [--threads T]
+Usage: python -m bench.router [--decisions N] [--warmup W] [--threads T] [--no-engine]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import math
 import os
+import random
 import re
+import threading
 import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,7 +41,13 @@ import torch
 from transformers.utils import logging as transformers_logging
 
 from bench.report import Row, report, row
+from core.engine import GenerationRequest, SamplingParams
+from core.events import RoutingLabelled
 from core.routing import LabelledTurn, RouterDecision, decide
+from core.settings import Settings
+from learners.tasks import BANK_V1, load_bank
+from macaron import wiring
+from server.engines.local import LocalEngine
 from server.router import RouterService, SentenceEmbedder
 from server.router_training import SEED_EXAMPLES, TrainingConfig, fit_router, load_examples
 
@@ -38,6 +57,8 @@ P99_TARGET_MS = 15.0
 POLICY_TARGET_MS = 1.0
 ACCURACY_TARGET = 90.0
 FIT_TARGET_MS = 2000.0
+CORRECTED_TARGET = 95.0
+TRAFFIC = (0, 50, 200)
 _WORD = re.compile(r"[a-z0-9']+")
 
 
@@ -114,11 +135,88 @@ def accuracy(route: Callable[[str], RouterDecision], turns: Sequence[LabelledTur
     return 100 * sum(route(t.text).specialist == t.specialist for t in turns) / len(turns)
 
 
+def labelled_traffic(
+    embedder: SentenceEmbedder, seed: Sequence[LabelledTurn], traffic: Sequence[LabelledTurn]
+) -> list[RoutingLabelled]:
+    """The labels ``traffic`` gives, turn by turn: a correction when the router of the moment
+    (retrained after every 10 labels, as a loop would) misroutes the turn, else a thumbs-up."""
+    router = RouterService(embedder, seed)
+    labels: list[RoutingLabelled] = []
+    for n, turn in enumerate(traffic):
+        if n and n % 10 == 0:
+            router.retrain(labels)
+        wrong = router.route(turn.text).specialist != turn.specialist
+        labels.append(
+            RoutingLabelled(
+                label_id=uuid.uuid4(),
+                turn_id=uuid.uuid4(),
+                text=turn.text,
+                specialist=turn.specialist,
+                source="correction" if wrong else "up",
+            )
+        )
+    return labels
+
+
+def accuracy_after_traffic(
+    embedder: SentenceEmbedder, seed: Sequence[LabelledTurn], heldout: Sequence[LabelledTurn]
+) -> dict[int, tuple[float, float]]:
+    """Held-out accuracy, and accuracy on the bank prompts never labelled (the last 120 of
+    them, shuffled with seed 0), of the seed router retrained on the labels of the first N."""
+    bank = [LabelledTurn(text=t.prompt, specialist=t.specialist) for t in load_bank(BANK_V1)]
+    random.Random(0).shuffle(bank)
+    labels = labelled_traffic(embedder, seed, bank[: max(TRAFFIC)])
+    unseen = bank[max(TRAFFIC) :]
+    found = {}
+    for n in TRAFFIC:
+        router = RouterService(embedder, seed)
+        router.retrain(labels[:n])
+        found[n] = accuracy(router.route, heldout), accuracy(router.route, unseen)
+    return found
+
+
+class BusyEngine:
+    """The local engine on SmolLM2-135M answering four requests at a time, in its own thread,
+    until stopped: the load a router decision shares the CPU with in a busy server."""
+
+    def __init__(self, model_dir: Path) -> None:
+        self.engine = LocalEngine(model_dir)
+        self.stop = threading.Event()
+        self.tokens = 0
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._run()), daemon=True)
+
+    async def _run(self) -> None:
+        prompt = self.engine.chat_prompt([{"role": "user", "content": "Tell me about rivers."}])
+
+        async def answer(n: int) -> None:
+            request = GenerationRequest(
+                request_id=f"busy-{n}", prompt=prompt, params=SamplingParams(max_tokens=64)
+            )
+            async for _ in self.engine.generate(request):
+                self.tokens += 1
+
+        n = 0
+        while not self.stop.is_set():
+            await asyncio.gather(*(answer(n + i) for i in range(4)))
+            n += 4
+
+    def __enter__(self) -> BusyEngine:
+        self.thread.start()
+        time.sleep(5)  # the first answers are under way
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.engine.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=300, help="timed decisions (>= 200)")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
+    parser.add_argument("--no-engine", action="store_true", help="skip the rows under load")
     args = parser.parse_args()
     transformers_logging.disable_progress_bar()
     load_before = os.getloadavg()[0]
@@ -151,7 +249,15 @@ def main() -> None:
     eager_ms, compiled_ms, policy_ms = time_decisions(
         [router.route, route_compiled, policy_only], turns, args.warmup, args.decisions
     )
+    loaded: list[list[float]] = []
+    if not args.no_engine:
+        with BusyEngine(wiring.model_dir(Settings())) as busy:
+            loaded = time_decisions(
+                [router.route, route_compiled], turns, args.warmup, args.decisions
+            )
+        print(f"the engine generated {busy.tokens} tokens meanwhile")
     eager_accuracy = accuracy(router.route, heldout)
+    after = accuracy_after_traffic(embedder, seed, heldout)
     compiled_accuracy = accuracy(route_compiled, heldout)
     baseline = 100 * naive_bayes_accuracy(seed, heldout)
 
@@ -184,6 +290,27 @@ def main() -> None:
             "%",
             baseline,
             f">= {ACCURACY_TARGET:g} %",
+        ),
+        *(
+            line
+            for label, samples in zip(
+                ("embed + decide, engine busy", "compiled embed + decide, engine busy"),
+                loaded,
+                strict=False,
+            )
+            for line in latency_rows(label, samples)
+        ),
+        *(
+            row(
+                f"{where} accuracy after {n} labelled traffic turns (vs none)",
+                after[n][i],
+                "%",
+                after[0][i],
+                f">= {CORRECTED_TARGET:g} %",
+            )
+            for n in TRAFFIC
+            if n
+            for i, where in enumerate(("held-out", "unlabelled traffic"))
         ),
         row(
             "classifier fit on the seed set (embedded)",
