@@ -22,7 +22,7 @@ from infra.local_stack import LocalStack
 from infra.models import models_dir
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
-from infra.postgres.routers import register_router, router_model
+from infra.postgres.routers import queued_router_run_ids, register_router, router_model
 from infra.postgres.runs import queued_run_ids
 from learners.queue import enqueue_router_training, enqueue_training
 from streams.experience import ExperienceBuilder
@@ -204,9 +204,13 @@ def processor_hosts(settings: Settings, log: EventLog, pool: Pool) -> list[Proce
 
 
 def enqueue_queued_runs(pool: Pool) -> None:
-    """Enqueue every run still queued: the trigger enqueues after its commit, and a crash in
-    between must not strand a run (enqueueing twice is harmless: the task id is the run id)."""
+    """Enqueue every run still queued, adapter and router runs: the triggers enqueue after
+    their commit, and a crash in between must not strand a run (enqueueing twice is harmless:
+    the task id is the run id)."""
     with pool.connection() as conn:
         run_ids = queued_run_ids(conn)
+        router_run_ids = queued_router_run_ids(conn)
     for run_id in run_ids:
         enqueue_training(run_id)
+    for run_id in router_run_ids:
+        enqueue_router_training(run_id)

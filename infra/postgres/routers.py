@@ -112,3 +112,8 @@ def finish_router_run(
 def router_run(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
     row = conn.execute("SELECT * FROM router_runs WHERE run_id = %s", (run_id,)).fetchone()
     return None if row is None else dict(row)
+
+
+def queued_router_run_ids(conn: DictConnection) -> list[UUID]:
+    rows = conn.execute("SELECT run_id FROM router_runs WHERE status = 'queued'").fetchall()
+    return [r["run_id"] for r in rows]
