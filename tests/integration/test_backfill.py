@@ -94,52 +94,58 @@ def served_v1(
         yield served
 
 
-def test_a_backfill_derives_past_traffic_under_a_new_filter(
+@pytest.fixture
+def served(
     stack: LocalStack,
     conversation_events: list[RecordedEvent],
     tiny_model: Path,
     tmp_path: Path,
-) -> None:
-    with served_v1(stack, conversation_events, tmp_path, tiny_model) as served:
-        v1 = served.records("experience-1")
-        ups = {
-            e.envelope.event_id
-            for e in served.log.read(types=["FeedbackGiven"])
-            if isinstance(e.payload, FeedbackGiven) and e.payload.kind == "up"
-        }
-        assert v1 and ups
-        rewarded_v1 = {cause for kind, cause, _ in facts(v1) if kind == "trajectory"}
-        assert not rewarded_v1 & ups  # under experience-1 a thumbs up rewards nothing
-        end = served.log.end_positions()
+) -> Iterator[Served]:
+    """The turns in a fresh database, derived live under ``experience-1``."""
+    with served_v1(stack, conversation_events, tmp_path, tiny_model) as found:
+        yield found
 
-        outcome = backfill(served.log, served.pool, "experience-2")
 
-        v2 = served.records("experience-2")
-        assert outcome.records == len(v2) > len(v1)
-        assert all(e.envelope.correlation_id == outcome.backfill_id for e in v2)
-        assert all(e.position.offset >= end[e.position.partition] for e in v2)  # appended
-        rewarded = {cause for kind, cause, _ in facts(v2) if kind == "trajectory"}
-        assert ups <= rewarded  # records for events that gave none before
-        new = [r for k, cause, r in facts(v2) if cause in ups and k == "trajectory"]
-        assert {json.loads(r)["reward"] for r in new} == {1.0}
-        assert set(facts(v1)) < set(facts(v2))  # experience-1's records, derived again
-        assert served.records("experience-1") == v1  # nothing old rewritten
+def test_a_backfill_derives_past_traffic_under_a_new_filter(served: Served) -> None:
+    v1 = served.records("experience-1")
+    ups = {
+        e.envelope.event_id
+        for e in served.log.read(types=["FeedbackGiven"])
+        if isinstance(e.payload, FeedbackGiven) and e.payload.kind == "up"
+    }
+    assert v1 and ups
+    rewarded_v1 = {cause for kind, cause, _ in facts(v1) if kind == "trajectory"}
+    assert not rewarded_v1 & ups  # under experience-1 a thumbs up rewards nothing
+    end = served.log.end_positions()
 
-        served.catch_up()  # the trigger counts the new version's records apart
-        with served.pool.connection() as conn:
-            pending = conn.execute(
-                "SELECT specialist, filter_version, backfills FROM trigger_state "
-                "WHERE filter_version = 'experience-2'"
-            ).fetchall()
-            assert pending and all(r["backfills"] == [outcome.backfill_id] for r in pending)
+    outcome = backfill(served.log, served.pool, "experience-2")
 
-        later = served.log.end_positions()
-        assert backfill(served.log, served.pool, "experience-2", end=end).already_done
-        overlapping = backfill(served.log, served.pool, "experience-2", start={0: 5}, end=end)
-        assert overlapping.records == 0 and not overlapping.already_done
-        assert served.log.end_positions() == later  # idempotent: nothing appended
+    v2 = served.records("experience-2")
+    assert outcome.records == len(v2) > len(v1)
+    assert all(e.envelope.correlation_id == outcome.backfill_id for e in v2)
+    assert all(e.position.offset >= end[e.position.partition] for e in v2)  # appended
+    rewarded = {cause for kind, cause, _ in facts(v2) if kind == "trajectory"}
+    assert ups <= rewarded  # records for events that gave none before
+    new = [r for k, cause, r in facts(v2) if cause in ups and k == "trajectory"]
+    assert {json.loads(r)["reward"] for r in new} == {1.0}
+    assert set(facts(v1)) < set(facts(v2))  # experience-1's records, derived again
+    assert served.records("experience-1") == v1  # nothing old rewritten
 
-        assert_trained_on_the_backfill(served, outcome.backfill_id)
+    served.catch_up()  # the trigger counts the new version's records apart
+    with served.pool.connection() as conn:
+        pending = conn.execute(
+            "SELECT specialist, filter_version, backfills FROM trigger_state "
+            "WHERE filter_version = 'experience-2'"
+        ).fetchall()
+        assert pending and all(r["backfills"] == [outcome.backfill_id] for r in pending)
+
+    later = served.log.end_positions()
+    assert backfill(served.log, served.pool, "experience-2", end=end).already_done
+    overlapping = backfill(served.log, served.pool, "experience-2", start={0: 5}, end=end)
+    assert overlapping.records == 0 and not overlapping.already_done
+    assert served.log.end_positions() == later  # idempotent: nothing appended
+
+    assert_trained_on_the_backfill(served, outcome.backfill_id)
 
 
 def assert_trained_on_the_backfill(served: Served, backfill_id: Any) -> None:
@@ -201,59 +207,45 @@ def test_a_stopped_backfill_resumes_without_duplicates(
         assert left == [] and positions == []  # its join state goes when it is done
 
 
-def test_a_tenant_that_does_not_teach_now_gives_no_backfilled_record(
-    stack: LocalStack,
-    conversation_events: list[RecordedEvent],
-    tiny_model: Path,
-    tmp_path: Path,
-) -> None:
+def test_a_tenant_that_does_not_teach_now_gives_no_backfilled_record(served: Served) -> None:
     """Its traffic taught back then (experience-1 has records of it); set not to teach since,
     none of it is derived again."""
-    with served_v1(stack, conversation_events, tmp_path, tiny_model) as served:
-        [tenant] = {e.envelope.tenant_id for e in served.records("experience-1")}
-        served.log.append(
-            [NewEvent(payload=TenantTrainingSet(training=False), tenant_id=tenant, key="tenants")]
-        )
-        served.catch_up()
-        outcome = backfill(served.log, served.pool, "experience-2")
-        assert outcome.records == 0 and served.records("experience-2") == []
+    [tenant] = {e.envelope.tenant_id for e in served.records("experience-1")}
+    served.log.append(
+        [NewEvent(payload=TenantTrainingSet(training=False), tenant_id=tenant, key="tenants")]
+    )
+    served.catch_up()
+    outcome = backfill(served.log, served.pool, "experience-2")
+    assert outcome.records == 0 and served.records("experience-2") == []
 
 
-def test_bad_backfills_write_nothing(
-    stack: LocalStack,
-    conversation_events: list[RecordedEvent],
-    tiny_model: Path,
-    tmp_path: Path,
-) -> None:
-    with served_v1(stack, conversation_events, tmp_path, tiny_model) as served:
-        end = served.log.end_positions()
-        with pytest.raises(UnknownFilterVersion):
-            backfill(served.log, served.pool, "experience-9")
-        with pytest.raises(RangeOutsideLog):
-            backfill(served.log, served.pool, "experience-2", end={0: end[0] + 1})
-        with pytest.raises(RangeOutsideLog):
-            backfill(served.log, served.pool, "experience-2", start={0: 9}, end={0: 3})
-        env = served.env()  # the command line: typed errors, exit status 1
-        for args, code in [
-            (["--filter-version", "experience-9"], "unknown_filter_version"),
-            (["--filter-version", "experience-2", "--to", str(end[0] + 5)], "range_outside_log"),
-        ]:
-            refused = run_macaron("replay", "experience", *args, **env)
-            assert refused.returncode == 1 and code in refused.stderr, refused.stderr
-        untrained = run_macaron("train", "chat", "--filter-version", "experience-2", **env)
-        assert untrained.returncode == 1 and "nothing_to_train" in untrained.stderr
-        assert served.log.end_positions() == end
-        with served.pool.connection() as conn:
-            assert conn.execute("SELECT * FROM experience_backfills").fetchall() == []
-            assert conn.execute("SELECT * FROM dataset_snapshots").fetchall() == []
+def test_bad_backfills_write_nothing(served: Served) -> None:
+    end = served.log.end_positions()
+    with pytest.raises(UnknownFilterVersion):
+        backfill(served.log, served.pool, "experience-9")
+    with pytest.raises(RangeOutsideLog):
+        backfill(served.log, served.pool, "experience-2", end={0: end[0] + 1})
+    with pytest.raises(RangeOutsideLog):
+        backfill(served.log, served.pool, "experience-2", start={0: 9}, end={0: 3})
+    env = served.env()  # the command line: typed errors, exit status 1
+    for args, code in [
+        (["--filter-version", "experience-9"], "unknown_filter_version"),
+        (["--filter-version", "experience-2", "--to", str(end[0] + 5)], "range_outside_log"),
+    ]:
+        refused = run_macaron("replay", "experience", *args, **env)
+        assert refused.returncode == 1 and code in refused.stderr, refused.stderr
+    untrained = run_macaron("train", "chat", "--filter-version", "experience-2", **env)
+    assert untrained.returncode == 1 and "nothing_to_train" in untrained.stderr
+    assert served.log.end_positions() == end
+    with served.pool.connection() as conn:
+        assert conn.execute("SELECT * FROM experience_backfills").fetchall() == []
+        assert conn.execute("SELECT * FROM dataset_snapshots").fetchall() == []
 
-        done = run_macaron(
-            "replay", "experience", "--filter-version", "experience-2", "--json", **env
-        )
-        assert done.returncode == 0, done.stderr
-        shown = json.loads(done.stdout)
-        assert shown["filter_version"] == "experience-2" and shown["records"] > 0
-        assert shown["from"] == {"0": 0} and shown["to"] == {"0": end[0]}
+    done = run_macaron("replay", "experience", "--filter-version", "experience-2", "--json", **env)
+    assert done.returncode == 0, done.stderr
+    shown = json.loads(done.stdout)
+    assert shown["filter_version"] == "experience-2" and shown["records"] > 0
+    assert shown["from"] == {"0": 0} and shown["to"] == {"0": end[0]}
 
 
 def facts(events: list[RecordedEvent]) -> list[tuple[str, UUID | None, str]]:
