@@ -211,18 +211,88 @@ class BusyEngine:
         self.engine.close()
 
 
-def main() -> None:
+def busy_latencies(
+    routes: Sequence[Callable[[str], RouterDecision]],
+    turns: Sequence[str],
+    warmup: int,
+    decisions: int,
+) -> list[list[float]]:
+    """``time_decisions`` while the engine generates beside them (``BusyEngine``)."""
+    with BusyEngine(wiring.model_dir(Settings())) as busy:
+        latencies = time_decisions(routes, turns, warmup, decisions)
+    print(f"the engine generated {busy.tokens} tokens meanwhile")
+    return latencies
+
+
+def fit_time_ms(embedder: SentenceEmbedder, seed: Sequence[LabelledTurn]) -> float:
+    """Milliseconds to fit the classifier on the seed set, embedded beforehand."""
+    seed_features = embedder.embed([e.text for e in seed])
+    specialists = tuple(dict.fromkeys(e.specialist for e in seed))
+    started = time.perf_counter()
+    fit_router(seed_features, seed, specialists, TrainingConfig())
+    return (time.perf_counter() - started) * 1000
+
+
+def accuracy_rows(
+    eager_accuracy: float,
+    compiled_accuracy: float,
+    baseline: float,
+    after: dict[int, tuple[float, float]],
+    fit_ms: float,
+) -> list[Row]:
+    """Held-out accuracy (eager, compiled), after labelled traffic, and the fit's time."""
+    return [
+        row(
+            "held-out accuracy (vs word naive Bayes)",
+            eager_accuracy,
+            "%",
+            baseline,
+            f">= {ACCURACY_TARGET:g} %",
+        ),
+        row(
+            "held-out accuracy, compiled (vs word naive Bayes)",
+            compiled_accuracy,
+            "%",
+            baseline,
+            f">= {ACCURACY_TARGET:g} %",
+        ),
+        *(
+            row(
+                f"{where} accuracy after {n} labelled traffic turns (vs none)",
+                after[n][i],
+                "%",
+                after[0][i],
+                f">= {CORRECTED_TARGET:g} %",
+            )
+            for n in TRAFFIC
+            if n
+            for i, where in enumerate(("held-out", "unlabelled traffic"))
+        ),
+        row(
+            "classifier fit on the seed set (embedded)",
+            fit_ms,
+            "ms",
+            fit_ms,
+            f"<= {FIT_TARGET_MS:g} ms",
+        ),
+    ]
+
+
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=300, help="timed decisions (>= 200)")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--no-engine", action="store_true", help="skip the rows under load")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     transformers_logging.disable_progress_bar()
     load_before = os.getloadavg()[0]
     if args.threads:
         torch.set_num_threads(args.threads)
-
     seed = load_examples(SEED_EXAMPLES)
     heldout = load_examples(HELDOUT)
     embedder = SentenceEmbedder()
@@ -230,13 +300,7 @@ def main() -> None:
     started = time.perf_counter()
     compiled = SentenceEmbedder(compiled=True)
     compile_s = time.perf_counter() - started
-
-    seed_features = embedder.embed([e.text for e in seed])
-    specialists = tuple(dict.fromkeys(e.specialist for e in seed))
-    started = time.perf_counter()
-    fit_router(seed_features, seed, specialists, TrainingConfig())
-    fit_ms = (time.perf_counter() - started) * 1000
-
+    fit_ms = fit_time_ms(embedder, seed)
     turns = fifty_word_turns([t.text for t in heldout])
     features = {text: embedder.embed_one(text) for text in turns}
 
@@ -249,13 +313,8 @@ def main() -> None:
     eager_ms, compiled_ms, policy_ms = time_decisions(
         [router.route, route_compiled, policy_only], turns, args.warmup, args.decisions
     )
-    loaded: list[list[float]] = []
-    if not args.no_engine:
-        with BusyEngine(wiring.model_dir(Settings())) as busy:
-            loaded = time_decisions(
-                [router.route, route_compiled], turns, args.warmup, args.decisions
-            )
-        print(f"the engine generated {busy.tokens} tokens meanwhile")
+    both = [router.route, route_compiled]
+    loaded = [] if args.no_engine else busy_latencies(both, turns, args.warmup, args.decisions)
     eager_accuracy = accuracy(router.route, heldout)
     after = accuracy_after_traffic(embedder, seed, heldout)
     compiled_accuracy = accuracy(route_compiled, heldout)
@@ -277,48 +336,14 @@ def main() -> None:
             percentile(policy_ms, 50),
             f"<= {POLICY_TARGET_MS:g} ms",
         ),
-        row(
-            "held-out accuracy (vs word naive Bayes)",
-            eager_accuracy,
-            "%",
-            baseline,
-            f">= {ACCURACY_TARGET:g} %",
-        ),
-        row(
-            "held-out accuracy, compiled (vs word naive Bayes)",
-            compiled_accuracy,
-            "%",
-            baseline,
-            f">= {ACCURACY_TARGET:g} %",
-        ),
         *(
             line
             for label, samples in zip(
-                ("embed + decide, engine busy", "compiled embed + decide, engine busy"),
-                loaded,
-                strict=False,
+                ("engine busy", "compiled, engine busy"), loaded, strict=False
             )
-            for line in latency_rows(label, samples)
+            for line in latency_rows(f"embed + decide, {label}", samples)
         ),
-        *(
-            row(
-                f"{where} accuracy after {n} labelled traffic turns (vs none)",
-                after[n][i],
-                "%",
-                after[0][i],
-                f">= {CORRECTED_TARGET:g} %",
-            )
-            for n in TRAFFIC
-            if n
-            for i, where in enumerate(("held-out", "unlabelled traffic"))
-        ),
-        row(
-            "classifier fit on the seed set (embedded)",
-            fit_ms,
-            "ms",
-            fit_ms,
-            f"<= {FIT_TARGET_MS:g} ms",
-        ),
+        *accuracy_rows(eager_accuracy, compiled_accuracy, baseline, after, fit_ms),
     ]
     path = report("router", rows)
     print(f"wrote {path}")

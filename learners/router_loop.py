@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
-from core.contract import Decision, decide_routing
+from core.contract import decide_routing
 from core.errors import ContractInvalid
 from core.events import NewEvent, RouterEvaluated, RoutingLabelled
 from core.ids import derived_id
-from core.release import Release
-from core.routing import ROUTER_RUNS_KEY, ROUTING_KEY, LabelledTurn, RouterModel
+from core.routing import ROUTER_RUNS_KEY, ROUTING_KEY, LabelledTurn
 from infra.jsonl import load_jsonl
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, create_release
@@ -28,14 +27,16 @@ from infra.postgres.routers import (
     router_run,
 )
 from learners.contract import load_contract
-from learners.loop import RunFailed, Runtime
+from learners.loop import RunBusy, RunFailed, Runtime
 
 PROMOTION_TIMEOUT_S = 300.0
+LEASE_S = 600
+"""A router run's lease: a worker that died mid-run leaves it to the next after this long."""
 
 
 @dataclass(frozen=True)
 class RouterOutcome:
-    """What a router run ended as: ``passed``, ``refused`` (or what a redelivery found)."""
+    """What a router run ended as: ``refused``, ``promoted``, ``promotion failed``."""
 
     status: str
     router_version: str | None = None
@@ -43,34 +44,41 @@ class RouterOutcome:
 
 
 def train_router_run(rt: Runtime, run_id: UUID) -> RouterOutcome:
-    """Train, judge and (when it passes) promote the run's router successor; a run that is not
-    queued (a redelivery) is reported as it ended."""
+    """Train and judge the run's router successor, record the verdict, and have a release
+    naming it promoted when it passed. A redelivered run that was judged already only records
+    the verdict again and asks for the promotion it may lack; one a live worker holds is
+    ``RunBusy``."""
     with rt.pool.connection() as conn, conn.transaction():
-        run = claim_router_run(conn, run_id)
-        if run is None:
-            done = router_run(conn, run_id)
-            if done is None:
-                raise RunFailed(f"no router run {run_id}")
-            return RouterOutcome(done["status"], done["router_version"], done["release_id"])
-        release = active_release(conn)
-        parent = router_model(conn, release.router_version)
+        run = claim_router_run(conn, run_id, LEASE_S)
+        done = router_run(conn, run_id) if run is None else None
+    if run is None:
+        if done is None:
+            raise RunFailed(f"no router run {run_id}")
+        if done["status"] in ("queued", "running"):
+            raise RunBusy(f"router run {run_id} is held by a worker whose lease is live")
+        return _settled(rt, done)
     try:
-        return _judged(rt, run, release, parent)
+        judged = _judged(rt, run)
     except Exception as exc:
         with rt.pool.connection() as conn, conn.transaction():
             finish_router_run(conn, run_id, status="failed", error=repr(exc)[:2000])
         raise
+    return _settled(rt, judged)
 
 
-def _judged(
-    rt: Runtime, run: dict[str, Any], release: Release, parent: RouterModel
-) -> RouterOutcome:
+def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
+    """Fit the successor, judge it against the active release's router, register it, file the
+    release naming it when it passed; returns the run as recorded."""
+    with rt.pool.connection() as conn:
+        release = active_release(conn)
+        parent = router_model(conn, release.router_version)
     contract = load_contract(rt.contract_path)
     if contract.routing is None:
         raise ContractInvalid(f"contract {contract.version} has no routing suite")
-    suite = load_jsonl(
-        rt.contract_path.parent / contract.routing.suite, LabelledTurn, ContractInvalid
-    )
+    suite_path = rt.contract_path.parent / contract.routing.suite
+    suite = load_jsonl(suite_path, LabelledTurn, ContractInvalid)
+    if not suite:
+        raise ContractInvalid(f"{suite_path}: the routing suite has no turns")
     end = {int(p): o for p, o in run["labels_end"].items()}
     labels = [
         e.payload
@@ -81,40 +89,54 @@ def _judged(
     candidate = trainer.retrain(labels)
     judged = trainer.outcomes(candidate, suite), trainer.outcomes(parent, suite)
     decision = decide_routing(*judged, contract.routing)
-    accuracy = _accuracy(judged[0]), _accuracy(judged[1])
     passed = decision.passed and candidate.version != parent.version
-    reasons = decision.reasons or ([] if passed else ["the labels change nothing"])
     child = release.successor(router_version=candidate.version) if passed else None
-    run_id = run["run_id"]
+    evaluation = {
+        "contract_version": contract.version,
+        "labels": len(labels),
+        "candidate_accuracy": _accuracy(judged[0]),
+        "parent_accuracy": _accuracy(judged[1]),
+        "gain": decision.gain,
+        "p_value": decision.p_value,
+        "recall_drops": decision.regressions,
+        "reasons": decision.reasons or ([] if passed else ["the labels change nothing"]),
+    }
     with rt.pool.connection() as conn, conn.transaction():
         register_router(conn, candidate, parent=parent.version)
         if child is not None:
             create_release(conn, child, active=False)
         finish_router_run(
             conn,
-            run_id,
+            run["run_id"],
             status="passed" if passed else "refused",
             parent=parent.version,
             router_version=candidate.version,
             release_id=None if child is None else child.release_id,
-            evaluation=_evaluation(decision, reasons, len(labels)),
+            evaluation=evaluation,
         )
-    rt.log.append([_evaluated(run_id, (candidate, parent), accuracy, contract.version, reasons)])
-    if child is None:
-        return RouterOutcome("refused", candidate.version)
-    request = request_promotion(rt.pool, child.release_id, requested_by=f"router run {run_id}")
+        recorded = router_run(conn, run["run_id"])
+    if recorded is None:
+        raise RunFailed(f"router run {run['run_id']} is gone")
+    return recorded
+
+
+def _settled(rt: Runtime, run: dict[str, Any]) -> RouterOutcome:
+    """Record the verdict of a judged run (again, for a redelivery: its id is derived) and ask
+    for the promotion of a passed run's release unless it is active."""
+    if run["status"] not in ("passed", "refused"):
+        return RouterOutcome(run["status"], run["router_version"], run["release_id"])
+    rt.log.append([_evaluated(run)])
+    if run["status"] == "refused":
+        return RouterOutcome("refused", run["router_version"])
+    with rt.pool.connection() as conn:
+        if active_release(conn).release_id == run["release_id"]:
+            return RouterOutcome("promoted", run["router_version"], run["release_id"])
+    request = request_promotion(
+        rt.pool, run["release_id"], requested_by=f"router run {run['run_id']}"
+    )
     final = wait_for_request(rt.pool, request, PROMOTION_TIMEOUT_S)
-    return RouterOutcome(f"promotion {final['status']}", candidate.version, child.release_id)
-
-
-def _evaluation(decision: Decision, reasons: list[str], labels: int) -> dict[str, Any]:
-    return {
-        "labels": labels,
-        "gain": decision.gain,
-        "p_value": decision.p_value,
-        "recall_drops": decision.regressions,
-        "reasons": reasons,
-    }
+    status = "promoted" if final["status"] == "done" else f"promotion {final['status']}"
+    return RouterOutcome(status, run["router_version"], run["release_id"])
 
 
 def _accuracy(outcomes: dict[str, list[bool]]) -> float:
@@ -122,27 +144,22 @@ def _accuracy(outcomes: dict[str, list[bool]]) -> float:
     return sum(every) / len(every)
 
 
-def _evaluated(
-    run_id: UUID,
-    models: tuple[RouterModel, RouterModel],
-    accuracy: tuple[float, float],
-    contract_version: str,
-    reasons: list[str],
-) -> NewEvent:
-    """The verdict on the candidate (first) against its parent (second)."""
+def _evaluated(run: dict[str, Any]) -> NewEvent:
+    """``RouterEvaluated`` from the run as recorded."""
+    evaluation = run["evaluation"]
     return NewEvent(
         payload=RouterEvaluated(
-            run_id=run_id,
-            router_version=models[0].version,
-            parent_router_version=models[1].version,
-            contract_version=contract_version,
-            candidate_accuracy=accuracy[0],
-            parent_accuracy=accuracy[1],
-            passed=not reasons,
-            reasons=reasons,
+            run_id=run["run_id"],
+            router_version=run["router_version"],
+            parent_router_version=run["parent_router_version"],
+            contract_version=evaluation["contract_version"],
+            candidate_accuracy=evaluation["candidate_accuracy"],
+            parent_accuracy=evaluation["parent_accuracy"],
+            passed=run["status"] == "passed",
+            reasons=evaluation["reasons"],
         ),
         tenant_id="system",
         key=ROUTER_RUNS_KEY,
-        event_id=derived_id("router-evaluated", run_id),
-        causation_id=run_id,
+        event_id=derived_id("router-evaluated", run["run_id"]),
+        causation_id=run["run_id"],
     )

@@ -23,6 +23,7 @@ from opentelemetry.trace import Span
 from rich.progress import Progress
 
 from core.engine import Engine
+from core.errors import PromotionInProgress
 from core.log import EventLog
 from core.routing import RouterTrainer
 from core.settings import Settings
@@ -35,9 +36,8 @@ from learners.loop import RunBusy, Runtime, evaluate_run, train_run
 from learners.queue import app, enqueue_training
 from learners.recipes.lora import DEFAULT_CONFIG, load_config
 from learners.rollouts import RolloutJob, run_rollouts
-from learners.router_loop import train_router_run
+from learners.router_loop import PROMOTION_TIMEOUT_S, train_router_run
 
-PROMOTION_TIMEOUT_S = 300.0
 _runtime: Runtime | None = None
 
 
@@ -177,7 +177,10 @@ def train_router(self: Task, run_id: str) -> dict[str, Any]:
     """Train a router successor on the routing labels, judge it on the contract's routing
     suite, and promote a release naming it when it passes (``learners.router_loop``)."""
     with _step(self, "train_router", run_id) as span:
-        outcome = train_router_run(runtime(), uuid.UUID(run_id))
+        try:
+            outcome = train_router_run(runtime(), uuid.UUID(run_id))
+        except (RunBusy, PromotionInProgress) as exc:  # a live lease, or another promotion
+            raise self.retry(countdown=15, max_retries=None) from exc
         span.set_attribute("macaron.router_outcome", outcome.status)
     return {
         "status": outcome.status,

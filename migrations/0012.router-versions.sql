@@ -23,6 +23,7 @@ CREATE TABLE router_runs (
     release_id            TEXT        REFERENCES releases (release_id),
     evaluation            JSONB,
     error                 TEXT,
+    lease_until           TIMESTAMPTZ,
     created_at            TIMESTAMPTZ NOT NULL DEFAULT now(),
     finished_at           TIMESTAMPTZ
 );

@@ -88,8 +88,10 @@ class PromotionListener:
             return release, harness, self._router_of(conn, release)
 
     def _router_of(self, conn: DictConnection, release: Release) -> RouterModel | None:
-        """The classifier ``release`` names, when it is not the one that routes now."""
-        if release.router_version == self.chat.router.version:
+        """The classifier ``release`` names, when it is not the one that routes now (nor the
+        one the serving release names: a release from before router versions were stored names
+        one the registry may lack, and its children inherit it)."""
+        if release.router_version in (self.chat.router.version, self.chat.release.router_version):
             return None
         return router_model(conn, release.router_version)
 

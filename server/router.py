@@ -142,8 +142,7 @@ class RouterService:
         self._specialists = tuple(dict.fromkeys(e.specialist for e in self._base))
         if not self._specialists:
             raise InsufficientTrainingData("the router needs examples of at least one specialist")
-        self._active = frozenset(self._specialists)
-        self._model = self._fit(self._base)
+        self._serving = (self._fit(self._base), frozenset(self._specialists))
 
     @classmethod
     def from_seed(
@@ -154,11 +153,11 @@ class RouterService:
 
     @property
     def model(self) -> RouterModel:
-        return self._model
+        return self._serving[0]
 
     @property
     def version(self) -> str:
-        return self._model.version
+        return self._serving[0].version
 
     @property
     def specialists(self) -> tuple[str, ...]:
@@ -167,12 +166,14 @@ class RouterService:
 
     @property
     def active(self) -> frozenset[str]:
-        return self._active
+        return self._serving[1]
 
     def route(self, text: str, hint: str | None = None) -> RouterDecision:
-        """Choose the specialist for one user turn."""
+        """Choose the specialist for one user turn, with one classifier and the specialists it
+        may choose as they were together (one read of a pair replaced whole)."""
         features = self._embedder.embed_one(text)
-        return decide(features, self._model, self._active, hint)
+        model, active = self._serving
+        return decide(features, model, active, hint)
 
     def add_specialist(self, name: str, texts: Sequence[str]) -> RouterModel:
         """Teach the router a new specialist from example turns; it is active at once."""
@@ -183,32 +184,29 @@ class RouterService:
             raise InsufficientTrainingData(f"specialist {name!r} needs at least one example")
         base = [*self._base, *(LabelledTurn(text=t, specialist=name) for t in texts)]
         model = self._fit([*base, *self._learned], (*self._specialists, name))
-        self._base, self._specialists, self._model = base, (*self._specialists, name), model
-        self._active = self._active | {name}
+        self._base, self._specialists = base, (*self._specialists, name)
+        self._serving = (model, self.active | {name})
         return model
 
     def deactivate(self, name: str) -> None:
         """Never choose ``name`` again until it is activated; its examples stay."""
-        self._active = self._active - {self._known(name)}
+        self._serving = (self.model, self.active - {self._known(name)})
 
     def activate(self, name: str) -> None:
-        self._active = self._active | {self._known(name)}
+        self._serving = (self.model, self.active | {self._known(name)})
 
     def serve_model(self, model: RouterModel) -> None:
         """Route with ``model`` from now on (the router version a promoted release names).
-        Specialists it adds are active, ones it drops are no longer chosen; the assignments go
-        in an order that keeps every decision in flight on a model that knows its choices."""
-        if model.dim != self._model.dim:
+        Specialists it adds are active, ones it drops are no longer chosen; the classifier and
+        the active set are replaced together, so a decision in flight uses one whole pair."""
+        if model.dim != self.model.dim:
             raise RouterInvalid(
                 f"router {model.version} takes {model.dim} features; this embedder gives "
-                f"{self._model.dim}"
+                f"{self.model.dim}"
             )
         known = set(model.specialists)
-        active = (self._active & known) | (known - set(self._specialists))
-        if known >= set(self._specialists):
-            self._model, self._active = model, active
-        else:
-            self._active, self._model = active, model
+        active = (self.active & known) | (known - set(self._specialists))
+        self._serving = (model, frozenset(active))
         self._specialists = model.specialists
 
     def retrain(self, labels: Iterable[RoutingLabelled]) -> RouterModel:
@@ -218,9 +216,10 @@ class RouterService:
         examples, so replaying the same log gives the same router version.
         """
         learned = labels_of(labels, correction_weight=self._config.correction_weight)
-        self._model = self._fit([*self._base, *learned])
+        model = self._fit([*self._base, *learned])
+        self._serving = (model, self.active)
         self._learned = learned
-        return self._model
+        return model
 
     def outcomes(self, model: RouterModel, turns: Sequence[LabelledTurn]) -> dict[str, list[bool]]:
         """Per specialist, whether each of its ``turns`` (in order) goes to it under ``model``,

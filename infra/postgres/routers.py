@@ -73,12 +73,16 @@ def router_run_in_flight(conn: DictConnection) -> bool:
     return row is not None
 
 
-def claim_router_run(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
-    """The queued run, now running; ``None`` when it is not queued (done, or another worker's)."""
+def claim_router_run(
+    conn: DictConnection, run_id: UUID, lease_seconds: int
+) -> dict[str, Any] | None:
+    """The run, now running under a lease, if it is queued or its last worker's lease ran out;
+    ``None`` otherwise (done, or a live worker has it)."""
     row = conn.execute(
-        "UPDATE router_runs SET status = 'running' WHERE run_id = %s AND status = 'queued' "
+        "UPDATE router_runs SET status = 'running', lease_until = now() + %s * interval '1 s' "
+        "WHERE run_id = %s AND (status = 'queued' OR (status = 'running' AND lease_until < now())) "
         "RETURNING *",
-        (run_id,),
+        (lease_seconds, run_id),
     ).fetchone()
     return None if row is None else dict(row)
 
@@ -94,9 +98,11 @@ def finish_router_run(
     evaluation: Mapping[str, Any] | None = None,
     error: str | None = None,
 ) -> None:
+    """Record how a running run ended (nothing changes for a run no longer running)."""
     conn.execute(
         "UPDATE router_runs SET status = %s, parent_router_version = %s, router_version = %s, "
-        "release_id = %s, evaluation = %s, error = %s, finished_at = now() WHERE run_id = %s",
+        "release_id = %s, evaluation = %s, error = %s, finished_at = now() "
+        "WHERE run_id = %s AND status = 'running'",
         (
             status,
             parent,
