@@ -204,11 +204,16 @@ class Grammars:
             raise GrammarInvalid(f"the schema does not compile to a grammar: {exc}") from exc
 
 
-def mask_rows(
+def constrained(
     logits: torch.Tensor, matchers: Sequence[xgr.GrammarMatcher | None], bitmask: torch.Tensor
-) -> None:
-    """Forbid, in place, the tokens each row's grammar does not allow next; rows without a
-    matcher are left untouched. ``bitmask`` has a row per row of ``logits``."""
+) -> torch.Tensor:
+    """``logits`` with the tokens each row's grammar does not allow next forbidden (rows
+    without a matcher as they were): a float32 copy, which the mask needs and greedy choice
+    does not notice; ``logits`` itself when no row has a grammar. ``bitmask`` has a row per
+    row of ``logits``."""
+    if all(m is None for m in matchers):
+        return logits
+    logits = logits.float()
     rows = [
         row
         for row, matcher in enumerate(matchers)
@@ -216,6 +221,7 @@ def mask_rows(
     ]
     if rows:
         xgr.apply_token_bitmask_inplace(logits, bitmask, indices=rows)
+    return logits
 
 
 def new_bitmask(rows: int, vocab_size: int) -> torch.Tensor:

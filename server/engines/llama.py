@@ -1,7 +1,9 @@
 """The local engine's forward pass over a Hugging Face Llama-family model: linear layers run
 batched across requests (``MultiLoRALinear`` applies each row's adapter), attention runs per
 request over that request's own KV cache, so no padding enters the maths and each request
-computes what it would compute alone."""
+computes what it would compute alone. Rows may carry different numbers of tokens (prompt
+chunks of several requests in one pass): the shorter are padded, and the padding is sliced
+off before each attention."""
 
 from __future__ import annotations
 
@@ -81,27 +83,35 @@ class KVCache:
 
 
 def forward(model: Any, caches: list[KVCache], tokens: list[list[int]]) -> torch.Tensor:
-    """One pass: ``tokens`` per request (all the same length), continuing and extending each
-    request's cache in place. Returns the last position's logits per request."""
+    """One pass: ``tokens`` per request (a prompt's chunk, or one answer token), continuing
+    and extending each request's cache in place. Rows shorter than the longest are padded;
+    padding never enters a cache or an attention. Returns each row's last token's logits."""
     inner = model.model
-    ids = torch.tensor(tokens)
-    steps = ids.shape[1]
+    lengths = [len(t) for t in tokens]
+    steps = max(lengths)
+    ids = torch.tensor([t + [0] * (steps - len(t)) for t in tokens])
     positions = torch.tensor([list(range(c.length, c.length + steps)) for c in caches])
     hidden = inner.embed_tokens(ids)
     rotary: Rotary = inner.rotary_emb(hidden, positions)
     for index, layer in enumerate(inner.layers):
-        hidden = _decoder_layer(layer, index, hidden, rotary, caches)
-    for cache in caches:
-        cache.advance(steps)
-    hidden = inner.norm(hidden[:, -1:, :])
-    logits: torch.Tensor = model.lm_head(hidden)[:, -1, :]
+        hidden = _decoder_layer(layer, index, hidden, rotary, caches, lengths)
+    for cache, length in zip(caches, lengths, strict=True):
+        cache.advance(length)
+    last = hidden[torch.arange(len(tokens)), torch.tensor(lengths) - 1]
+    logits: torch.Tensor = model.lm_head(inner.norm(last[:, None, :]))[:, -1, :]
     return logits
 
 
 def _decoder_layer(
-    layer: Any, index: int, hidden: torch.Tensor, rotary: Rotary, caches: list[KVCache]
+    layer: Any,
+    index: int,
+    hidden: torch.Tensor,
+    rotary: Rotary,
+    caches: list[KVCache],
+    lengths: list[int],
 ) -> torch.Tensor:
-    """Layer ``index``: batched projections and MLP, attention request by request."""
+    """Layer ``index``: batched projections and MLP, attention request by request over each
+    row's own tokens."""
     attn = layer.self_attn
     batch, steps = hidden.shape[0], hidden.shape[1]
     x = layer.input_layernorm(hidden)
@@ -110,13 +120,19 @@ def _decoder_layer(
     k = attn.k_proj(x).view(shape).transpose(1, 2)
     v = attn.v_proj(x).view(shape).transpose(1, 2)
     q, k = apply_rotary_pos_emb(q, k, *rotary)
+    ragged = min(lengths) < steps
+    attended = q.new_zeros(q.shape) if ragged else None
     outputs = []
-    for row, cache in enumerate(caches):
+    for row, (cache, n) in enumerate(zip(caches, lengths, strict=True)):
         start = cache.length
-        keys, values = cache.extend(index, k[row : row + 1], v[row : row + 1])
-        outputs.append(_attend(attn, q[row : row + 1], keys, values, start))
-    attended = torch.cat(outputs).transpose(1, 2).reshape(batch, steps, -1)
-    hidden = hidden + attn.o_proj(attended)
+        keys, values = cache.extend(index, k[row : row + 1, :, :n], v[row : row + 1, :, :n])
+        out = _attend(attn, q[row : row + 1, :, :n], keys, values, start)
+        if attended is None:
+            outputs.append(out)
+        else:
+            attended[row, :, :n] = out[0]
+    merged = attended if attended is not None else torch.cat(outputs)
+    hidden = hidden + attn.o_proj(merged.transpose(1, 2).reshape(batch, steps, -1))
     result: torch.Tensor = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     return result
 

@@ -28,6 +28,7 @@ from core.errors import (
     ModelUnavailable,
 )
 from server.engines.adapter_table import AdapterTable
+from server.engines.detok import IncrementalText
 from server.engines.grammar import Grammars
 from server.engines.lora import (
     AdapterConfig,
@@ -40,7 +41,8 @@ from server.engines.lora import (
 )
 from server.engines.prefixes import PrefixCache
 from server.engines.prompts import chat_prompt_ids, prompt_ids
-from server.engines.scheduler import BatchScheduler, Generation, eos_ids
+from server.engines.scheduler import BatchScheduler
+from server.engines.sequence import Generation, eos_ids
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,7 @@ class EngineLimits:
     max_adapter_bytes: int = 512 * 2**20
     max_prompt_tokens: int = 4096
     max_prefix_cache_bytes: int = 256 * 2**20
+    prefill_budget: int = 512  # prompt tokens one pass computes, padding of short rows included
 
 
 class LocalEngine:
@@ -82,11 +85,11 @@ class LocalEngine:
         self._scheduler = BatchScheduler(
             self.model,
             batch,
-            self.tokenizer,
             release=self._release,
             prefixes=self.prefixes,
             max_batch=self.limits.max_batch,
             max_queue=self.limits.max_queue,
+            prefill_budget=self.limits.prefill_budget,
         )
         self.stats = self._scheduler.stats
         vocab = self.model.config.vocab_size
@@ -207,7 +210,9 @@ class LocalEngine:
         if request.constraint is not None:  # compiling can take seconds: not on the loop
             grammar = await asyncio.to_thread(self.grammars.matcher, request.constraint)
         adapter = self._acquire(request.adapter)
-        item = Generation(request, adapter, prompt, asyncio.get_running_loop(), asyncio.Queue())
+        loop = asyncio.get_running_loop()
+        detok = IncrementalText(self.tokenizer)
+        item = Generation(request, adapter, prompt, loop, asyncio.Queue(), detok)
         item.grammar = grammar
         if request.params.seed is not None:
             item.generator = torch.Generator().manual_seed(request.params.seed)

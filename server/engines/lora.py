@@ -126,34 +126,45 @@ def read_adapter(
     return LoRAWeights(name, config, pairs)
 
 
+Composition = list[LoRAWeights | None]
+RECENT_COMPOSITIONS = 4  # a decode batch and the prompt passes between its steps
+
+
 class BatchAdapters:
     """Which adapter each batch row uses, set by the engine before every forward pass.
 
     A uniform batch (every row on one adapter, or none) applies that adapter directly, exactly
     as PEFT does. A mixed batch uses ``kernels.lora``'s gathered path: each slot's weights are
-    gathered per row once per batch composition (it changes only when requests join or leave),
-    so a step costs two batched matmuls per layer, not one pair per adapter.
+    gathered per row once per batch composition, and the last few compositions are kept (the
+    decode batch changes only when requests join or leave; prompt passes come between its
+    steps), so a step costs two batched matmuls per layer, not one pair per adapter.
     """
 
     def __init__(self, shapes: dict[Slot, tuple[int, int]] | None = None) -> None:
         self.shapes = shapes or {}
         self.uniform: LoRAWeights | None = None
         self.gathered: dict[Slot, Gathered] = {}
-        self._composition: list[LoRAWeights | None] = []
+        self._recent: list[tuple[Composition, dict[Slot, Gathered]]] = []  # newest last
 
     def assign(self, per_row: list[LoRAWeights | None]) -> None:
-        # Compared by identity: a name unloaded and loaded again is other weights.
-        same = len(per_row) == len(self._composition) and all(
-            a is b for a, b in zip(per_row, self._composition, strict=True)
-        )
-        if same:
-            return
-        self._composition = list(per_row)
-        self.gathered = {}
         mixed = len({id(w) for w in per_row}) > 1
         self.uniform = None if mixed else per_row[0]
+        self.gathered = {}
         if not mixed:
             return
+        for n, (composition, gathered) in enumerate(self._recent):
+            # Compared by identity: a name unloaded and loaded again is other weights.
+            if len(composition) == len(per_row) and all(
+                a is b for a, b in zip(per_row, composition, strict=True)
+            ):
+                self._recent.append(self._recent.pop(n))
+                self.gathered = gathered
+                return
+        self.gathered = self._gather(per_row)
+        self._recent = [*self._recent[1 - RECENT_COMPOSITIONS :], (list(per_row), self.gathered)]
+
+    def _gather(self, per_row: list[LoRAWeights | None]) -> dict[Slot, Gathered]:
+        gathered = {}
         for slot in self.shapes:
             present = list(
                 {w.name: w for w in per_row if w is not None and slot in w.pairs}.values()
@@ -163,7 +174,8 @@ class BatchAdapters:
             stack = LoRAStack.of([(*w.pairs[slot], w.config.scaling) for w in present])
             position = {w.name: n for n, w in enumerate(present)}
             idx = torch.tensor([-1 if w is None else position.get(w.name, -1) for w in per_row])
-            self.gathered[slot] = gather(stack, idx)
+            gathered[slot] = gather(stack, idx)
+        return gathered
 
 
 class MultiLoRALinear(nn.Module):

@@ -1,103 +1,35 @@
-"""Iteration-level batching for the local engine: one worker thread owns the model, admits
-queued requests (each prompt in a pass of its own) and advances every active request by one
-token per forward pass, whatever adapter it uses. Callers hand requests over through a bounded
-queue and get chunks back on their own event loop. A request with a grammar has the tokens its
-grammar forbids masked out of its row before sampling, and ends when the grammar is complete."""
+"""Iteration-level batching for the local engine: one worker thread owns the model. Each turn
+of its loop admits queued requests, computes one pass of prompts (several requests' prompts
+batched, a long prompt in chunks, within a budget of tokens, so streaming answers never
+wait long for their next token) and advances every answering request by one token, whatever
+adapter each uses. A request whose prompt and adapter equal one still being computed forks it:
+it takes a copy of that KV cache, not a pass of its own. Callers hand requests over through a
+bounded queue and get chunks back on their own event loop. A request with a grammar has the
+tokens its grammar forbids masked out of its row before sampling, and ends when the grammar is
+complete."""
 
 from __future__ import annotations
 
-import asyncio
 import queue
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import xgrammar as xgr
 
-from core.engine import FinishReason, GenerationChunk, GenerationRequest, SamplingParams
+from core.engine import FinishReason
 from core.errors import EngineError, EngineOverloaded, EngineUnavailable, MacaronError
-from server.engines.grammar import mask_rows, new_bitmask
+from server.engines.grammar import constrained, new_bitmask
 from server.engines.llama import KVCache, forward
 from server.engines.lora import BatchAdapters, LoRAWeights
 from server.engines.prefixes import PrefixCache
+from server.engines.sequence import Generation, eos_ids, sample
 
 KV_RESERVE = 128  # answer tokens a new request's KV cache has room for before it doubles
 
 
 def _engine_error(exc: Exception) -> MacaronError:
     return exc if isinstance(exc, MacaronError) else EngineError(f"generation failed: {exc}")
-
-
-def eos_ids(model: Any) -> set[int]:
-    """The token ids that end an answer, from the model's generation config."""
-    eos = model.generation_config.eos_token_id
-    return set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-
-
-def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:
-    """The next token: greedy at temperature 0, else from the top-p share of the softmax."""
-    if params.temperature == 0:
-        return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
-    if params.top_p < 1.0:
-        ordered, order = torch.sort(probs, descending=True)
-        keep = torch.cumsum(ordered, 0) - ordered < params.top_p
-        probs = torch.zeros_like(probs).scatter(0, order[keep], ordered[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
-
-
-@dataclass(eq=False)
-class Generation:
-    """One request on its way through the batch: its adapter, KV cache and output so far, and
-    the queue on the caller's event loop that its chunks go to."""
-
-    request: GenerationRequest
-    adapter: LoRAWeights | None
-    prompt_ids: list[int]
-    loop: asyncio.AbstractEventLoop
-    sink: asyncio.Queue[GenerationChunk | BaseException]
-    cancelled: threading.Event = field(default_factory=threading.Event)
-    out_ids: list[int] = field(default_factory=list)
-    cache: KVCache = field(default_factory=KVCache)
-    emitted: str = ""
-    generator: torch.Generator | None = None
-    grammar: xgr.GrammarMatcher | None = None
-
-    @property
-    def params(self) -> SamplingParams:
-        return self.request.params
-
-    def send(self, item: GenerationChunk | BaseException) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.sink.put_nowait, item)
-        except RuntimeError:  # the caller's loop is gone: nobody is listening any more
-            self.cancelled.set()
-
-    def visible_delta(self, text: str) -> str:
-        """The new text safe to stream: what could still become a stop string, and
-        half-decoded characters, are held back. Counted as emitted."""
-        hold = max((len(s) - 1 for s in self.params.stop), default=0)
-        visible = text[: len(text) - hold] if hold else text
-        visible = visible.rstrip("\ufffd")
-        delta = visible[len(self.emitted) :] if visible.startswith(self.emitted) else ""
-        self.emitted += delta
-        return delta
-
-    def finish(self, token: int, text: str, eos: set[int]) -> tuple[str, FinishReason | None]:
-        """The decoded text cut at a stop string, and why generation ends (None: it goes on)."""
-        params = self.params
-        stop_at = min((i for i in (text.find(s) for s in params.stop) if i >= 0), default=-1)
-        if stop_at >= 0:
-            return text[:stop_at], "stop"
-        if self.grammar is not None and self.grammar.is_terminated():
-            return text, "stop"
-        if token in eos and not params.ignore_eos:
-            return text, "stop"
-        if len(self.out_ids) >= params.max_tokens:
-            return text, "length"
-        return text, None
 
 
 class BatchScheduler:
@@ -108,25 +40,28 @@ class BatchScheduler:
         self,
         model: Any,
         adapters: BatchAdapters,
-        tokenizer: Any,
         *,
         release: Callable[[LoRAWeights | None], None],
         prefixes: PrefixCache,
         max_batch: int,
         max_queue: int,
+        prefill_budget: int,
     ) -> None:
         self._model = model
         self._adapters = adapters
-        self._tokenizer = tokenizer
         self._release = release
         self._prefixes = prefixes
         self._max_batch = max_batch
         self._max_queue = max_queue
+        self._prefill_budget = prefill_budget
         self._eos = eos_ids(model)
         self._bitmask = new_bitmask(max_batch, model.config.vocab_size)
         self._pending: queue.Queue[Generation] = queue.Queue(max_queue)
-        self._active: list[Generation] = []
-        self.stats = {"max_batch": 0, "steps": 0, "tokens": 0, "cancelled": 0, "active": 0}
+        self._prefilling: list[Generation] = []  # prompts being computed, forks on each
+        self._active: list[Generation] = []  # answering
+        counters = ("max_batch", "steps", "tokens", "cancelled", "active")
+        prefill = ("prefill_passes", "prefill_tokens", "forks")
+        self.stats = dict.fromkeys((*counters, *prefill), 0)
         self._stopping = threading.Event()
         self._worker = threading.Thread(target=self._run, name="macaron-engine", daemon=True)
         self._worker.start()
@@ -149,9 +84,7 @@ class BatchScheduler:
         self._stopping.set()
         self._worker.join(timeout=30)
         closed = EngineUnavailable("the engine was shut down")
-        for item in self._active:
-            self._finish(item, "cancelled", error=closed)
-        self._active = []
+        self._fail_all(closed)
         while True:
             try:
                 self._finish(self._pending.get_nowait(), "cancelled", error=closed)
@@ -163,36 +96,137 @@ class BatchScheduler:
             while not self._stopping.is_set():
                 try:
                     self._admit()
+                    if self._prefilling:
+                        self._prefill()
                     if self._active:
                         self._step()
                 except Exception as exc:  # last resort: fail what is running, keep serving
-                    for item in self._active:
-                        self._finish(item, "cancelled", error=_engine_error(exc))
-                    self._active = []
+                    self._fail_all(_engine_error(exc))
                 self.stats["active"] = len(self._active)
 
+    def _fail_all(self, error: MacaronError) -> None:
+        for item in self._active:
+            self._finish(item, "cancelled", error=error)
+        for item in self._prefilling:
+            self._fail_group(item, error)
+        self._active, self._prefilling = [], []
+
+    def _in_flight(self) -> int:
+        return len(self._active) + sum(1 + len(g.forks) for g in self._prefilling)
+
     def _admit(self) -> None:
-        """Take queued requests into the batch, each prompt in a pass of its own that begins
-        after the longest prefix the prefix cache holds for it."""
-        while len(self._active) < self._max_batch:
+        """Take queued requests into the batch: each forks the prompt being computed that it
+        equals, or starts its own from the longest prefix the prefix cache holds for it."""
+        while self._in_flight() < self._max_batch:
+            idle = not self._active and not self._prefilling
             try:
-                item = self._pending.get(timeout=0.05 if not self._active else 0)
+                item = self._pending.get(timeout=0.05 if idle else 0)
             except queue.Empty:
                 return
             if item.cancelled.is_set():
                 self._finish(item, "cancelled")
                 continue
+            leader = next((g for g in self._prefilling if g.same_prompt(item)), None)
+            if leader is not None:
+                leader.forks.append(item)
+                self.stats["forks"] += 1
+                continue
             try:
-                capacity = len(item.prompt_ids) + min(item.params.max_tokens, KV_RESERVE)
-                item.cache = self._prefixes.cache_for(item.adapter, item.prompt_ids, capacity)
-                logits = self._forward([item], [item.prompt_ids[item.cache.length :]])
-                self._prefixes.add(item.adapter, item.prompt_ids, item.cache)
-                logits = self._constrain(logits, [item])
+                item.cache = self._prefixes.cache_for(
+                    item.adapter, item.prompt_ids, self._capacity(item)
+                )
             except Exception as exc:  # one bad request must not stop the engine
                 self._finish(item, "cancelled", error=_engine_error(exc))
                 continue
-            self._active.append(item)
-            self._advance_safely(item, logits[0])
+            self._prefilling.append(item)
+
+    @staticmethod
+    def _capacity(item: Generation) -> int:
+        return len(item.prompt_ids) + min(item.params.max_tokens, KV_RESERVE)
+
+    def _prefill(self) -> None:
+        """One pass over the next prompt chunks; a request whose prompt is done starts
+        answering (its forks with it)."""
+        self._drop_cancelled_prefills()
+        rows = self._prefill_rows()
+        if not rows:
+            return
+        chunks = [
+            r.prompt_ids[r.cache.length : r.cache.length + self._prefill_budget] for r in rows
+        ]
+        try:
+            logits = self._forward(rows, chunks)
+        except Exception as exc:  # fail this pass's requests, keep the engine serving
+            for item in rows:
+                self._prefilling.remove(item)
+                self._fail_group(item, _engine_error(exc))
+            return
+        self.stats["prefill_passes"] += 1
+        self.stats["prefill_tokens"] += sum(len(c) for c in chunks)
+        for item, row in zip(rows, logits, strict=True):
+            if item.prompt_done:
+                self._prefilling.remove(item)
+                self._start(item, row)
+
+    def _prefill_rows(self) -> list[Generation]:
+        """The prompts of the next pass, first come first: as many as fit the budget with
+        each row padded to the longest chunk."""
+        rows: list[Generation] = []
+        longest = 0
+        for item in self._prefilling:
+            n = min(len(item.prompt_ids) - item.cache.length, self._prefill_budget)
+            if rows and (len(rows) + 1) * max(longest, n) > self._prefill_budget:
+                break
+            rows.append(item)
+            longest = max(longest, n)
+        return rows
+
+    def _drop_cancelled_prefills(self) -> None:
+        """Finish cancelled prompts and forks; a live fork of a cancelled prompt takes its
+        cache over and goes on computing it."""
+        kept = []
+        for leader in self._prefilling:
+            group = [leader, *leader.forks]
+            live = [g for g in group if not g.cancelled.is_set()]
+            if live and live[0] is not leader:
+                live[0].cache, leader.cache = leader.cache, KVCache()
+            leader.forks = []
+            for item in group:
+                if item.cancelled.is_set():
+                    self._finish(item, "cancelled")
+            if live:
+                live[0].forks = live[1:]
+                kept.append(live[0])
+        self._prefilling = kept
+
+    def _start(self, item: Generation, logits: torch.Tensor) -> None:
+        """``item``'s prompt is computed: keep it in the prefix cache, give each fork a copy
+        of its cache, and sample every one's first token from its last logits."""
+        group, item.forks = [item, *item.forks], []
+        try:
+            self._prefixes.add(item.adapter, item.prompt_ids, item.cache)
+            n = len(item.prompt_ids)
+            for fork in group[1:]:
+                fork.cache = KVCache.of_prefix(
+                    [k[:, :, :n] for k in item.cache.keys],
+                    [v[:, :, :n] for v in item.cache.values],
+                    self._capacity(fork),
+                )
+            rows = constrained(
+                logits.repeat(len(group), 1), [g.grammar for g in group], self._bitmask
+            )
+        except Exception as exc:  # one bad request must not stop the engine
+            for member in group:
+                self._finish(member, "cancelled", error=_engine_error(exc))
+            return
+        for member, row in zip(group, rows, strict=True):
+            self._active.append(member)
+            self._advance_safely(member, row)
+
+    def _fail_group(self, item: Generation, error: MacaronError) -> None:
+        for member in (item, *item.forks):
+            self._finish(member, "cancelled", error=error)
+        item.forks = []
 
     def _step(self) -> None:
         """One token for every active request that is not cancelled, in one pass."""
@@ -207,7 +241,7 @@ class BatchScheduler:
         self.stats["steps"] += 1
         try:
             logits = self._forward(running, [[r.out_ids[-1]] for r in running])
-            logits = self._constrain(logits, running)
+            logits = constrained(logits, [r.grammar for r in running], self._bitmask)
         except Exception as exc:  # fail this batch's requests, keep the engine serving
             self._active = []
             for item in running:
@@ -220,16 +254,6 @@ class BatchScheduler:
         self._adapters.assign([r.adapter for r in items])
         return forward(self._model, [r.cache for r in items], tokens)
 
-    def _constrain(self, logits: torch.Tensor, items: list[Generation]) -> torch.Tensor:
-        """``logits`` with each constrained row masked by its grammar (rows without one as
-        they were): in float32, which the mask needs and greedy choice does not notice."""
-        grammars = [r.grammar for r in items]
-        if all(g is None for g in grammars):
-            return logits
-        logits = logits.float()
-        mask_rows(logits, grammars, self._bitmask)
-        return logits
-
     def _advance_safely(self, item: Generation, logits: torch.Tensor) -> None:
         try:
             self._advance(item, logits)
@@ -241,30 +265,15 @@ class BatchScheduler:
     def _advance(self, item: Generation, logits: torch.Tensor) -> None:
         """Sample the next token, then stream the text it completes or finish the request."""
         token = sample(logits, item.params, item.generator)
-        item.out_ids.append(token)
-        self.stats["tokens"] += 1
         if item.grammar is not None and not item.grammar.accept_token(token):
             raise EngineError(f"token {token} is outside the request's grammar")
-        decoded = self._tokenizer.decode(item.out_ids, skip_special_tokens=True)
-        text, finish = item.finish(token, decoded, self._eos)
+        delta, finish = item.append(token, self._eos)
+        self.stats["tokens"] += 1
         if finish is None:
-            item.send(self._chunk(item, item.visible_delta(text), (token,), None))
+            item.send(item.chunk(delta, (token,), None))
             return
-        delta = text[len(item.emitted) :] if text.startswith(item.emitted) else ""
         self._active.remove(item)
         self._finish(item, finish, delta=delta, tokens=(token,))
-
-    def _chunk(
-        self, item: Generation, text: str, tokens: tuple[int, ...], finish: FinishReason | None
-    ) -> GenerationChunk:
-        return GenerationChunk(
-            request_id=item.request.request_id,
-            text=text,
-            token_ids=tokens,
-            finish_reason=finish,
-            prompt_tokens=len(item.prompt_ids),
-            completion_tokens=len(item.out_ids),
-        )
 
     def _finish(
         self,
@@ -281,4 +290,4 @@ class BatchScheduler:
             self.stats["cancelled"] += 1
         self._release(item.adapter)
         item.adapter = None
-        item.send(error if error is not None else self._chunk(item, delta, tokens, reason))
+        item.send(error if error is not None else item.chunk(delta, tokens, reason))

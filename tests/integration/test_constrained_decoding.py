@@ -17,7 +17,7 @@ from core.errors import GrammarInvalid, GrammarUnbounded
 from core.harness.actions import ToolCall
 from core.harness.grammars import genui_schema, tool_call_schema
 from server.engines.local import LocalEngine
-from server.engines.scheduler import eos_ids
+from server.engines.sequence import eos_ids
 from tests.factories import make_adapter
 from tests.grammar_check import in_grammar
 
