@@ -117,8 +117,10 @@ def test_a_long_prompt_does_not_hold_up_a_streaming_answer(tiny_model: Path) -> 
 
 
 def test_samples_sent_together_fork_one_prompt_pass(engine: LocalEngine) -> None:
-    sampled: dict[str, object] = {"temperature": 1.0, "top_p": 0.9, "max_tokens": 12}
-    samples = [request(engine, PROMPTS[1], seed=seed, **sampled) for seed in range(4)]
+    samples = [
+        request(engine, PROMPTS[1], seed=seed, temperature=1.0, top_p=0.9, max_tokens=12)
+        for seed in range(4)
+    ]
     together = run_together(engine, samples)
     assert engine.stats["forks"] == 3
     assert engine.stats["prefill_tokens"] == len(prompt_of(samples[0]))
