@@ -1,12 +1,12 @@
 """Iteration-level batching for the local engine: one worker thread owns the model. Each turn
 of its loop admits queued requests, computes one pass of prompts (several requests' prompts
-batched, a long prompt in chunks, within a budget of tokens, so streaming answers never
-wait long for their next token) and advances every answering request by one token, whatever
-adapter each uses. A request whose prompt and adapter equal one still being computed forks it:
-it takes a copy of that KV cache, not a pass of its own. Callers hand requests over through a
-bounded queue and get chunks back on their own event loop. A request with a grammar has the
-tokens its grammar forbids masked out of its row before sampling, and ends when the grammar is
-complete."""
+batched, a long prompt in chunks, within a budget of tokens, so streaming answers never wait
+long for their next token) and advances every answering request by one token, whatever adapter
+each uses. A request whose prompt and adapter equal those of a request in the batch forks it:
+it takes a copy of that prompt's KV cache and last logits, not a pass of its own. Callers hand
+requests over through a bounded queue and get chunks back on their own event loop. A request
+with a grammar has the tokens its grammar forbids masked out of its row before sampling, and
+ends when the grammar is complete."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from server.engines.grammar import constrained, new_bitmask
 from server.engines.llama import KVCache, forward
 from server.engines.lora import BatchAdapters, LoRAWeights
 from server.engines.prefixes import PrefixCache
-from server.engines.sequence import Generation, eos_ids, sample
+from server.engines.sequence import Generation, eos_ids, prefill_rows, sample
 
 KV_RESERVE = 128  # answer tokens a new request's KV cache has room for before it doubles
 
@@ -127,8 +127,12 @@ class BatchScheduler:
                 self._finish(item, "cancelled")
                 continue
             leader = next((g for g in self._prefilling if g.same_prompt(item)), None)
+            source = next((g for g in self._active if g.same_prompt(item)), None)
             if leader is not None:
                 leader.forks.append(item)
+            elif source is not None:
+                self._begin([item], source)
+            if leader is not None or source is not None:
                 self.stats["forks"] += 1
                 continue
             try:
@@ -148,7 +152,7 @@ class BatchScheduler:
         """One pass over the next prompt chunks; a request whose prompt is done starts
         answering (its forks with it)."""
         self._drop_cancelled_prefills()
-        rows = self._prefill_rows()
+        rows = prefill_rows(self._prefilling, self._prefill_budget)
         if not rows:
             return
         chunks = [
@@ -167,19 +171,6 @@ class BatchScheduler:
             if item.prompt_done:
                 self._prefilling.remove(item)
                 self._start(item, row)
-
-    def _prefill_rows(self) -> list[Generation]:
-        """The prompts of the next pass, first come first: as many as fit the budget with
-        each row padded to the longest chunk."""
-        rows: list[Generation] = []
-        longest = 0
-        for item in self._prefilling:
-            n = min(len(item.prompt_ids) - item.cache.length, self._prefill_budget)
-            if rows and (len(rows) + 1) * max(longest, n) > self._prefill_budget:
-                break
-            rows.append(item)
-            longest = max(longest, n)
-        return rows
 
     def _drop_cancelled_prefills(self) -> None:
         """Finish cancelled prompts and forks; a live fork of a cancelled prompt takes its
@@ -200,26 +191,40 @@ class BatchScheduler:
         self._prefilling = kept
 
     def _start(self, item: Generation, logits: torch.Tensor) -> None:
-        """``item``'s prompt is computed: keep it in the prefix cache, give each fork a copy
-        of its cache, and sample every one's first token from its last logits."""
+        """``item``'s prompt is computed: keep it in the prefix cache, and start it and its
+        forks answering."""
+        item.prompt_logits = logits
         group, item.forks = [item, *item.forks], []
         try:
             self._prefixes.add(item.adapter, item.prompt_ids, item.cache)
-            n = len(item.prompt_ids)
-            for fork in group[1:]:
-                fork.cache = KVCache.of_prefix(
-                    [k[:, :, :n] for k in item.cache.keys],
-                    [v[:, :, :n] for v in item.cache.values],
-                    self._capacity(fork),
-                )
-            rows = constrained(
-                logits.repeat(len(group), 1), [g.grammar for g in group], self._bitmask
-            )
         except Exception as exc:  # one bad request must not stop the engine
             for member in group:
                 self._finish(member, "cancelled", error=_engine_error(exc))
             return
-        for member, row in zip(group, rows, strict=True):
+        self._begin(group, item)
+
+    def _begin(self, members: list[Generation], source: Generation) -> None:
+        """``members`` start answering from ``source``'s computed prompt: each but ``source``
+        takes a copy of its cache, and every one samples its first token from the prompt's
+        last logits."""
+        try:
+            n, logits = len(source.prompt_ids), source.prompt_logits
+            if logits is None:
+                raise EngineError("a request was forked before its prompt was computed")
+            for fork in members:
+                if fork is not source:
+                    fork.cache = KVCache.of_prefix(
+                        [k[:, :, :n] for k in source.cache.keys],
+                        [v[:, :, :n] for v in source.cache.values],
+                        self._capacity(fork),
+                    )
+            grammars = [m.grammar for m in members]
+            rows = constrained(logits.repeat(len(members), 1), grammars, self._bitmask)
+        except Exception as exc:  # one bad request must not stop the engine
+            for member in members:
+                self._finish(member, "cancelled", error=_engine_error(exc))
+            return
+        for member, row in zip(members, rows, strict=True):
             self._active.append(member)
             self._advance_safely(member, row)
 
@@ -286,6 +291,7 @@ class BatchScheduler:
     ) -> None:
         """End ``item``: free its cache and adapter, and send its last chunk or its error."""
         item.cache.clear()
+        item.prompt_logits = None
         if reason == "cancelled":
             self.stats["cancelled"] += 1
         self._release(item.adapter)

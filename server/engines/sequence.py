@@ -38,8 +38,9 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 @dataclass(eq=False)
 class Generation:
     """A request in the batch. While its prompt is computed it may carry ``forks``: requests
-    with the same prompt on the same adapter weights, which take a copy of its cache when the
-    prompt is done instead of computing it again (the samples of one rollout group)."""
+    with the same prompt on the same adapter weights (the samples of one rollout group), which
+    take a copy of its cache and ``prompt_logits`` when the prompt is done instead of computing
+    it again."""
 
     request: GenerationRequest
     adapter: LoRAWeights | None
@@ -50,6 +51,7 @@ class Generation:
     cancelled: threading.Event = field(default_factory=threading.Event)
     cache: KVCache = field(default_factory=KVCache)
     forks: list[Generation] = field(default_factory=list)
+    prompt_logits: torch.Tensor | None = None  # its prompt's last, once computed (for forks)
     emitted: int = 0  # characters of ``detok.text`` streamed so far
     generator: torch.Generator | None = None
     grammar: xgr.GrammarMatcher | None = None
@@ -119,3 +121,17 @@ class Generation:
         if len(self.out_ids) >= params.max_tokens:
             return self.detok.flush(), "length"
         return text, None
+
+
+def prefill_rows(prefilling: list[Generation], budget: int) -> list[Generation]:
+    """The prompts of the next pass, first come first: as many as fit ``budget`` tokens with
+    each row padded to the longest chunk (a chunk is at most ``budget`` tokens)."""
+    rows: list[Generation] = []
+    longest = 0
+    for item in prefilling:
+        n = min(len(item.prompt_ids) - item.cache.length, budget)
+        if rows and (len(rows) + 1) * max(longest, n) > budget:
+            break
+        rows.append(item)
+        longest = max(longest, n)
+    return rows

@@ -118,7 +118,7 @@ def test_a_long_prompt_does_not_hold_up_a_streaming_answer(tiny_model: Path) -> 
 
 def test_samples_sent_together_fork_one_prompt_pass(engine: LocalEngine) -> None:
     samples = [
-        request(engine, PROMPTS[1], seed=seed, temperature=1.0, top_p=0.9, max_tokens=12)
+        request(engine, PROMPTS[1], seed=seed, temperature=1.0, top_p=0.9, max_tokens=40)
         for seed in range(4)
     ]
     together = run_together(engine, samples)
@@ -127,6 +127,21 @@ def test_samples_sent_together_fork_one_prompt_pass(engine: LocalEngine) -> None
     alone = [run_together(engine, [s])[0] for s in samples]
     assert together == alone
     assert len({tuple(t) for t in together}) > 1, "the seeds did not make the samples differ"
+
+
+def test_a_request_forks_one_already_answering(engine: LocalEngine) -> None:
+    first, second = (request(engine, PROMPTS[2], max_tokens=30) for _ in range(2))
+
+    async def run() -> tuple[list[int], list[int]]:
+        stream = engine.generate(first)
+        head = await anext(stream)  # the first is answering when the second comes
+        later = asyncio.ensure_future(collect(engine, second))
+        return [*head.token_ids, *tokens([c async for c in stream])], tokens(await later)
+
+    one, two = asyncio.run(run())
+    assert one == two == run_together(engine, [first])[0]
+    assert engine.stats["forks"] == 1
+    assert engine.stats["prefill_tokens"] == 2 * len(prompt_of(first))  # the last run's too
 
 
 def test_a_fork_on_other_adapter_weights_is_not_a_fork(
