@@ -9,6 +9,10 @@ fleet engine, for (a) and (b), after the others finish; plus its adapter load la
 Grammars: (b) with the GenUI grammar on every other request, against the same workload without
 grammars (each request generating as many tokens as it did constrained); the GenUI grammar's
 compile time, cold and cached.
+Sharing and growth (local engine, first adapter, sampling at temperature 1): 8 samples of one
+400-token prompt against 8 requests of 8 different 400-token prompts; time to first token of a
+400-token prompt whose first 384 tokens were computed before, against a prompt computed whole
+(median of 5); (b) at 512 answer tokens against (b) at 64.
 
 Usage: python -m bench.engine [--model PATH] [--requests N] [--tokens T] [--vllm-cores C]
 """
@@ -196,6 +200,61 @@ def grammar_overhead(engine: Any, names: list[str], n: int, tokens: int) -> dict
     return {"constrained": constrained, "unconstrained": plain, "cold": cold, "cached": cached}
 
 
+def long_prompt(engine: Any, tag: str, length: int = 400) -> tuple[int, ...]:
+    """``length`` tokens that share no prefix with another ``tag``'s (it comes first)."""
+    text = f"{tag}: " + " ".join(f"{PROMPTS[j % len(PROMPTS)]} ({tag}, {j})" for j in range(60))
+    ids = engine.encode(text)[:length]
+    if len(ids) < length:
+        raise ValueError(f"the bench prompt is {len(ids)} tokens, short of {length}")
+    return tuple(ids)
+
+
+def sharing(engine: Any, names: list[str], n: int, tokens: int) -> dict[str, float]:
+    """Tokens/s of ``n`` samples of one long prompt and of ``n`` different long prompts (new
+    prompts every run, so the prefix cache holds none); time to first token of a long prompt
+    with and without its beginning cached."""
+    runs = iter(range(10**6))
+
+    def requests(shared: bool) -> list[GenerationRequest]:
+        run = next(runs)
+        return [
+            GenerationRequest(
+                request_id=f"s{i}",
+                prompt=long_prompt(engine, f"case {run}" if shared else f"case {run}.{i}"),
+                adapter=names[0],
+                params=SamplingParams(max_tokens=tokens, ignore_eos=True, temperature=1.0, seed=i),
+            )
+            for i in range(n)
+        ]
+
+    asyncio.run(produced(engine, requests(False)))  # warm-up
+    samples = max(asyncio.run(produced(engine, requests(True)))[0] for _ in range(2))
+    independent = max(asyncio.run(produced(engine, requests(False)))[0] for _ in range(2))
+
+    async def first_token(prompt: tuple[int, ...]) -> float:
+        request = GenerationRequest(
+            request_id="t", prompt=prompt, adapter=names[0], params=SamplingParams(max_tokens=1)
+        )
+        start = time.perf_counter()
+        async for _ in engine.generate(request):
+            return time.perf_counter() - start
+        raise RuntimeError("no token came")
+
+    cached, whole = [], []
+    for trial in range(5):
+        prefix = long_prompt(engine, f"ttft {trial}", 384)
+        asyncio.run(first_token(prefix + tuple(engine.encode("First question?"))[:16]))
+        question = tuple(engine.encode(f"Question number {trial}, please?"))[:16]
+        cached.append(asyncio.run(first_token(prefix + question)))
+        whole.append(asyncio.run(first_token(long_prompt(engine, f"fresh {trial}"))))
+    return {
+        "samples": samples,
+        "independent": independent,
+        "ttft_cached": statistics.median(cached),
+        "ttft_whole": statistics.median(whole),
+    }
+
+
 def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> dict[str, float]:
     from server.engines.local import LocalEngine
 
@@ -205,6 +264,9 @@ def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) ->
     results = throughput(engine, workload(list(adapters), n, base=True), tokens)
     grammar = grammar_overhead(engine, list(adapters), n, tokens)
     results.update({f"grammar_{k}": v for k, v in grammar.items()})
+    results.update(sharing(engine, list(adapters), n, tokens))
+    mixed = {"long": workload(list(adapters), n, base=False)["mixed"]}
+    results["mixed_512"] = throughput(engine, mixed, 512)["long"]
     engine.close()
     results["rss"] = peak_rss_mb()
     return results
@@ -379,6 +441,27 @@ def main() -> None:
             engine["grammar_cold"] * 1000,
             "report",
         ),
+        row(
+            "8 samples of one 400-token prompt (vs 8 different 400-token prompts)",
+            engine["samples"],
+            unit,
+            engine["independent"],
+            ">= 3x",
+        ),
+        row(
+            "time to first token, 400-token prompt, 384 cached (vs none cached)",
+            engine["ttft_cached"] * 1000,
+            "ms",
+            engine["ttft_whole"] * 1000,
+            "<= 0.3x",
+        ),
+        row(
+            f"engine, 8 requests on 8 adapters, 512 tokens (vs {args.tokens})",
+            engine["mixed_512"],
+            unit,
+            engine["mixed"],
+            ">= 0.9x",
+        ),
     ]
     if vllm is not None:
         rows += [
@@ -399,7 +482,7 @@ def main() -> None:
             row(
                 "local engine vs vLLM, one adapter", engine["single"], unit, vllm["single"], ">= 1x"
             ),
-            row("local engine vs vLLM, 8 adapters", engine["mixed"], unit, vllm["mixed"], ">= 1x"),
+            row("local engine vs vLLM, 8 adapters", engine["mixed"], unit, vllm["mixed"], ">= 2x"),
             row(
                 "vLLM adapter load + canary, median of 8",
                 vllm["load_ms"],

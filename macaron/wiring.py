@@ -7,10 +7,13 @@ log start in about a second."""
 from __future__ import annotations
 
 import logging
+import os
+import socket
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from uuid import uuid4
 
 from core.engine import Engine
 from core.errors import ModelUnavailable, RouterNotFound
@@ -97,20 +100,28 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
         folder,
         pool,
         event_log(settings, pool),
-        lambda: serving_engine(settings, folder, lambda _: None),
+        lambda: serving_engine(settings, folder, lambda _: None, pool),
         lambda: RouterService.from_seed(SentenceEmbedder()),
     )
 
 
-def serving_engine(settings: Settings, folder: Path, step: Callable[[str], None]) -> Engine:
-    """The engine ``macaron serve`` answers with: this process's own, or the vLLM fleet."""
+def serving_engine(
+    settings: Settings, folder: Path, step: Callable[[str], None], db: Pool | None
+) -> Engine:
+    """The engine ``macaron serve`` answers with: this process's own, or the vLLM fleet (with
+    leases on its adapters in ``db``'s registry, when given: other servers may share it)."""
+    from infra.postgres.leases import PostgresAdapterLeases
     from server.engines.fleet import FleetEngine
     from server.engines.local import LocalEngine
 
     if settings.engine == "vllm":
         step(f"connecting to the vLLM fleet at {settings.vllm_urls}")
+        holder = f"{socket.gethostname()}:{os.getpid()}:{uuid4().hex[:8]}"
         return FleetEngine(
-            settings.vllm_replicas, folder, max_lora_rank=settings.vllm_max_lora_rank
+            settings.vllm_replicas,
+            folder,
+            max_lora_rank=settings.vllm_max_lora_rank,
+            leases=None if db is None else PostgresAdapterLeases(db, holder),
         )
     step(f"loading the base model from {folder}")
     return LocalEngine(folder)
@@ -140,7 +151,7 @@ def chat_server(
     db = pool(settings)
     log = log or event_log(settings, db)
     if engine is None:
-        engine = serving_engine(settings, folder, step)
+        engine = serving_engine(settings, folder, step, db)
     if router is None:
         step("training the router from its seed examples")
         router = RouterService.from_seed(SentenceEmbedder())

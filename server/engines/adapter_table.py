@@ -43,6 +43,10 @@ class AdapterTable(Generic[T]):
         """The adapters taking new requests, least recently used first."""
         return [n for n in self._loaded if n not in self._retired]
 
+    def held(self) -> list[str]:
+        """Every adapter loaded, retired ones still draining included."""
+        return list(self._loaded)
+
     def serving_items(self) -> dict[str, T]:
         return {n: v for n, v in self._loaded.items() if n not in self._retired}
 

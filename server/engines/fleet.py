@@ -10,7 +10,8 @@ after it: a retryable ``EngineUnavailable``. Refusals map by HTTP status and err
 A health thread polls each replica's ``/v1/models`` (which also lists its adapters): a replica
 that comes back, or lost adapters in a restart, gets the loaded adapters again before it takes
 requests. ``unload_adapter`` drains: new requests on the name are refused at once, and the
-replicas unload it when its last request ends.
+replicas unload it when its last request ends and no other server sharing the fleet holds a
+lease on it (``vllm/unloads.py``; the leases live in PostgreSQL when the server has a registry).
 
 An output constraint goes to vLLM's structured outputs (xgrammar, no free whitespace) after the
 local engine's checks, so a bad or unbounded schema never reaches a replica; one allowing text
@@ -29,7 +30,6 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncGenerator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,7 @@ from server.engines.vllm.replica import (
     admin_client,
     fitted,
 )
+from server.engines.vllm.unloads import AdapterLeases, SoleServer, Unloads
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
@@ -78,6 +79,7 @@ class FleetEngine:
         max_in_flight: int = 64,
         timeout_s: float = 60.0,
         health_interval_s: float = 2.0,
+        leases: AdapterLeases | None = None,
     ) -> None:
         if not urls:
             raise ConfigError("the vLLM fleet needs at least one replica URL")
@@ -93,7 +95,9 @@ class FleetEngine:
         self._lock = threading.Lock()  # the adapter table
         self._admin = threading.Lock()  # one load, unload or resynchronisation at a time
         self._stopping = threading.Event()
-        self._background = ThreadPoolExecutor(1, thread_name_prefix="macaron-fleet-unload")
+        self._unloads = Unloads(
+            leases or SoleServer(), lambda: self.replicas, self._admin, self._serves
+        )
         self._schemas = CheckedSchemas()
         self.check_health()
         self._watcher = threading.Thread(
@@ -133,6 +137,9 @@ class FleetEngine:
         while not self._stopping.wait(interval):
             try:
                 self.check_health()
+                with self._lock:
+                    held = self._adapters.held()
+                self._unloads.renew(held)
             except Exception:  # last resort: the health thread must outlive any one answer
                 log.exception("vLLM fleet health check failed; trying again")
 
@@ -149,6 +156,7 @@ class FleetEngine:
             ready = self._balancer.ready()
             if not ready:
                 raise EngineUnavailable(self._balancer.none_ready())
+            self._unloads.hold([name])
             self._load_on_all(ready, name, path)
             with self._lock:
                 self._adapters.put(name, path)
@@ -174,31 +182,15 @@ class FleetEngine:
         with self._lock:
             gone = self._adapters.unload(name)
         if gone:
-            self._unload_later(name)
+            self._unloads.later(name)
 
     def loaded_adapters(self) -> list[str]:
         with self._lock:
             return self._adapters.names()
 
-    def _unload_later(self, name: str) -> None:
-        """Unload from every replica on the admin thread: callers may be on an event loop."""
-
-        def unload() -> None:
-            with self._admin:
-                with self._lock:
-                    if name in self._adapters:
-                        return  # loaded again since: the replicas keep it
-                for replica in self.replicas:
-                    replica.unload(name)
-
-        if not self._stopping.is_set():
-            with contextlib.suppress(RuntimeError):  # closing meanwhile: nothing to tidy
-                self._background.submit(unload)
-
-    def _resync_later(self, replica: Replica) -> None:
-        if not self._stopping.is_set():
-            with contextlib.suppress(RuntimeError):
-                self._background.submit(self._sync, replica)
+    def _serves(self, name: str) -> bool:
+        with self._lock:
+            return name in self._adapters
 
     def _acquire(self, name: str) -> None:
         with self._lock:
@@ -208,7 +200,7 @@ class FleetEngine:
         with self._lock:
             drained = self._adapters.release(name)
         if drained:
-            self._unload_later(name)
+            self._unloads.later(name)
 
     def chat_prompt(self, messages: list[dict[str, str]]) -> tuple[int, ...]:
         return chat_prompt_ids(self.tokenizer, messages)
@@ -228,7 +220,7 @@ class FleetEngine:
         """Account for a replica that failed a request; 1 when it only lacked the adapter.
         After the first token the turn cannot move: ``EngineUnavailable``."""
         if exc.adapter_missing:  # the replica is fine; give it its adapters back
-            self._resync_later(replica)
+            self._unloads.submit(self._sync, replica)
         else:
             self._balancer.mark_down(replica, exc)
         if streamed:
@@ -295,5 +287,5 @@ class FleetEngine:
         """Stop polling; requests still streaming end with ``EngineUnavailable``."""
         self._stopping.set()
         self._watcher.join(timeout=ADMIN_TIMEOUT_S)  # a health check may be loading adapters
-        self._background.shutdown(wait=True)  # unloads already asked for go out first
+        self._unloads.close()  # unloads already asked for go out first
         self._http.close()

