@@ -145,9 +145,21 @@ class InvalidSpecialistName(RoutingError):
 
 
 class SpecialistExists(RoutingError):
-    """A specialist is added under a name the router already knows."""
+    """A specialist is added under a name that exists already, or enabled while enabled."""
 
     code = "specialist_exists"
+
+
+class SpecialistRequired(RoutingError):
+    """A specialist that cannot be disabled: the harness's fallback, or the last one enabled."""
+
+    code = "specialist_required"
+
+
+class ExamplesInvalid(RoutingError):
+    """A specialist's examples file is not JSON lines of ``{"text": ...}`` objects."""
+
+    code = "examples_invalid"
 
 
 class InsufficientTrainingData(RoutingError):

@@ -395,6 +395,17 @@ class RoutingLabelled(EventPayload):
     source: RoutingSource
 
 
+class SpecialistAdded(EventPayload):
+    """A specialist added at run time (``macaron specialist add``), on key ``specialists``: what
+    it is for, and the example turns every router fit learns it from (beside the seed
+    examples) while the active release's router knows it."""
+
+    event_type = "SpecialistAdded"
+    specialist: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$")
+    description: str = Field(min_length=1, max_length=500)
+    examples: tuple[str, ...] = Field(min_length=1, max_length=1000)
+
+
 class ExperienceRecorded(EventPayload):
     """v2: a record comes from a turn (``turn_id``) or from a group of rollouts
     (``rollout_group_id``), exactly one of them; kind ``group`` (v2) is a rollout group's
@@ -574,6 +585,7 @@ CATALOGUE: dict[str, type[EventPayload]] = {
         TenantTrainingSet,
         ExperienceRecorded,
         RoutingLabelled,
+        SpecialistAdded,
         RolloutSampled,
         RolloutScored,
         TrainingRequested,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from operator import mul
 from typing import Annotated, Literal, Protocol, Self
 from uuid import UUID
@@ -24,7 +24,14 @@ from core.errors import (
     NoActiveSpecialist,
     UnknownSpecialist,
 )
-from core.events import HarnessStamp, RouterDecided, RoutingLabelled, RoutingSource
+from core.events import (
+    HarnessStamp,
+    RouterDecided,
+    RoutingLabelled,
+    RoutingSource,
+    SpecialistAdded,
+)
+from core.log import EventLog
 
 SPECIALIST_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 """The specialist part of an adapter name (``coding`` in ``coding@7``)."""
@@ -41,6 +48,8 @@ ROUTING_KEY = "routing"
 """The log key of routing labels (``RoutingLabelled``)."""
 ROUTER_RUNS_KEY = "training.router"
 """The log key of router runs (``RouterTrainingRequested``, ``RouterEvaluated``)."""
+SPECIALISTS_KEY = "specialists"
+"""The log key of specialists added at run time (``SpecialistAdded``)."""
 
 
 def specialist_name(name: str) -> str:
@@ -250,12 +259,45 @@ def labels_of(
     ]
 
 
+class RouterFit(BaseModel):
+    """What a router fit covers: its specialists, in order (the active router's, with one added
+    or one left out), and the example turns of those added at run time."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    specialists: tuple[SpecialistName, ...] = Field(min_length=1)
+    added: dict[SpecialistName, tuple[str, ...]] = Field(default_factory=dict)
+
+
+def added_examples(events: Iterable[SpecialistAdded]) -> dict[str, tuple[str, ...]]:
+    """Each specialist added at run time with its example turns (the latest addition of a name
+    wins: one added again after its release was refused)."""
+    return {event.specialist: event.examples for event in events}
+
+
+def routing_labels(log: EventLog, end: Mapping[int, int] | None = None) -> list[RoutingLabelled]:
+    """The routing labels of ``log`` up to ``end`` (default: its end now)."""
+    events = log.read(key=ROUTING_KEY, end=end, types=["RoutingLabelled"])
+    return [e.payload for e in events if isinstance(e.payload, RoutingLabelled)]
+
+
+def router_fit(log: EventLog, specialists: Sequence[str]) -> RouterFit:
+    """A fit of ``specialists`` with the examples of those added at run time, from ``log``."""
+    events = log.read(key=SPECIALISTS_KEY, types=["SpecialistAdded"])
+    added = added_examples(e.payload for e in events if isinstance(e.payload, SpecialistAdded))
+    return RouterFit(
+        specialists=tuple(specialists),
+        added={name: texts for name, texts in added.items() if name in specialists},
+    )
+
+
 class RouterTrainer(Protocol):
     """What the learning loop needs to train and judge router versions (the composition root
     hands it ``server.router.RouterService``, on the seed examples)."""
 
-    def retrain(self, labels: Iterable[RoutingLabelled]) -> RouterModel:
-        """A classifier fitted on the seed examples and ``labels``."""
+    def retrain(self, labels: Iterable[RoutingLabelled], fit: RouterFit) -> RouterModel:
+        """A classifier of ``fit``'s specialists, fitted on their seed and added examples and
+        on ``labels`` (those of other specialists left out)."""
         ...
 
     def outcomes(self, model: RouterModel, turns: Sequence[LabelledTurn]) -> dict[str, list[bool]]:

@@ -1,13 +1,23 @@
 """Version-0 adapters: LoRA weights in PEFT format that compute exactly the base model, made
-from the base model's config (kept apart from the artifact store, which needs no torch)."""
+from the base model's config (kept apart from the artifact store, which needs no torch), stored
+and registered as a specialist's first version."""
 
 from __future__ import annotations
 
 import json
+import tempfile
+import zlib
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+
+from core.release import AdapterRef
+from infra.artifacts import ArtifactStore
+from infra.postgres.db import DictConnection
+from infra.postgres.registry import register_adapter
+
+IDENTITY_RANK = 16
 
 _TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -61,3 +71,34 @@ def write_identity_adapter(
         "base_model_name_or_path": base_model,
     }
     (out / "adapter_config.json").write_text(json.dumps(adapter_config, indent=2, sort_keys=True))
+
+
+def store_identity_adapter(
+    store: ArtifactStore, model_dir: Path, base_model: str, specialist: str
+) -> tuple[str, Path]:
+    """``specialist``'s version-0 adapter in ``store``: its (sha256, path)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        write_identity_adapter(
+            model_dir,
+            Path(scratch),
+            base_model=base_model,
+            rank=IDENTITY_RANK,
+            seed=zlib.crc32(specialist.encode()),
+        )
+        return store.put(Path(scratch))
+
+
+def register_identity_adapter(
+    conn: DictConnection, specialist: str, sha: str, path: Path, base_model: str
+) -> AdapterRef:
+    """Register a stored version-0 adapter (``store_identity_adapter``) as ``specialist@0``."""
+    return register_adapter(
+        conn,
+        specialist=specialist,
+        version=0,
+        parent_id=None,
+        sha256=sha,
+        path=str(path),
+        rank=IDENTITY_RANK,
+        base_model=base_model,
+    )

@@ -13,9 +13,9 @@ from uuid import UUID
 
 from core.contract import decide_routing
 from core.errors import ContractInvalid
-from core.events import NewEvent, RouterEvaluated, RoutingLabelled
+from core.events import NewEvent, RouterEvaluated
 from core.ids import derived_id
-from core.routing import ROUTER_RUNS_KEY, ROUTING_KEY, LabelledTurn
+from core.routing import ROUTER_RUNS_KEY, LabelledTurn, router_fit, routing_labels
 from infra.jsonl import load_jsonl
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, create_release
@@ -80,13 +80,9 @@ def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
     if not suite:
         raise ContractInvalid(f"{suite_path}: the routing suite has no turns")
     end = {int(p): o for p, o in run["labels_end"].items()}
-    labels = [
-        e.payload
-        for e in rt.log.read(key=ROUTING_KEY, end=end, types=["RoutingLabelled"])
-        if isinstance(e.payload, RoutingLabelled)
-    ]
+    labels = routing_labels(rt.log, end)
     trainer = rt.router_trainer()
-    candidate = trainer.retrain(labels)
+    candidate = trainer.retrain(labels, router_fit(rt.log, parent.specialists))
     judged = trainer.outcomes(candidate, suite), trainer.outcomes(parent, suite)
     decision = decide_routing(*judged, contract.routing)
     passed = decision.passed and candidate.version != parent.version

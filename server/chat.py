@@ -67,6 +67,12 @@ class ChatService:
         return self._tracker.harness
 
     @property
+    def specialists(self) -> list[str]:
+        """The specialists a turn may go to now: the router's enabled ones, in its order."""
+        active = self.router.active
+        return [name for name in self.router.specialists if name in active]
+
+    @property
     def serving_since(self) -> float:
         """The wall-clock moment ``release`` began to be served."""
         return self._tracker.serving_since

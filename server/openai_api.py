@@ -240,7 +240,8 @@ def _event(base: dict[str, Any], delta: dict[str, Any], finish: str | None) -> s
 
 
 async def models(request: Request) -> Response:
-    """``GET /v1/models``: ``auto`` and each specialist the active release serves."""
+    """``GET /v1/models``: ``auto`` and each specialist a turn may go to (enabled in the
+    active release)."""
     await principal_of(request, request.app.state.gate)
     return JSONResponse({"object": "list", "data": _models(request.app.state.chat)})
 
@@ -256,7 +257,7 @@ async def model(request: Request) -> Response:
 
 
 def _models(service: ChatService) -> list[dict[str, Any]]:
-    release = service.release
+    release, enabled = service.release, service.specialists
     created = int(time.time())
     data: list[dict[str, Any]] = [
         {
@@ -278,5 +279,6 @@ def _models(service: ChatService) -> list[dict[str, Any]]:
             "release_id": release.release_id,
         }
         for name, adapter in sorted(release.adapters.items())
+        if name in enabled
     ]
     return data

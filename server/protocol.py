@@ -132,6 +132,7 @@ class Ready(Frame):
     conversation_id: UUID | None = None
     release_id: str
     tenant_id: str
+    specialists: list[str]  # those a turn may go to (a hint may name), in the router's order
 
 
 class TurnStarted(Frame):

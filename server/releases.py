@@ -8,8 +8,6 @@ The root release holds a version-0 adapter per specialist that computes exactly 
 
 from __future__ import annotations
 
-import tempfile
-import zlib
 from pathlib import Path
 
 from core.engine import Engine, OutputConstraint
@@ -18,22 +16,20 @@ from core.events import NewEvent, ReleasePromoted
 from core.harness.artifact import HarnessVersion, root_harness
 from core.harness.grammars import output_constraint
 from core.log import EventLog
-from core.release import AdapterRef, Release, release_id_for
+from core.release import Release, release_id_for
 from infra import observe
 from infra.artifacts import ArtifactStore
-from infra.identity_adapter import write_identity_adapter
-from infra.postgres.db import DictConnection, Pool
+from infra.identity_adapter import register_identity_adapter, store_identity_adapter
+from infra.postgres.db import Pool
 from infra.postgres.registry import (
     active_release,
     create_release,
     ensure_specialists,
     harness_by_name,
     lock_releases,
-    register_adapter,
     register_harness,
 )
 
-ROOT_RANK = 16
 SYSTEM_TENANT = "system"
 RELEASES_KEY = "releases"
 
@@ -57,7 +53,7 @@ def ensure_root_release(
             return active_release(conn)
         except NoActiveRelease:
             pass
-    stored = _identity_adapters(store, model_dir, base_model, specialists)
+    stored = {n: store_identity_adapter(store, model_dir, base_model, n) for n in specialists}
     release_id = release_id_for(
         None,
         base_model,
@@ -74,7 +70,7 @@ def ensure_root_release(
             pass
         ensure_specialists(conn, list(specialists))
         adapters = {
-            name: _register_root_adapter(conn, name, sha, path, base_model)
+            name: register_identity_adapter(conn, name, sha, path, base_model)
             for name, (sha, path) in stored.items()
         }
         release = Release(
@@ -97,40 +93,6 @@ def ensure_root_release(
             ]
         )
     return release
-
-
-def _identity_adapters(
-    store: ArtifactStore, model_dir: Path, base_model: str, specialists: tuple[str, ...]
-) -> dict[str, tuple[str, Path]]:
-    """A stored version-0 adapter per specialist, computing exactly the base model: its
-    (sha256, path) by specialist."""
-    stored = {}
-    for name in specialists:
-        with tempfile.TemporaryDirectory() as scratch:
-            write_identity_adapter(
-                model_dir,
-                Path(scratch),
-                base_model=base_model,
-                rank=ROOT_RANK,
-                seed=zlib.crc32(name.encode()),
-            )
-            stored[name] = store.put(Path(scratch))
-    return stored
-
-
-def _register_root_adapter(
-    conn: DictConnection, specialist: str, sha: str, path: Path, base_model: str
-) -> AdapterRef:
-    return register_adapter(
-        conn,
-        specialist=specialist,
-        version=0,
-        parent_id=None,
-        sha256=sha,
-        path=str(path),
-        rank=ROOT_RANK,
-        base_model=base_model,
-    )
 
 
 def load_release(

@@ -20,17 +20,15 @@ from core.errors import (
     EmbedderUnavailable,
     InsufficientTrainingData,
     RouterInvalid,
-    SpecialistExists,
-    UnknownSpecialist,
 )
 from core.events import RoutingLabelled
 from core.routing import (
     LabelledTurn,
     RouterDecision,
+    RouterFit,
     RouterModel,
     decide,
     labels_of,
-    specialist_name,
 )
 from server.router_training import SEED_EXAMPLES, TrainingConfig, fit_router, load_examples
 
@@ -121,8 +119,9 @@ class RouterService:
     """Routes turns (embed, then decide) and retrains the classifier as the operator and users
     teach it.
 
-    The base examples (the seed set and examples of specialists added at run time) are always
-    trained on, with what the log's corrections and feedback taught at the last ``retrain``.
+    The seed examples of its specialists, and the examples of specialists added at run time
+    (``macaron specialist add``), are always trained on, with what the log's corrections and
+    feedback taught.
     A new classifier replaces the old one in a single assignment, so a decision in flight uses
     one whole model.
     """
@@ -138,7 +137,6 @@ class RouterService:
         self._config = config if config is not None else TrainingConfig()
         self._features: dict[str, torch.Tensor] = {}
         self._base = list(examples)
-        self._learned: list[LabelledTurn] = []
         self._specialists = tuple(dict.fromkeys(e.specialist for e in self._base))
         if not self._specialists:
             raise InsufficientTrainingData("the router needs examples of at least one specialist")
@@ -175,26 +173,6 @@ class RouterService:
         model, active = self._serving
         return decide(features, model, active, hint)
 
-    def add_specialist(self, name: str, texts: Sequence[str]) -> RouterModel:
-        """Teach the router a new specialist from example turns; it is active at once."""
-        specialist_name(name)
-        if name in self._specialists:
-            raise SpecialistExists(f"specialist {name!r} exists already")
-        if not texts:
-            raise InsufficientTrainingData(f"specialist {name!r} needs at least one example")
-        base = [*self._base, *(LabelledTurn(text=t, specialist=name) for t in texts)]
-        model = self._fit([*base, *self._learned], (*self._specialists, name))
-        self._base, self._specialists = base, (*self._specialists, name)
-        self._serving = (model, self.active | {name})
-        return model
-
-    def deactivate(self, name: str) -> None:
-        """Never choose ``name`` again until it is activated; its examples stay."""
-        self._serving = (self.model, self.active - {self._known(name)})
-
-    def activate(self, name: str) -> None:
-        self._serving = (self.model, self.active | {self._known(name)})
-
     def serve_model(self, model: RouterModel) -> None:
         """Route with ``model`` from now on (the router version a promoted release names).
         Specialists it adds are active, ones it drops are no longer chosen; the classifier and
@@ -209,16 +187,35 @@ class RouterService:
         self._serving = (model, frozenset(active))
         self._specialists = model.specialists
 
-    def retrain(self, labels: Iterable[RoutingLabelled]) -> RouterModel:
-        """Refit on the base examples plus routing experience (``core.routing.labels_of``).
+    def retrain(
+        self, labels: Iterable[RoutingLabelled], fit: RouterFit | None = None
+    ) -> RouterModel:
+        """Refit, and route with the result: ``fit``'s specialists (this router's when none is
+        given) on their base examples (the seed set's, and those of specialists added at run
+        time) plus the routing experience of them (``core.routing.labels_of``).
 
-        Pass the whole window of the log each time: the result depends only on it and the base
-        examples, so replaying the same log gives the same router version.
+        Pass the whole window of the log each time: the result depends only on it, the fit and
+        the seed set, so replaying the same log gives the same router version.
         """
-        learned = labels_of(labels, correction_weight=self._config.correction_weight)
-        model = self._fit([*self._base, *learned])
-        self._serving = (model, self.active)
-        self._learned = learned
+        fit = fit or RouterFit(specialists=self._specialists)
+        names = set(fit.specialists)
+        added = [
+            LabelledTurn(text=text, specialist=name)
+            for name, texts in fit.added.items()
+            if name in names
+            for text in texts
+        ]
+        base = [e for e in self._base if e.specialist in names] + added
+        missing = sorted(names - {e.specialist for e in base})
+        if missing:
+            raise InsufficientTrainingData(
+                f"no examples of {', '.join(missing)}: the router learns a specialist from "
+                "the seed set or from the examples it was added with"
+            )
+        weight = self._config.correction_weight
+        learned = [t for t in labels_of(labels, correction_weight=weight) if t.specialist in names]
+        model = self._fit([*base, *learned], fit.specialists)
+        self.serve_model(model)
         return model
 
     def outcomes(self, model: RouterModel, turns: Sequence[LabelledTurn]) -> dict[str, list[bool]]:
@@ -231,11 +228,6 @@ class RouterService:
             chosen = decide(row, model, active).specialist
             found.setdefault(turn.specialist, []).append(chosen == turn.specialist)
         return found
-
-    def _known(self, name: str) -> str:
-        if name not in self._specialists:
-            raise UnknownSpecialist(f"unknown specialist {name!r}")
-        return name
 
     def _fit(
         self, examples: Sequence[LabelledTurn], specialists: Sequence[str] | None = None

@@ -141,6 +141,7 @@ class ChatConnection:
                 conversation_id=self.conversation_id,
                 tenant_id=self.principal.tenant_id,
                 release_id=self.service.release.release_id,
+                specialists=self.service.specialists,
             )
         )
 

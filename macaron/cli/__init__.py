@@ -14,7 +14,19 @@ from rich.text import Text
 
 from core.errors import ConfigError, MacaronError
 from core.settings import Settings
-from macaron.cli import harness, keys, learn, log, model, releases, serve, stack, streams, tenants
+from macaron.cli import (
+    harness,
+    keys,
+    learn,
+    log,
+    model,
+    releases,
+    serve,
+    specialists,
+    stack,
+    streams,
+    tenants,
+)
 from macaron.cli.common import err_console
 
 app = typer.Typer(
@@ -63,6 +75,7 @@ app.add_typer(tenants.tenants_app, name="tenants")
 app.add_typer(streams.streams_app, name="streams")
 app.add_typer(releases.contract_app, name="contract")
 app.add_typer(harness.harness_app, name="harness")
+app.add_typer(specialists.specialist_app, name="specialist")
 app.add_typer(log.audit_app, name="audit")
 
 

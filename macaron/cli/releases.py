@@ -37,7 +37,7 @@ def promote(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for the server.")] = 120.0,
 ) -> None:
     """Promote a release by hand: the running server loads it, checks it and flips to it."""
-    _promotion(settings(ctx), release_id, "promote", timeout)
+    await_promotion(settings(ctx), release_id, "promote", timeout)
 
 
 def rollback(
@@ -50,10 +50,10 @@ def rollback(
         parent = active_release(conn).parent_release_id
     if parent is None:
         raise ReleaseNotFound("the active release is the root: there is nothing to roll back to")
-    _promotion(cfg, parent, "rollback", timeout)
+    await_promotion(cfg, parent, "rollback", timeout)
 
 
-def _promotion(cfg: Settings, release_id: str, kind: str, timeout: float) -> None:
+def await_promotion(cfg: Settings, release_id: str, kind: str, timeout: float) -> None:
     """Ask the running server to make ``release_id`` active and wait for its answer."""
     with wiring.pool(cfg) as pool:
         request = request_promotion(pool, release_id, kind=kind, requested_by="operator (cli)")

@@ -172,10 +172,20 @@
     isReady = true;
     attempt = 0;
     releaseId = str(f.release_id);
+    setSpecialists(arr(f.specialists).map(str));
     if (f.conversation_id) setConversation(f.conversation_id);
     setStatus("connected");
     flushPending();
     while (outbox.length && sendNow(outbox[0])) outbox.shift();
+  }
+
+  // The picker offers "auto" and the specialists a turn may go to now (they change with
+  // releases: one added, disabled or enabled at run time); a choice still offered is kept.
+  function setSpecialists(names) {
+    const chosen = ui.specialist.value;
+    ui.specialist.replaceChildren(el("option", { value: "", text: "auto" }),
+      ...names.map((n) => el("option", { value: n, text: n })));
+    ui.specialist.value = names.includes(chosen) ? chosen : "";
   }
 
   // --- server frames -------------------------------------------------------------------------

@@ -11,18 +11,19 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.errors import RoutingError, SpecialistExists, UnknownSpecialist
+from core.errors import InsufficientTrainingData, RoutingError
 from core.events import RoutingLabelled, RoutingSource
 from core.routing import (
     DEFAULT_SPECIALISTS,
     LabelledTurn,
+    RouterFit,
 )
 from server.router import RouterService, SentenceEmbedder
 from server.router_training import SEED_EXAMPLES, load_examples
 
 HELDOUT = Path(__file__).resolve().parents[2] / "learners" / "routing-v1.jsonl"
 
-LEGAL_EXAMPLES = [
+LEGAL_EXAMPLES = (
     "Is a verbal agreement legally binding?",
     "My landlord kept my deposit without explanation, what are my rights?",
     "Can I be fired for posting about my employer on social media?",
@@ -33,7 +34,7 @@ LEGAL_EXAMPLES = [
     "Can a company use my photo in an ad without my permission?",
     "How does copyright apply to songs I cover on YouTube?",
     "What are my rights if I'm stopped by the police while driving?",
-]
+)
 LEGAL_PROBES = [
     "My employer hasn't paid my overtime for three months, can I take legal action?",
     "Is the non-compete clause in my employment contract enforceable?",
@@ -163,9 +164,8 @@ def test_corrections_retrain_the_router(router: RouterService) -> None:
     before = router.version
     assert router.retrain([]).version == before  # no experience: the seed's classifier
 
-    with pytest.raises(UnknownSpecialist):
-        router.retrain([label(corrected, "poetry", "correction")])
-    assert router.version == before
+    # labels of a specialist the router does not cover are left out
+    assert router.retrain([label(corrected, "poetry", "correction")]).version == before
 
     labels = [
         label(corrected, "genui", "correction"),
@@ -179,16 +179,18 @@ def test_corrections_retrain_the_router(router: RouterService) -> None:
     assert router.retrain(labels).version == model.version  # the same log, the same router
 
     # a specialist added later keeps what the corrections taught
-    router.add_specialist("legal", LEGAL_EXAMPLES)
+    fit = RouterFit(specialists=(*router.specialists, "legal"), added={"legal": LEGAL_EXAMPLES})
+    router.retrain(labels, fit)
     assert router.route(corrected).specialist == "genui"
 
 
 def test_a_specialist_added_at_run_time_gets_its_turns(
     router: RouterService, heldout: list[LabelledTurn]
 ) -> None:
-    before = router.version
-    router.add_specialist("legal", LEGAL_EXAMPLES)
-    assert router.version != before
+    seed, before = router.specialists, router.version
+    fit = RouterFit(specialists=(*seed, "legal"), added={"legal": LEGAL_EXAMPLES})
+    added = router.retrain([], fit)
+    assert added.version != before
     assert "legal" in router.active and router.specialists[-1] == "legal"
     for probe in LEGAL_PROBES:
         decision = router.route(probe)
@@ -196,18 +198,17 @@ def test_a_specialist_added_at_run_time_gets_its_turns(
         assert set(decision.scores) == {*DEFAULT_SPECIALISTS, "legal"}
     assert accuracy(router, heldout) >= 0.88, "the old specialists still get their turns"
 
-    router.deactivate("legal")
+    # disabled: a fit that leaves it out, though its examples are still known
+    assert router.retrain([], RouterFit(specialists=seed, added=fit.added)).version == before
     for probe in LEGAL_PROBES:
         decision = router.route(probe, hint="legal")
         assert decision.specialist != "legal"
         assert "legal" not in decision.scores
-    router.activate("legal")
+    assert router.retrain([], fit).version == added.version  # enabled again: the same router
     assert router.route(LEGAL_PROBES[0]).specialist == "legal"
 
-    with pytest.raises(SpecialistExists):
-        router.add_specialist("legal", ["Can I sue my neighbour?"])
-    with pytest.raises(UnknownSpecialist):
-        router.deactivate("astrology")
+    with pytest.raises(InsufficientTrainingData, match="astrology"):
+        router.retrain([], RouterFit(specialists=(*seed, "astrology")))
 
 
 def test_a_malformed_examples_file_is_a_typed_error(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ def test_catalogue_names_every_event_of_the_data_flow() -> None:
         "FeedbackGiven",
         "RoutingCorrected",
         "RoutingLabelled",
+        "SpecialistAdded",
         "TenantTrainingSet",
         "ExperienceRecorded",
         "RolloutSampled",
