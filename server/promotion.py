@@ -31,9 +31,9 @@ from infra import observe
 from infra.artifacts import ArtifactStore
 from infra.postgres.db import DictConnection, Pool
 from infra.postgres.promotions import (
+    RequestClaim,
     fail_request,
     finish_request,
-    pending_request,
     record_promotion,
 )
 from infra.postgres.registry import (
@@ -68,18 +68,20 @@ class PromotionListener:
             await asyncio.sleep(POLL_S)
 
     async def step(self) -> None:
-        request = await asyncio.to_thread(self._pending)
+        """Carry out the pending request, unless another server sharing the registry is; else
+        follow a flip made elsewhere."""
+        claim = RequestClaim(self.pool)
+        request = await asyncio.to_thread(claim.acquire)
         if request is not None:
-            await self._carry_out(request)
+            try:
+                await self._carry_out(request)
+            finally:
+                await asyncio.to_thread(claim.release)
             return
         active, harness, router = await asyncio.to_thread(self._active)
         if active.release_id != self.chat.release.release_id:
             await self._load(active)
             self.chat.serve(active, harness, router)
-
-    def _pending(self) -> dict[str, Any] | None:
-        with self.pool.connection() as conn:
-            return pending_request(conn)
 
     def _active(self) -> tuple[Release, HarnessVersion, RouterModel | None]:
         with self.pool.connection() as conn:

@@ -55,10 +55,53 @@ def wait_for_request(pool: Pool, request_id: UUID, timeout: float) -> dict[str, 
         time.sleep(0.2)
 
 
-def pending_request(conn: DictConnection) -> dict[str, Any] | None:
+_CLAIM_LOCK = 0x6D6163_70726F6D  # "macprom": the advisory lock of promotion requests
+
+
+def _pending_request(conn: DictConnection) -> dict[str, Any] | None:
     """The request waiting to be carried out, if any (at most one is pending at a time)."""
     row = conn.execute("SELECT * FROM promotion_requests WHERE status = 'pending'").fetchone()
     return None if row is None else dict(row)
+
+
+class RequestClaim:
+    """The right to carry out promotion requests, held by one server at a time: a session
+    advisory lock on a connection of its own, so a server that dies lets go with its session."""
+
+    def __init__(self, pool: Pool) -> None:
+        self._pool = pool
+        self._conn: DictConnection | None = None
+
+    def acquire(self) -> dict[str, Any] | None:
+        """The pending request, held until ``release``; None when there is none or another
+        server is carrying one out."""
+        conn = self._pool.getconn()
+        request = None
+        try:
+            row = conn.execute("SELECT pg_try_advisory_lock(%s) AS got", (_CLAIM_LOCK,)).fetchone()
+            if row is not None and row["got"]:
+                request = _pending_request(conn)
+                if request is None:
+                    conn.execute("SELECT pg_advisory_unlock(%s)", (_CLAIM_LOCK,))
+            conn.commit()
+        except BaseException:
+            self._pool.putconn(conn)
+            raise
+        if request is None:
+            self._pool.putconn(conn)
+        else:
+            self._conn = conn
+        return request
+
+    def release(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is None:
+            return
+        try:
+            conn.execute("SELECT pg_advisory_unlock(%s)", (_CLAIM_LOCK,))
+            conn.commit()
+        finally:
+            self._pool.putconn(conn)
 
 
 def last_request_of_run(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:

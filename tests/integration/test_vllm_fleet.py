@@ -803,7 +803,12 @@ def test_two_servers_on_one_fleet_under_a_promotion_fail_no_turn(
                         "SELECT adapter, count(*) AS n FROM adapter_leases "
                         "WHERE adapter LIKE 'coding@%%' GROUP BY adapter"
                     ).fetchall()
+                    flips = conn.execute(
+                        "SELECT count(*) AS n FROM promotions WHERE to_release_id = %s",
+                        (child.release_id,),
+                    ).fetchone()
                 assert {r["adapter"]: r["n"] for r in holders} == {"coding@1": 2}
+                assert flips is not None and flips["n"] == 1  # one server carried it out
         finally:
             unload_everything(replicas, vllm_model)
 
