@@ -16,7 +16,7 @@ from core.errors import InsufficientTrainingData, RoutingError, UnknownSpecialis
 from core.routing import LabelledTurn, RouterModel
 from infra.jsonl import load_jsonl
 
-EMBEDDER_NAME = "sentence-transformers/all-MiniLM-L6-v2"  # the features every fit is trained on
+EMBEDDER_NAME = "sentence-transformers/all-MiniLM-L6-v2, int8 linear layers"  # every fit's features
 SEED_EXAMPLES = Path(__file__).resolve().with_name("routing_seed.jsonl")
 
 
