@@ -10,9 +10,10 @@ Grammars: (b) with the GenUI grammar on every other request, against the same wo
 grammars (each request generating as many tokens as it did constrained); the GenUI grammar's
 compile time, cold and cached.
 Sharing and growth (local engine, first adapter, sampling at temperature 1): 8 samples of one
-400-token prompt against 8 requests of 8 different 400-token prompts; time to first token of a
-400-token prompt whose first 384 tokens were computed before, against a prompt computed whole
-(median of 5); (b) at 512 answer tokens against (b) at 64.
+400-token prompt against 8 requests of 8 different 400-token prompts, with answers of --tokens
+and of 16 tokens (the shorter the answers, the more the shared prompt pass counts); time to
+first token of a 400-token prompt whose first 384 tokens were computed before, against a prompt
+computed whole (median of 5); (b) at 512 answer tokens against (b) at 64.
 
 Usage: python -m bench.engine [--model PATH] [--requests N] [--tokens T] [--vllm-cores C]
 """
@@ -44,6 +45,7 @@ from infra.vllm_cpu import start_replica, vllm_python
 from server.engines.lora import TARGETS
 
 RANK = 16
+SHORT_ANSWER = 16  # tokens: answers short enough for the shared prompt pass to dominate
 PROMPTS = [
     "Write a short poem about the sea.",
     "Explain what a hash table is.",
@@ -209,14 +211,14 @@ def long_prompt(engine: Any, tag: str, length: int = 400) -> tuple[int, ...]:
     return tuple(ids)
 
 
-def sharing(engine: Any, names: list[str], n: int, tokens: int) -> dict[str, float]:
-    """Tokens/s of ``n`` samples of one long prompt and of ``n`` different long prompts (new
-    prompts every run, so the prefix cache holds none); time to first token of a long prompt
-    with and without its beginning cached."""
-    runs = iter(range(10**6))
+RUNS = iter(range(10**6))  # a new tag per run: new prompts, none in the prefix cache
+
+
+def sharing(engine: Any, names: list[str], n: int, tokens: int) -> tuple[float, float]:
+    """Tokens/s of ``n`` samples of one long prompt and of ``n`` different long prompts."""
 
     def requests(shared: bool) -> list[GenerationRequest]:
-        run = next(runs)
+        run = next(RUNS)
         return [
             GenerationRequest(
                 request_id=f"s{i}",
@@ -230,6 +232,12 @@ def sharing(engine: Any, names: list[str], n: int, tokens: int) -> dict[str, flo
     asyncio.run(produced(engine, requests(False)))  # warm-up
     samples = max(asyncio.run(produced(engine, requests(True)))[0] for _ in range(2))
     independent = max(asyncio.run(produced(engine, requests(False)))[0] for _ in range(2))
+    return samples, independent
+
+
+def first_tokens(engine: Any, names: list[str]) -> tuple[float, float]:
+    """Median time to first token of a long prompt with its first 384 tokens cached, and of
+    one computed whole."""
 
     async def first_token(prompt: tuple[int, ...]) -> float:
         request = GenerationRequest(
@@ -247,12 +255,7 @@ def sharing(engine: Any, names: list[str], n: int, tokens: int) -> dict[str, flo
         question = tuple(engine.encode(f"Question number {trial}, please?"))[:16]
         cached.append(asyncio.run(first_token(prefix + question)))
         whole.append(asyncio.run(first_token(long_prompt(engine, f"fresh {trial}"))))
-    return {
-        "samples": samples,
-        "independent": independent,
-        "ttft_cached": statistics.median(cached),
-        "ttft_whole": statistics.median(whole),
-    }
+    return statistics.median(cached), statistics.median(whole)
 
 
 def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> dict[str, float]:
@@ -264,7 +267,10 @@ def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) ->
     results = throughput(engine, workload(list(adapters), n, base=True), tokens)
     grammar = grammar_overhead(engine, list(adapters), n, tokens)
     results.update({f"grammar_{k}": v for k, v in grammar.items()})
-    results.update(sharing(engine, list(adapters), n, tokens))
+    for answer in (tokens, SHORT_ANSWER):
+        shared = sharing(engine, list(adapters), n, answer)
+        results[f"samples_{answer}"], results[f"independent_{answer}"] = shared
+    results["ttft_cached"], results["ttft_whole"] = first_tokens(engine, list(adapters))
     mixed = {"long": workload(list(adapters), n, base=False)["mixed"]}
     results["mixed_512"] = throughput(engine, mixed, 512)["long"]
     engine.close()
@@ -441,12 +447,16 @@ def main() -> None:
             engine["grammar_cold"] * 1000,
             "report",
         ),
-        row(
-            "8 samples of one 400-token prompt (vs 8 different 400-token prompts)",
-            engine["samples"],
-            unit,
-            engine["independent"],
-            ">= 3x",
+        *(
+            row(
+                f"8 samples of one 400-token prompt, {answer}-token answers "
+                "(vs 8 different 400-token prompts)",
+                engine[f"samples_{answer}"],
+                unit,
+                engine[f"independent_{answer}"],
+                ">= 3x",
+            )
+            for answer in (args.tokens, SHORT_ANSWER)
         ),
         row(
             "time to first token, 400-token prompt, 384 cached (vs none cached)",

@@ -56,6 +56,7 @@ class FixedRouter:
 
     version = "router-fixed"
     specialists = ("chat", "agent", "coding", "genui")
+    active = frozenset(specialists)
 
     def serve_model(self, model: RouterModel) -> None:
         raise NotImplementedError("a router without a classifier serves no other version")
