@@ -61,7 +61,9 @@ class FixedRouter:
     def serve_model(self, model: RouterModel) -> None:
         raise NotImplementedError("a router without a classifier serves no other version")
 
-    def route(self, text: str, hint: str | None = None) -> RouterDecision:
+    def route(
+        self, text: str, hint: str | None = None, within: Collection[str] | None = None
+    ) -> RouterDecision:
         return RouterDecision(
             scores={"chat": 1.0},
             specialist="chat",

@@ -41,8 +41,9 @@ from infra.jsonl import load_jsonl
 from infra.postgres.db import DictConnection
 from infra.postgres.registry import (
     active_release,
-    create_release,
+    adapter_at,
     ensure_specialists,
+    file_release,
     harness_by_name,
     lock_releases,
     register_harness,
@@ -52,6 +53,7 @@ from learners.loop import Runtime
 
 MIN_EXAMPLES = 8
 MAX_EXAMPLES = 1000
+MAX_EXAMPLE_CHARS = 200_000  # all of them: they travel in one event (a Kafka message)
 
 
 class Example(BaseModel):
@@ -71,6 +73,8 @@ def read_examples(path: Path) -> tuple[str, ...]:
         )
     if len(texts) > MAX_EXAMPLES:
         raise ExamplesInvalid(f"{path}: {len(texts)} examples; at most {MAX_EXAMPLES} are taken")
+    if sum(len(t) for t in texts) > MAX_EXAMPLE_CHARS:
+        raise ExamplesInvalid(f"{path}: the examples exceed {MAX_EXAMPLE_CHARS} characters")
     return texts
 
 
@@ -109,14 +113,16 @@ def add_specialist(rt: Runtime, name: str, description: str, examples: tuple[str
             {**harness.spec.model_dump(), "specialists": {**harness.spec.specialists, name: entry}}
         )
         ensure_specialists(conn, [name])
-        adapter = register_identity_adapter(conn, name, sha, path, release.base_model)
+        adapter = adapter_at(conn, name, 0) or register_identity_adapter(
+            conn, name, sha, path, release.base_model
+        )  # added before, in a release that was not promoted: the same version 0
         register_router(conn, model, parent=router.version)
         child = release.successor(
             adapters={name: adapter},
             harness=register_harness(conn, spec, parent=harness),
             router_version=model.version,
         )
-        create_release(conn, child, active=False)
+        file_release(conn, child)
     return child
 
 
@@ -143,7 +149,7 @@ def set_enabled(rt: Runtime, name: str, enabled: bool) -> Release:
         _still_active(conn, release)
         register_router(conn, model, parent=router.version)
         child = release.successor(router_version=model.version)
-        create_release(conn, child, active=False)
+        file_release(conn, child)
     return child
 
 

@@ -68,20 +68,19 @@ class PromotionListener:
             await asyncio.sleep(POLL_S)
 
     async def step(self) -> None:
-        """Carry out the pending request, unless another server sharing the registry is; else
-        follow a flip made elsewhere."""
+        """Follow a flip made elsewhere; then carry out the pending request, unless another
+        server sharing the registry is carrying one out."""
         claim = RequestClaim(self.pool)
         request = await asyncio.to_thread(claim.acquire)
-        if request is not None:
-            try:
+        try:
+            active, harness, router = await asyncio.to_thread(self._active)
+            if active.release_id != self.chat.release.release_id:
+                await self._load(active)
+                self.chat.serve(active, harness, router)
+            if request is not None:
                 await self._carry_out(request)
-            finally:
-                await asyncio.to_thread(claim.release)
-            return
-        active, harness, router = await asyncio.to_thread(self._active)
-        if active.release_id != self.chat.release.release_id:
-            await self._load(active)
-            self.chat.serve(active, harness, router)
+        finally:
+            await asyncio.to_thread(claim.release)
 
     def _active(self) -> tuple[Release, HarnessVersion, RouterModel | None]:
         with self.pool.connection() as conn:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -179,12 +179,16 @@ class RouterService:
     def active(self) -> frozenset[str]:
         return self._serving[1]
 
-    def route(self, text: str, hint: str | None = None) -> RouterDecision:
+    def route(
+        self, text: str, hint: str | None = None, within: Collection[str] | None = None
+    ) -> RouterDecision:
         """Choose the specialist for one user turn, with one classifier and the specialists it
-        may choose as they were together (one read of a pair replaced whole)."""
+        may choose as they were together (one read of a pair replaced whole), among ``within``
+        (the specialists the turn's release serves: a router swapped in by a promotion may
+        know one that the release the turn began with lacks)."""
         features = self._embedder.embed_one(text)
         model, active = self._serving
-        return decide(features, model, active, hint)
+        return decide(features, model, active if within is None else active & set(within), hint)
 
     def serve_model(self, model: RouterModel) -> None:
         """Route with ``model`` from now on (the router version a promoted release names).

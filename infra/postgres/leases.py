@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
-from infra.postgres.db import DictConnection, Pool
+from infra.postgres.db import DictConnection, Pool, unavailable_as_typed
 
 LEASE_TTL_S = 30.0  # a server renews every health check (2 s); one that died lets go after this
 
@@ -30,7 +30,7 @@ class PostgresAdapterLeases:
         names = sorted(set(adapters))  # one lock order for every server: no deadlock
         if not names:
             return
-        with self._pool.connection() as conn:
+        with unavailable_as_typed(), self._pool.connection() as conn:
             for name in names:
                 _lock(conn, name)
             conn.cursor().executemany(
@@ -44,7 +44,7 @@ class PostgresAdapterLeases:
     def release(self, adapter: str) -> Iterator[bool]:
         """Let go of ``adapter``; yields True when no other server holds a live lease on it,
         and keeps every server from taking one until the block ends (the unload)."""
-        with self._pool.connection() as conn:
+        with unavailable_as_typed(), self._pool.connection() as conn:
             _lock(conn, adapter)
             conn.execute(
                 "DELETE FROM adapter_leases "

@@ -85,6 +85,7 @@ class RequestClaim:
                     conn.execute("SELECT pg_advisory_unlock(%s)", (_CLAIM_LOCK,))
             conn.commit()
         except BaseException:
+            conn.close()  # ends the session, and any lock it took with it
             self._pool.putconn(conn)
             raise
         if request is None:
@@ -100,6 +101,9 @@ class RequestClaim:
         try:
             conn.execute("SELECT pg_advisory_unlock(%s)", (_CLAIM_LOCK,))
             conn.commit()
+        except BaseException:
+            conn.close()  # ends the session, and the lock with it
+            raise
         finally:
             self._pool.putconn(conn)
 

@@ -142,6 +142,25 @@ def create_release(conn: DictConnection, release: Release, *, active: bool) -> N
     )
 
 
+def file_release(conn: DictConnection, release: Release) -> None:
+    """Record ``release`` (not active) unless it is recorded already: a release id is its
+    content and its parent, so filing the same change again names the same release."""
+    found = conn.execute(
+        "SELECT 1 FROM releases WHERE release_id = %s", (release.release_id,)
+    ).fetchone()
+    if found is None:
+        create_release(conn, release, active=False)
+
+
+def adapter_at(conn: DictConnection, specialist: str, version: int) -> AdapterRef | None:
+    """The registered adapter ``specialist@version``, or ``None``."""
+    row = conn.execute(
+        "SELECT * FROM adapter_versions WHERE specialist = %s AND version = %s",
+        (specialist, version),
+    ).fetchone()
+    return None if row is None else adapter_ref(row)
+
+
 def next_adapter_version(conn: DictConnection, specialist: str) -> int:
     """The version number the specialist's next adapter gets."""
     row = conn.execute(

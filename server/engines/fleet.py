@@ -96,7 +96,12 @@ class FleetEngine:
         self._admin = threading.Lock()  # one load, unload or resynchronisation at a time
         self._stopping = threading.Event()
         self._unloads = Unloads(
-            leases or SoleServer(), lambda: self.replicas, self._admin, self._serves
+            leases or SoleServer(),
+            lambda: self.replicas,
+            self._admin,
+            self._serves,
+            self._held,
+            health_interval_s,
         )
         self._schemas = CheckedSchemas()
         self.check_health()
@@ -137,9 +142,6 @@ class FleetEngine:
         while not self._stopping.wait(interval):
             try:
                 self.check_health()
-                with self._lock:
-                    held = self._adapters.held()
-                self._unloads.renew(held)
             except Exception:  # last resort: the health thread must outlive any one answer
                 log.exception("vLLM fleet health check failed; trying again")
 
@@ -187,6 +189,10 @@ class FleetEngine:
     def loaded_adapters(self) -> list[str]:
         with self._lock:
             return self._adapters.names()
+
+    def _held(self) -> list[str]:
+        with self._lock:
+            return self._adapters.held()
 
     def _serves(self, name: str) -> bool:
         with self._lock:

@@ -225,6 +225,7 @@ class BatchScheduler:
                 self._finish(member, "cancelled", error=_engine_error(exc))
             return
         for member, row in zip(members, rows, strict=True):
+            member.prompt_logits = logits  # each may be forked in turn
             self._active.append(member)
             self._advance_safely(member, row)
 

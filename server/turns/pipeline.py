@@ -191,7 +191,7 @@ class TurnPipeline:
         """The specialist for this turn, and its adapter in the turn's release."""
         with observe.tracer.start_as_current_span("router.decide") as span:
             decision = await asyncio.to_thread(
-                self._router.route, request.content, request.specialist_hint
+                self._router.route, request.content, request.specialist_hint, release.adapters
             )
             span.set_attribute("macaron.specialist", decision.specialist)
         observe.router_decisions.add(1, {"specialist": decision.specialist})

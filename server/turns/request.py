@@ -3,7 +3,7 @@ turn service needs of its router and its front end's sink."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 from uuid import UUID
@@ -31,7 +31,11 @@ class Router(Protocol):
         """The specialists it may choose (a turn may be rerouted to one of these)."""
         ...
 
-    def route(self, text: str, hint: str | None = None) -> RouterDecision: ...
+    def route(
+        self, text: str, hint: str | None = None, within: Collection[str] | None = None
+    ) -> RouterDecision:
+        """The specialist for one turn, among ``within`` when given."""
+        ...
 
     def serve_model(self, model: RouterModel) -> None:
         """Route with the classifier of another router version (a promotion's)."""

@@ -144,6 +144,26 @@ def test_a_request_forks_one_already_answering(engine: LocalEngine) -> None:
     assert engine.stats["prefill_tokens"] == 2 * len(prompt_of(first))  # the last run's too
 
 
+def test_a_request_forks_a_fork(engine: LocalEngine) -> None:
+    short, long, later = (request(engine, PROMPTS[2], max_tokens=n) for n in (2, 40, 12))
+
+    async def run() -> list[int]:
+        first = asyncio.ensure_future(collect(engine, short))
+        await asyncio.sleep(0)  # the short one is queued first
+        stream = engine.generate(long)
+        await anext(stream)  # answering: it forked the short one's prompt
+        await first  # the short one is done: only the fork answers now
+        third = tokens(await collect(engine, later))  # forks the fork
+        async for _ in stream:
+            pass
+        return third
+
+    got = asyncio.run(run())
+    assert engine.stats["forks"] == 2
+    assert engine.stats["prefill_tokens"] == len(prompt_of(short))
+    assert got == run_together(engine, [later])[0]
+
+
 def test_a_fork_on_other_adapter_weights_is_not_a_fork(
     engine: LocalEngine, tiny_model: Path, adapter: Path
 ) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +37,9 @@ class GatedRouter:
         self.entered = threading.Event()
         self.gate = threading.Event()
 
-    def route(self, text: str, hint: str | None = None) -> RouterDecision:
+    def route(
+        self, text: str, hint: str | None = None, within: Collection[str] | None = None
+    ) -> RouterDecision:
         self.entered.set()
         assert self.gate.wait(60), "the test never opened the gate"
         return self.router.route(text, hint)

@@ -1,26 +1,34 @@
 """The router in the learning loop, with real PostgreSQL, Redis, a Celery worker process and
 the real embedding model: users' routing labels start a router run; the worker trains a
 successor on them, judges it on the contract's routing suite, and the server promotes a release
-naming it, swapping the router in the flip."""
+naming it, swapping the router in the flip; a successor taught wrong is refused."""
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from uuid import uuid4
 
+from core.errors import ContractInvalid
 from core.events import (
+    NewEvent,
     ReleasePromoted,
     RouterDecided,
     RouterEvaluated,
     RouterTrainingRequested,
     RoutingLabelled,
 )
+from core.routing import ROUTING_KEY, LabelledTurn
 from core.settings import Settings
-from infra.postgres.routers import router_model
+from infra.jsonl import load_jsonl
+from infra.postgres.routers import queue_router_run, router_model
 from learners.queue import configure as configure_celery
+from learners.router_loop import train_router_run
+from macaron import wiring
 from server.router import RouterService, SentenceEmbedder
 from tests.serving import celery_worker, following, frames_until, running_server, send
 
+SUITE = Path(__file__).resolve().parents[2] / "learners" / "routing-v1.jsonl"
 HINTED = [
     ("Can you check what is on my calendar and add a reminder?", "agent"),
     ("Write a Python function that reverses a linked list.", "coding"),
@@ -88,3 +96,36 @@ def test_routing_labels_train_a_router_that_is_judged_and_promoted(
         frames_until(ws, "turn_completed")
         decided = [e.payload for e in served.events() if isinstance(e.payload, RouterDecided)]
         assert decided[-1].router_version == own.version
+
+
+def test_a_router_taught_wrong_is_refused_and_the_active_one_routes_on(
+    database_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """Corrections that send the routing suite's coding turns to chat: the successor loses
+    coding's recall, the contract refuses it, and no release names it."""
+    settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model)
+    own = RouterService.from_seed(SentenceEmbedder())
+    seed_version = own.version
+    suite = load_jsonl(SUITE, LabelledTurn, ContractInvalid)
+    wrong = [
+        RoutingLabelled(
+            label_id=uuid4(), turn_id=uuid4(), text=t.text, specialist="chat", source="correction"
+        )
+        for t in suite
+        if t.specialist == "coding"
+    ]
+    with running_server(settings, router=own) as served:
+        before = served.server.chat.release
+        served.server.log.append(
+            [NewEvent(payload=label, tenant_id="system", key=ROUTING_KEY) for label in wrong]
+        )
+        run_id = uuid4()
+        with served.server.pool.connection() as conn, conn.transaction():
+            assert queue_router_run(conn, run_id, served.server.log.end_positions(), len(wrong))
+        rt = wiring.learning_runtime(settings, served.server.pool)
+        outcome = train_router_run(rt, run_id)
+        assert outcome.status == "refused" and outcome.release_id is None
+        [evaluated] = [e.payload for e in served.events() if isinstance(e.payload, RouterEvaluated)]
+        assert not evaluated.passed and evaluated.candidate_accuracy < evaluated.parent_accuracy
+        assert any("coding" in reason for reason in evaluated.reasons), evaluated.reasons
+        assert served.server.chat.release == before and own.version == seed_version

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncGenerator, Callable, Coroutine
+from collections.abc import AsyncGenerator, Callable, Collection, Coroutine
 from typing import Any, TypeVar
 
 import pytest
@@ -95,7 +95,9 @@ class HintRouter:
     def serve_model(self, model: RouterModel) -> None:
         raise NotImplementedError("a router without a classifier serves no other version")
 
-    def route(self, text: str, hint: str | None = None) -> RouterDecision:
+    def route(
+        self, text: str, hint: str | None = None, within: Collection[str] | None = None
+    ) -> RouterDecision:
         chosen = hint or "chat"
         return RouterDecision(
             scores={s: 1.0 if s == chosen else 0.0 for s in SPECIALISTS},

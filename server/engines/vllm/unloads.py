@@ -7,6 +7,7 @@ last server to let go unloads, and a server that died lets go when its leases ex
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -14,6 +15,8 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from server.engines.vllm.replica import Replica
+
+log = logging.getLogger(__name__)
 
 
 class AdapterLeases(Protocol):
@@ -37,7 +40,9 @@ class SoleServer:
 
 class Unloads:
     """Unloads on one background thread (callers may be on an event loop), under the fleet's
-    admin lock. ``loaded`` tells whether this server serves a name again (then it stays)."""
+    admin lock. ``loaded`` tells whether this server serves a name again (then it stays);
+    ``held`` is every name it holds. The leases are renewed every ``renew_s`` on a thread of
+    their own, never behind the admin lock (a slow load must not let them expire)."""
 
     def __init__(
         self,
@@ -45,14 +50,22 @@ class Unloads:
         replicas: Callable[[], list[Replica]],
         admin: threading.Lock,
         loaded: Callable[[str], bool],
+        held: Callable[[], list[str]],
+        renew_s: float,
     ) -> None:
         self._leases = leases
         self._replicas = replicas
         self._admin = admin
         self._loaded = loaded
-        self._waiting: set[str] = set()  # let go of, held by another server
+        self._held = held
+        self._waiting: set[str] = set()  # let go of, held by another server (or failed)
+        self._retrying = threading.Event()  # a retry is queued on the admin thread
         self._stopping = threading.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="macaron-fleet-admin")
+        self._renewer = threading.Thread(
+            target=self._renew_every, args=(renew_s,), name="macaron-fleet-leases", daemon=True
+        )
+        self._renewer.start()
 
     def submit(self, work: Callable[..., object], *args: object) -> None:
         """Run ``work`` on the admin thread (the fleet's resynchronisations go there too)."""
@@ -63,13 +76,20 @@ class Unloads:
     def hold(self, adapters: Iterable[str]) -> None:
         self._leases.hold(adapters)
 
-    def renew(self, held: list[str]) -> None:
-        """Renew the leases on ``held``; try again each unload another server was holding up."""
-        self._leases.hold(held)
-        if self._waiting:
-            self.submit(self._retry)
+    def _renew_every(self, interval: float) -> None:
+        """Renew this server's leases; try again each unload that waits (another server held
+        the name, or the unload failed)."""
+        while not self._stopping.wait(interval):
+            try:
+                self._leases.hold(self._held())
+            except Exception:  # the registry is away, say: the next renewal tries again
+                log.exception("renewing the fleet's adapter leases failed; trying again")
+            if self._waiting and not self._retrying.is_set():
+                self._retrying.set()
+                self.submit(self._retry)
 
     def _retry(self) -> None:
+        self._retrying.clear()
         for name in sorted(self._waiting):  # only this thread changes the set
             self._unload(name)
 
@@ -78,19 +98,24 @@ class Unloads:
         self.submit(self._unload, name)
 
     def _unload(self, name: str) -> None:
-        with self._admin:
-            if self._loaded(name):
-                self._waiting.discard(name)
-                return  # loaded again since: the replicas keep it
-            with self._leases.release(name) as last:
-                if not last:
+        try:
+            with self._admin:
+                if self._loaded(name):
+                    self._waiting.discard(name)
+                    return  # loaded again since: the replicas keep it
+                with self._leases.release(name) as last:
                     self._waiting.add(name)
-                    return
-                self._waiting.discard(name)
-                for replica in self._replicas():
-                    replica.unload(name)
+                    if not last:
+                        return
+                    for replica in self._replicas():
+                        replica.unload(name)
+                    self._waiting.discard(name)
+        except Exception:  # the registry is away, say: the next renewal tries again
+            log.exception("unloading %s from the fleet failed; trying again", name)
+            self._waiting.add(name)
 
     def close(self) -> None:
-        """Stop taking work; unloads already asked for go out first."""
+        """Stop renewing and taking work; unloads already asked for go out first."""
         self._stopping.set()
+        self._renewer.join()
         self._executor.shutdown(wait=True)
