@@ -20,7 +20,15 @@ from torch import nn
 from torch.nn import functional as F
 
 from core.errors import AdapterInvalid, AdapterRankTooLarge
-from kernels.lora import Gathered, LoRAStack, expand_gathered, gather, shrink_gathered
+from kernels.lora import (
+    Gathered,
+    LoRAStack,
+    expand_gathered,
+    gather,
+    lora_expand,
+    lora_shrink,
+    shrink_gathered,
+)
 
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _KEY = re.compile(
@@ -126,45 +134,52 @@ def read_adapter(
     return LoRAWeights(name, config, pairs)
 
 
-Composition = list[LoRAWeights | None]
-RECENT_COMPOSITIONS = 4  # a decode batch and the prompt passes between its steps
-
-
 class BatchAdapters:
     """Which adapter each batch row uses, set by the engine before every forward pass.
 
     A uniform batch (every row on one adapter, or none) applies that adapter directly, exactly
-    as PEFT does. A mixed batch uses ``kernels.lora``'s gathered path: each slot's weights are
-    gathered per row once per batch composition, and the last few compositions are kept (the
-    decode batch changes only when requests join or leave; prompt passes come between its
-    steps), so a step costs two batched matmuls per layer, not one pair per adapter.
+    as PEFT does. A mixed decode step uses ``kernels.lora``'s gathered path: each slot's
+    weights are gathered per row once per batch composition (it changes only when requests join
+    or leave), so a step costs two batched matmuls per layer, not one pair per adapter. A mixed
+    prompt pass (several tokens per row) groups its tokens by adapter instead (the segments
+    path): it gathers nothing, and the decode batch's gather is kept across it.
     """
 
     def __init__(self, shapes: dict[Slot, tuple[int, int]] | None = None) -> None:
         self.shapes = shapes or {}
         self.uniform: LoRAWeights | None = None
         self.gathered: dict[Slot, Gathered] = {}
-        self._recent: list[tuple[Composition, dict[Slot, Gathered]]] = []  # newest last
+        self.segments: dict[Slot, tuple[LoRAStack, torch.Tensor]] = {}  # stack, adapter per token
+        self._composition: list[LoRAWeights | None] = []
+        self._kept: dict[Slot, Gathered] = {}
 
-    def assign(self, per_row: list[LoRAWeights | None]) -> None:
+    def assign(self, per_row: list[LoRAWeights | None], steps: int = 1) -> None:
+        """``per_row``'s adapters for a pass of ``steps`` tokens per row."""
         mixed = len({id(w) for w in per_row}) > 1
         self.uniform = None if mixed else per_row[0]
-        self.gathered = {}
+        self.gathered, self.segments = {}, {}
         if not mixed:
             return
-        for n, (composition, gathered) in enumerate(self._recent):
-            # Compared by identity: a name unloaded and loaded again is other weights.
-            if len(composition) == len(per_row) and all(
-                a is b for a, b in zip(per_row, composition, strict=True)
-            ):
-                self._recent.append(self._recent.pop(n))
-                self.gathered = gathered
-                return
-        self.gathered = self._gather(per_row)
-        self._recent = [*self._recent[1 - RECENT_COMPOSITIONS :], (list(per_row), self.gathered)]
+        if steps > 1:
+            self.segments = {
+                slot: (stack, idx.repeat_interleave(steps))
+                for slot, (stack, idx) in self._stacks(per_row).items()
+            }
+            return
+        # Compared by identity: a name unloaded and loaded again is other weights.
+        same = len(per_row) == len(self._composition) and all(
+            a is b for a, b in zip(per_row, self._composition, strict=True)
+        )
+        if not same:
+            self._composition = list(per_row)
+            self._kept = {slot: gather(*pair) for slot, pair in self._stacks(per_row).items()}
+        self.gathered = self._kept
 
-    def _gather(self, per_row: list[LoRAWeights | None]) -> dict[Slot, Gathered]:
-        gathered = {}
+    def _stacks(
+        self, per_row: list[LoRAWeights | None]
+    ) -> dict[Slot, tuple[LoRAStack, torch.Tensor]]:
+        """Per slot, the stack of the adapters present and each row's index into it (-1: none)."""
+        stacks = {}
         for slot in self.shapes:
             present = list(
                 {w.name: w for w in per_row if w is not None and slot in w.pairs}.values()
@@ -174,8 +189,8 @@ class BatchAdapters:
             stack = LoRAStack.of([(*w.pairs[slot], w.config.scaling) for w in present])
             position = {w.name: n for n, w in enumerate(present)}
             idx = torch.tensor([-1 if w is None else position.get(w.name, -1) for w in per_row])
-            gathered[slot] = gather(stack, idx)
-        return gathered
+            stacks[slot] = (stack, idx)
+        return stacks
 
 
 class MultiLoRALinear(nn.Module):
@@ -198,7 +213,13 @@ class MultiLoRALinear(nn.Module):
             return y
         gathered = self.batch.gathered.get(self.slot)
         if gathered is not None:
-            y = expand_gathered(y, shrink_gathered(x, gathered), gathered)
+            return expand_gathered(y, shrink_gathered(x, gathered), gathered)
+        segment = self.batch.segments.get(self.slot)
+        if segment is not None:
+            stack, idx = segment
+            tokens = x.reshape(-1, x.shape[-1])
+            h = lora_shrink(tokens, stack, idx)
+            return lora_expand(y.reshape(-1, y.shape[-1]), h, stack, idx).view(y.shape)
         return y
 
 

@@ -257,7 +257,7 @@ class BatchScheduler:
             self._advance_safely(item, row)
 
     def _forward(self, items: list[Generation], tokens: list[list[int]]) -> torch.Tensor:
-        self._adapters.assign([r.adapter for r in items])
+        self._adapters.assign([r.adapter for r in items], max(len(t) for t in tokens))
         return forward(self._model, [r.cache for r in items], tokens)
 
     def _advance_safely(self, item: Generation, logits: torch.Tensor) -> None:
