@@ -98,3 +98,49 @@ def release_id_for(
         "adapters": adapter_shas,
     }
     return "rel-" + sha256_hex(canonical_json(content))[:16]
+
+
+def rebased(candidate: Release, judged_against: Release, active: Release) -> Release | None:
+    """``candidate``, judged against its parent ``judged_against``, as a child of ``active``
+    (a release promoted since), when the two changes are independent: one side swaps only the
+    router and the other leaves the router alone and serves the same specialists. A router is
+    judged on the routing suite's text alone, and the task suites serve each task by its named
+    specialist, so neither verdict depends on the other side's change. ``None`` when they are
+    not independent: the candidate must be judged again."""
+    ours, theirs = _changes(judged_against, candidate), _changes(judged_against, active)
+    same_specialists = candidate.adapters.keys() == active.adapters.keys()
+    if ours == {"router"} and "router" not in theirs and same_specialists:
+        kept, router = active, candidate.router_version
+    elif theirs == {"router"} and "router" not in ours and same_specialists:
+        kept, router = candidate, active.router_version
+    else:
+        return None
+    release_id = release_id_for(
+        active.release_id,
+        kept.base_model,
+        router,
+        kept.harness_version,
+        kept.hcp_version,
+        {name: ref.sha256 for name, ref in kept.adapters.items()},
+    )
+    return kept.model_copy(
+        update={
+            "release_id": release_id,
+            "parent_release_id": active.release_id,
+            "router_version": router,
+        }
+    )
+
+
+def _changes(before: Release, after: Release) -> set[str]:
+    """Which parts of ``before`` ``after`` changed: router, adapters, harness, base model."""
+    parts = {
+        "router": (before.router_version, after.router_version),
+        "adapters": (before.adapters, after.adapters),
+        "harness": (
+            (before.harness_version, before.hcp_version),
+            (after.harness_version, after.hcp_version),
+        ),
+        "base model": (before.base_model, after.base_model),
+    }
+    return {part for part, (old, new) in parts.items() if old != new}

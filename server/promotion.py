@@ -25,7 +25,7 @@ from core.events import NewEvent, PromotionRejected, ReleasePromoted, ReleaseRol
 from core.harness.artifact import HarnessVersion
 from core.ids import derived_id
 from core.log import EventLog
-from core.release import Release
+from core.release import Release, rebased
 from core.routing import RouterModel
 from infra import observe
 from infra.artifacts import ArtifactStore
@@ -39,6 +39,7 @@ from infra.postgres.promotions import (
 from infra.postgres.registry import (
     activate_release,
     active_release,
+    file_rebased_release,
     harness_by_name,
     release_by_id,
 )
@@ -96,6 +97,26 @@ class PromotionListener:
             return None
         return router_model(conn, release.router_version)
 
+    def _rebased(self, conn: DictConnection, release: Release, active: Release) -> Release:
+        """``release``, judged against a release promoted over since, as a child of ``active``
+        when its change and the one promoted since are independent (``core.release.rebased``),
+        recorded with the run that judged it; else it must be judged again."""
+        judged_against = (
+            None
+            if release.parent_release_id is None
+            else release_by_id(conn, release.parent_release_id)
+        )
+        child = None if judged_against is None else rebased(release, judged_against, active)
+        if child is None:
+            raise PromotionFailed(
+                f"{release.release_id} was evaluated against {release.parent_release_id}, "
+                f"but {active.release_id} is active now and changed what it changes: it must "
+                "be evaluated again"
+            )
+        with conn.transaction():
+            file_rebased_release(conn, child, release.release_id)
+        return child
+
     async def _carry_out(self, request: dict[str, Any]) -> None:
         with observe.tracer.start_as_current_span(
             "promotion.apply",
@@ -116,13 +137,10 @@ class PromotionListener:
         try:
             with self.pool.connection() as conn:
                 release = release_by_id(conn, request["release_id"])
+                if request["kind"] == "promote" and release.parent_release_id != old.release_id:
+                    release = self._rebased(conn, release, old)
                 harness = harness_by_name(conn, release.harness_version)
                 router = self._router_of(conn, release)
-            if request["kind"] == "promote" and release.parent_release_id != old.release_id:
-                raise PromotionFailed(
-                    f"{release.release_id} was evaluated against {release.parent_release_id}, "
-                    f"but {old.release_id} is active now: it must be evaluated again"
-                )
             await asyncio.to_thread(prepare_harness, self.chat.engine, harness)
             loaded = await self._load(release)
         except MacaronError as exc:
@@ -173,6 +191,9 @@ class PromotionListener:
 
     def _flip(self, request: dict[str, Any], old: Release, release: Release) -> None:
         rollback = request["kind"] == "rollback"
+        reason = f"requested by {request['requested_by']}"
+        if release.release_id != request["release_id"]:
+            reason += f"; {request['release_id']} rebased onto {old.release_id}"
         with self.pool.connection() as conn, conn.transaction():
             activate_release(conn, release.release_id, request["requested_by"])
             record_promotion(
@@ -182,14 +203,14 @@ class PromotionListener:
                 from_release_id=old.release_id,
                 to_release_id=release.release_id,
                 run_id=request["run_id"],
-                reason=f"requested by {request['requested_by']}",
+                reason=reason,
             )
             finish_request(conn, request["request_id"])
         payload = (
             ReleaseRolledBack(
                 from_release_id=old.release_id,
                 to_release_id=release.release_id,
-                reason=f"requested by {request['requested_by']}",
+                reason=reason,
             )
             if rollback
             else ReleasePromoted(

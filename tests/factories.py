@@ -1,4 +1,4 @@
-"""Event builders shared by the tests."""
+"""Event and release builders shared by the tests."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from psycopg.types.json import Json
 from core.canonical import canonical_json, sha256_hex
 from core.events import NewEvent, TurnReceived, chain_hash, format_time, utc_now
 from core.ids import uuid7
+from core.release import AdapterRef, Release
 
 
 def turn(key: str, n: int = 0, *, tenant: str = "tenant-a", **kw: Any) -> NewEvent:
@@ -55,6 +56,25 @@ def raw_envelope(
     }
     digest = sha256_hex(canonical_json(payload))
     return {**header, "hash": chain_hash(header, digest), "payload": payload}
+
+
+def root_release(*specialists: str) -> Release:
+    """A root release serving a version-0 adapter (placeholder weights) per specialist."""
+    refs = {
+        name: AdapterRef(
+            adapter_version_id=i, specialist=name, version=0, sha256="0" * 64, path="p", rank=4
+        )
+        for i, name in enumerate(specialists)
+    }
+    return Release(
+        release_id="r0",
+        parent_release_id=None,
+        base_model="tiny",
+        router_version="router-seed",
+        harness_version="harness@0",
+        hcp_version="hcp-1",
+        adapters=refs,
+    )
 
 
 def make_adapter(base_dir: Path, out: Path, rank: int, targets: list[str], seed: int) -> Path:

@@ -152,6 +152,17 @@ def file_release(conn: DictConnection, release: Release) -> None:
         create_release(conn, release, active=False)
 
 
+def file_rebased_release(conn: DictConnection, release: Release, source_release_id: str) -> None:
+    """Record ``release``, the change of ``source_release_id`` rebased onto a newer parent,
+    with the run that judged the source (once)."""
+    file_release(conn, release)
+    conn.execute(
+        "UPDATE releases SET run_id = (SELECT run_id FROM releases WHERE release_id = %s) "
+        "WHERE release_id = %s AND run_id IS NULL",
+        (source_release_id, release.release_id),
+    )
+
+
 def adapter_at(conn: DictConnection, specialist: str, version: int) -> AdapterRef | None:
     """The registered adapter ``specialist@version``, or ``None``."""
     row = conn.execute(

@@ -21,7 +21,7 @@ from core.routing import RouterDecision, RouterModel
 from core.settings import Settings
 from infra.identity_adapter import write_identity_adapter
 from infra.postgres.promotions import request_promotion, wait_for_request
-from infra.postgres.registry import create_release
+from infra.postgres.registry import create_release, register_harness
 from infra.postgres.routers import register_router
 from server.engines.instant import InstantEngine
 from server.router import RouterService, SentenceEmbedder
@@ -304,6 +304,57 @@ def test_a_release_naming_another_router_version_routes_with_it_from_the_flip(
                 final = wait_for_request(pool, refused, 60)
                 assert final["status"] == "failed" and reason in final["reason"], final
                 assert (chat.release, own.version) == (root, seed.version)
+
+
+def test_a_candidate_judged_before_a_router_promotion_is_rebased_onto_it(
+    database_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A harness candidate judged against the root, promoted after a router-only release:
+    its judgement did not depend on the router, so it is promoted as a child of the router
+    release, serving both changes, and the promotion record says so. A second router change
+    judged against the root overlaps what was promoted since and is refused."""
+    own = RouterService.from_seed(SentenceEmbedder())
+    seed = own.model
+    leaning = RouterModel.create(
+        seed.specialists, seed.weights, [b + 1.0 for b in seed.bias], seed.training_digest
+    )
+    settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model)
+    with running_server(settings, engine=InstantEngine(_system_prompt), router=own) as served:
+        chat, pool = served.server.chat, served.server.pool
+        root = chat.release
+        with pool.connection() as conn, conn.transaction():
+            register_router(conn, leaning, parent=seed.version)
+            router_child = root.successor(router_version=leaning.version)
+            create_release(conn, router_child, active=False)
+            harness = register_harness(conn, _terse_coding(), parent=chat.harness)
+            harness_child = root.successor(harness=harness)
+            create_release(conn, harness_child, active=False)
+        for release in (router_child, harness_child):
+            request_id = request_promotion(pool, release.release_id, requested_by="t")
+            assert wait_for_request(pool, request_id, 60)["status"] == "done"
+        assert chat.release == router_child.successor(harness=harness)
+        assert (own.version, chat.harness.name) == (leaning.version, "harness@1")
+        with pool.connection() as conn:
+            reason = conn.execute(
+                "SELECT reason FROM promotions WHERE to_release_id = %s", (chat.release.release_id,)
+            ).fetchone()
+        assert reason is not None
+        assert (
+            f"{harness_child.release_id} rebased onto {router_child.release_id}" in reason["reason"]
+        )
+        with served.connect(served.key("t-rebased")) as ws:
+            assert json.loads(ws.recv(timeout=30))["type"] == "ready"
+            answer = "".join(f["delta"] for f in _ask(ws, "m1") if f["type"] == "token")
+            assert answer == TERSE
+
+        with pool.connection() as conn, conn.transaction():
+            other = root.successor(router_version=seed.version + "-unused")
+            create_release(conn, other, active=False)
+        refused = wait_for_request(
+            pool, request_promotion(pool, other.release_id, requested_by="t"), 60
+        )
+        assert refused["status"] == "failed" and "evaluated again" in refused["reason"], refused
+        assert own.version == leaning.version
 
 
 def _chat_turn(ws: Any, msg: str) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from core.harness.artifact import (
     root_version,
 )
 from core.harness.hcp import build_context
-from core.release import AdapterRef, Release
+from tests.factories import root_release
 
 ROOT_ADDRESS = "a0c5bf7888d3c6f6984a10c697f6577a73ce3c2fd78cc22332beed3814a4bfd4"
 """harness@0's address. Databases hold it: harness@0 must never change (a change is a new
@@ -171,23 +171,8 @@ def test_the_diff_names_each_changed_field() -> None:
     assert harness_diff(root, root) == []
 
 
-def _release() -> Release:
-    ref = AdapterRef(
-        adapter_version_id=1, specialist="chat", version=0, sha256="0" * 64, path="p", rank=4
-    )
-    return Release(
-        release_id="r0",
-        parent_release_id=None,
-        base_model="tiny",
-        router_version="router-1",
-        harness_version="harness@0",
-        hcp_version="hcp-1",
-        adapters={"chat": ref},
-    )
-
-
 def test_a_successor_may_change_the_adapters_the_harness_or_both() -> None:
-    root = _release()
+    root = root_release("chat")
     spec = _with(root_harness(), "chat", system_prompt="Be brief.")
     harness = HarnessVersion(version=1, sha256=spec.address, parent_version=0, spec=spec)
     chat1 = root.adapters["chat"].model_copy(update={"version": 1, "sha256": "1" * 64})
