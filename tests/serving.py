@@ -25,9 +25,16 @@ from core.release import AdapterRef, Release
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
 from infra.local_stack import LocalStack, free_port
+from infra.postgres.db import Pool
 from infra.postgres.keys import create_key
-from infra.postgres.registry import create_release, register_adapter, register_harness
+from infra.postgres.registry import (
+    active_release,
+    create_release,
+    register_adapter,
+    register_harness,
+)
 from macaron import wiring
+from macaron.demo import worker_environment
 from server.turns.request import Router
 from streams.host import ProcessorHost
 from streams.runner import follow
@@ -53,14 +60,52 @@ class Running:
             return create_key(conn, tenant, set(scopes or ("chat",)))[1]  # type: ignore[arg-type]
 
     def connect(self, key: str | None = None, **kw: Any) -> ClientConnection:
-        headers = {"Authorization": f"Bearer {key}"} if key is not None else None
-        ws: ClientConnection = connect(
-            self.ws_url, additional_headers=headers, open_timeout=10, **kw
-        )
-        return ws
+        return ws_connect(self.ws_url, key, **kw)
 
     def events(self, key: str | None = None) -> list[Any]:
         return list(self.server.log.read(key=key))
+
+
+def ws_connect(url: str, key: str | None = None, **kw: Any) -> ClientConnection:
+    """A WebSocket to ``url``, with ``key`` as its bearer token."""
+    headers = {"Authorization": f"Bearer {key}"} if key is not None else None
+    ws: ClientConnection = connect(url, additional_headers=headers, open_timeout=10, **kw)
+    return ws
+
+
+@dataclass(frozen=True)
+class ServerProcess:
+    """A ``macaron serve`` in a process of its own."""
+
+    process: subprocess.Popen[bytes]
+    port: int
+
+    def connect(self, key: str | None = None, **kw: Any) -> ClientConnection:
+        return ws_connect(f"ws://127.0.0.1:{self.port}/v1/ws", key, **kw)
+
+
+def start_server(settings: Settings, port: int, log: Path) -> subprocess.Popen[bytes]:
+    """``macaron serve`` on ``port`` given ``settings`` as ``MACARON_*``, its output in ``log``;
+    returns once it accepts WebSocket connections."""
+    env = worker_environment(settings)
+    with log.open("ab") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "macaron", "serve", "--port", str(port)],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the server exited:\n{log.read_text()[-3000:]}")
+        try:
+            with connect(f"ws://127.0.0.1:{port}/v1/ws", open_timeout=2):
+                return process
+        except OSError:
+            time.sleep(0.5)
+    process.kill()
+    raise AssertionError("the server did not start")
 
 
 @contextmanager
@@ -150,11 +195,19 @@ def send(ws: ClientConnection, **frame: Any) -> None:
 def successor(served: Running, folder: Path, rank: int, specialist: str = "coding") -> Release:
     """A child of the active release with a new adapter for ``specialist``, recorded, not
     active."""
-    store = ArtifactStore(served.settings.home / "adapters")
+    return registered_successor(served.server.pool, served.settings.home, folder, rank, specialist)
+
+
+def registered_successor(
+    pool: Pool, home: Path, folder: Path, rank: int, specialist: str = "coding"
+) -> Release:
+    """``successor`` for servers of another process: the registry's active release, the
+    adapter stored under ``home``."""
+    store = ArtifactStore(home / "adapters")
     sha, path = store.put(folder)
-    release = served.server.chat.release
-    parent = release.adapters[specialist]
-    with served.server.pool.connection() as conn, conn.transaction():
+    with pool.connection() as conn, conn.transaction():
+        release = active_release(conn)
+        parent = release.adapters[specialist]
         ref: AdapterRef = register_adapter(
             conn,
             specialist=specialist,

@@ -36,7 +36,7 @@ from server.engines.instant import InstantEngine, fixed_reply
 from server.router import RouterService
 from streams.processor import content_hash
 from streams.replay import replay
-from tests.serving import following, frames_until, running_server, send, serving
+from tests.serving import following, frames_until, running_server, send, serving, start_server
 
 pytestmark = pytest.mark.fault
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -69,27 +69,6 @@ def fault_settings(database_url: str, tiny_model: Path, tmp_path: Path) -> Setti
         turns_per_minute=10_000,
         log_format="text",
     )
-
-
-def start_server(settings: Settings, port: int, log: Path) -> subprocess.Popen[bytes]:
-    env = worker_environment(settings)
-    with log.open("ab") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "macaron", "serve", "--port", str(port)],
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the server exited:\n{log.read_text()[-3000:]}")
-        try:
-            with connect(f"ws://127.0.0.1:{port}/v1/ws", open_timeout=2):
-                return process
-        except OSError:
-            time.sleep(0.5)
-    raise AssertionError("the server did not start")
 
 
 def kill(process: subprocess.Popen[bytes]) -> None:

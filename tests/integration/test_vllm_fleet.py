@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -40,7 +41,8 @@ from core.harness.grammars import genui_schema, tool_call_schema
 from core.settings import Settings
 from infra.local_stack import LocalStack, free_port
 from infra.models import make_tiny_model
-from infra.postgres.db import Pool
+from infra.postgres.db import Pool, open_pool
+from infra.postgres.keys import create_key
 from infra.postgres.leases import PostgresAdapterLeases
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.telemetry import metrics_exposition
@@ -55,7 +57,15 @@ from tests.conftest import fresh_database
 from tests.contract.engine_contract import EngineContract
 from tests.factories import make_adapter
 from tests.grammar_check import in_grammar
-from tests.serving import Running, running_server, serving, successor, turn_frames
+from tests.serving import (
+    Running,
+    ServerProcess,
+    registered_successor,
+    serving,
+    start_server,
+    successor,
+    turn_frames,
+)
 
 pytestmark = pytest.mark.vllm
 
@@ -574,7 +584,7 @@ class TestFleetEngine(EngineContract):
 class Session:
     """One client streaming turns back to back, recording what each turn used."""
 
-    served: Running
+    served: Running | ServerProcess
     key: str
     turns: list[dict[str, Any]] = field(default_factory=list)
     failures: list[Any] = field(default_factory=list)
@@ -740,14 +750,13 @@ def test_promotion_under_load_fails_no_turn_and_flips_at_one_instant(
 def test_two_servers_on_one_fleet_under_a_promotion_fail_no_turn(
     stack: LocalStack,
     tmp_path_factory: pytest.TempPathFactory,
-    router: RouterService,
     replicas: list[VllmReplica],
     vllm_model: Path,
     tmp_path: Path,
 ) -> None:
-    """Two servers on one registry and one fleet, each with its own fleet engine and leases,
-    as two `macaron serve` would run; one performs the promotion, the other follows the flip.
-    No turn on either fails, and the old version leaves the replicas once both let go."""
+    """Two `macaron serve` processes on one registry and one fleet, each with its own fleet
+    engine and leases; one performs the promotion, the other follows the flip. No turn on
+    either fails, and the old version leaves the replicas once both let go."""
     with fresh_database(stack) as url:
         settings = Settings(
             home=tmp_path_factory.mktemp("shared-home"),
@@ -758,58 +767,64 @@ def test_two_servers_on_one_fleet_under_a_promotion_fail_no_turn(
             turns_per_minute=100_000,
             max_new_tokens=24,
         )
+        pool = open_pool(url)
+        servers: list[ServerProcess] = []
         try:
-            with (
-                running_server(settings, router=router) as a,
-                running_server(settings, router=router) as b,
-            ):
-                sessions = [
-                    Session(s, s.key(f"t-{n}-{i}")) for n, s in enumerate((a, b)) for i in range(3)
-                ]
-                stop = threading.Event()
-                threads = [
-                    threading.Thread(target=s.run, args=(stop,), daemon=True) for s in sessions
-                ]
-                for thread in threads:
-                    thread.start()
-                try:
-                    wait_until(lambda: all(s.turns for s in sessions), "no turns", 120)
-                    adapter = make_adapter(vllm_model, tmp_path / "new", 8, ALL_LINEAR, 7)
-                    child = successor(a, adapter, 8)
-                    request_id = request_promotion(
-                        a.server.pool, child.release_id, requested_by="test"
-                    )
-                    assert wait_for_request(a.server.pool, request_id, 300)["status"] == "done"
-                    wait_until(
-                        lambda: all(
-                            any(t.get("release") == child.release_id for t in s.turns)
-                            for s in sessions
-                        ),
-                        "a server never turned to the new release",
-                        120,
-                    )
-                finally:
-                    stop.set()
-                    for thread in threads:
-                        thread.join(timeout=120)
-                assert [f for s in sessions for f in s.failures] == [], "no turn failed"
+            for n in range(2):
+                port = free_port()
+                log = tmp_path / f"server-{n}.log"
+                servers.append(ServerProcess(start_server(settings, port, log), port))
+            with pool.connection() as conn:
+                keys = [create_key(conn, f"t-{i}", {"chat"})[1] for i in range(6)]
+            sessions = [Session(servers[i % 2], key) for i, key in enumerate(keys)]
+            stop = threading.Event()
+            threads = [threading.Thread(target=s.run, args=(stop,), daemon=True) for s in sessions]
+            for thread in threads:
+                thread.start()
+            try:
+                wait_until(lambda: all(s.turns for s in sessions), "no turns", 120)
+                adapter = make_adapter(vllm_model, tmp_path / "new", 8, ALL_LINEAR, 7)
+                child = registered_successor(pool, settings.home, adapter, 8)
+                request_id = request_promotion(pool, child.release_id, requested_by="test")
+                assert wait_for_request(pool, request_id, 300)["status"] == "done"
                 wait_until(
-                    lambda: not any("coding@0" in names_on(r) for r in replicas),
-                    "coding@0 was not unloaded",
+                    lambda: all(
+                        any(t.get("release") == child.release_id for t in s.turns) for s in sessions
+                    ),
+                    "a server never turned to the new release",
+                    120,
                 )
-                assert all("coding@1" in names_on(r) for r in replicas)
-                with a.server.pool.connection() as conn:
-                    holders = conn.execute(
-                        "SELECT adapter, count(*) AS n FROM adapter_leases "
-                        "WHERE adapter LIKE 'coding@%%' GROUP BY adapter"
-                    ).fetchall()
-                    flips = conn.execute(
-                        "SELECT count(*) AS n FROM promotions WHERE to_release_id = %s",
-                        (child.release_id,),
-                    ).fetchone()
-                assert {r["adapter"]: r["n"] for r in holders} == {"coding@1": 2}
-                assert flips is not None and flips["n"] == 1  # one server carried it out
+            finally:
+                stop.set()
+                for thread in threads:
+                    thread.join(timeout=120)
+            assert [f for s in sessions for f in s.failures] == [], "no turn failed"
+            wait_until(
+                lambda: not any("coding@0" in names_on(r) for r in replicas),
+                "coding@0 was not unloaded",
+            )
+            assert all("coding@1" in names_on(r) for r in replicas)
+            with pool.connection() as conn:
+                holders = conn.execute(
+                    "SELECT adapter, count(*) AS n FROM adapter_leases "
+                    "WHERE adapter LIKE 'coding@%%' GROUP BY adapter"
+                ).fetchall()
+                flips = conn.execute(
+                    "SELECT count(*) AS n FROM promotions WHERE to_release_id = %s",
+                    (child.release_id,),
+                ).fetchone()
+            assert {r["adapter"]: r["n"] for r in holders} == {"coding@1": 2}
+            assert flips is not None and flips["n"] == 1  # one server carried it out
         finally:
+            for server in servers:
+                server.process.terminate()
+            for server in servers:
+                try:
+                    server.process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    server.process.kill()
+                    server.process.wait(timeout=30)
+            pool.close()
             unload_everything(replicas, vllm_model)
 
 
