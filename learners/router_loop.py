@@ -118,15 +118,17 @@ def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
 
 def _settled(rt: Runtime, run: dict[str, Any]) -> RouterOutcome:
     """Record the verdict of a judged run (again, for a redelivery: its id is derived) and ask
-    for the promotion of a passed run's release unless it is active."""
+    for the promotion of a passed run's release unless the active release serves its router
+    (that release, or the same change rebased onto a release promoted since)."""
     if run["status"] not in ("passed", "refused"):
         return RouterOutcome(run["status"], run["router_version"], run["release_id"])
     rt.log.append([_evaluated(run)])
     if run["status"] == "refused":
         return RouterOutcome("refused", run["router_version"])
     with rt.pool.connection() as conn:
-        if active_release(conn).release_id == run["release_id"]:
-            return RouterOutcome("promoted", run["router_version"], run["release_id"])
+        active = active_release(conn)
+        if active.router_version == run["router_version"]:  # promoted, perhaps rebased
+            return RouterOutcome("promoted", run["router_version"], active.release_id)
     request = request_promotion(
         rt.pool, run["release_id"], requested_by=f"router run {run['run_id']}"
     )

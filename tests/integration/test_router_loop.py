@@ -97,6 +97,14 @@ def test_routing_labels_train_a_router_that_is_judged_and_promoted(
         decided = [e.payload for e in served.events() if isinstance(e.payload, RouterDecided)]
         assert decided[-1].router_version == own.version
 
+        # A redelivery of the run after its promotion asks for nothing: its router serves.
+        redelivered = train_router_run(
+            wiring.learning_runtime(settings, served.server.pool), requested.run_id
+        )
+        assert (redelivered.status, redelivered.release_id) == ("promoted", release.release_id)
+        evaluations = [e.payload for e in served.events() if isinstance(e.payload, RouterEvaluated)]
+        assert evaluations == [evaluated]  # the verdict's id is derived: recorded once
+
 
 def test_a_router_taught_wrong_is_refused_and_the_active_one_routes_on(
     database_url: str, tiny_model: Path, tmp_path: Path
