@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import warnings
 from collections.abc import Callable, Collection, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +59,11 @@ class SentenceEmbedder:
     this CPU with the same held-out routing accuracy (``bench/router.py``). Its activations are
     scaled per forward pass, so each text then gets a pass of its own: a text's embedding never
     depends on the texts batched with it, and a fit's features are those served.
+
+    Passes run on a thread of the embedder's own with ``threads`` intra-op threads (``None``:
+    torch's count). One is the default: beside the engine's memory-bound matmuls on the same
+    cores, one thread gave a lower p99 than two, and the engine kept its speed
+    (``bench/router.py``).
     """
 
     def __init__(
@@ -67,6 +73,7 @@ class SentenceEmbedder:
         max_length: int = 256,
         batch_size: int = 32,
         int8: bool = True,
+        threads: int | None = 1,
     ) -> None:
         folder = model_dir if model_dir is not None else minilm_dir()
         try:
@@ -84,6 +91,28 @@ class SentenceEmbedder:
         self._max_length = max_length
         self._batch_size = 1 if int8 else batch_size
         self.dim = int(model.config.hidden_size)
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="macaron-embed")
+        if threads is not None:
+            self._pin(threads)
+
+    def _pin(self, threads: int) -> None:
+        """Give this embedder's thread ``threads`` intra-op threads and no other thread. torch
+        keeps the count per thread, and a thread takes the last count set when it first
+        computes: the worker takes its count first, then the count this thread had is set
+        again for the threads still to come (the engine's among them)."""
+        before = torch.get_num_threads()
+
+        def pin() -> None:
+            torch.get_num_threads()  # this thread takes torch's count now ...
+            torch.set_num_threads(threads)  # ... and then its own
+
+        self._worker.submit(pin).result()
+        torch.set_num_threads(before)
+
+    @property
+    def threads(self) -> int:
+        """The intra-op threads an embedding pass runs on."""
+        return self._worker.submit(torch.get_num_threads).result()
 
     def embed(self, texts: Sequence[str]) -> torch.Tensor:
         """One unit-length row per text, shape ``(len(texts), dim)``, in batches."""
@@ -99,6 +128,9 @@ class SentenceEmbedder:
         return values
 
     def _embed_batch(self, texts: Sequence[str]) -> torch.Tensor:
+        return self._worker.submit(self._embed_here, texts).result()
+
+    def _embed_here(self, texts: Sequence[str]) -> torch.Tensor:
         batch = self._tokenizer(
             list(texts),
             padding=True,

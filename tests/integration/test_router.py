@@ -3,6 +3,7 @@ on, retraining from corrections, a specialist added at run time, hints."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -119,6 +120,22 @@ def test_the_int8_encoder_embeds_as_the_float32_one(embedder: SentenceEmbedder) 
     for text in ["Show me a chart of my sleep", "Why is the sky blue?", "Email Ana the slides"]:
         int8, float32 = torch.tensor(embedder.embed_one(text)), torch.tensor(exact.embed_one(text))
         assert float(int8 @ float32) > 0.9  # unit vectors: the cosine
+
+
+def test_an_embedder_runs_on_its_own_threads_and_leaves_torchs_count_to_the_others() -> None:
+    """Its passes use one intra-op thread (or torch's count when it is given none), while the
+    thread that made it, and a thread that starts afterwards (as the engine's does), keep
+    torch's count."""
+    torch.set_num_threads(2)
+    pinned, unpinned = SentenceEmbedder(), SentenceEmbedder(threads=None)
+    assert (pinned.threads, unpinned.threads, torch.get_num_threads()) == (1, 2, 2)
+    later: list[int] = []
+    thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+    thread.start()
+    thread.join()
+    assert later == [2]
+    one, two = (torch.tensor(e.embed_one("Why is the sky blue?")) for e in (pinned, unpinned))
+    assert torch.allclose(one, two, atol=1e-5)
 
 
 def test_heldout_accuracy_of_the_seed_router(
