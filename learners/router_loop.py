@@ -17,8 +17,8 @@ from core.events import NewEvent, RouterEvaluated
 from core.ids import derived_id
 from core.routing import ROUTER_RUNS_KEY, LabelledTurn, router_fit, routing_labels
 from infra.jsonl import load_jsonl
-from infra.postgres.promotions import request_promotion, wait_for_request
-from infra.postgres.registry import active_release, create_release
+from infra.postgres.promotions import promoted_once, request_promotion, wait_for_request
+from infra.postgres.registry import active_release, file_release
 from infra.postgres.routers import (
     claim_router_run,
     finish_router_run,
@@ -100,7 +100,7 @@ def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
     with rt.pool.connection() as conn, conn.transaction():
         register_router(conn, candidate, parent=parent.version)
         if child is not None:
-            create_release(conn, child, active=False)
+            file_release(conn, child)
         finish_router_run(
             conn,
             run["run_id"],
@@ -118,17 +118,16 @@ def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
 
 def _settled(rt: Runtime, run: dict[str, Any]) -> RouterOutcome:
     """Record the verdict of a judged run (again, for a redelivery: its id is derived) and ask
-    for the promotion of a passed run's release unless the active release serves its router
-    (that release, or the same change rebased onto a release promoted since)."""
+    for the promotion of a passed run's release unless it was promoted once (as it is, or
+    rebased onto a release promoted since; a rollback since is the operator's word)."""
     if run["status"] not in ("passed", "refused"):
         return RouterOutcome(run["status"], run["router_version"], run["release_id"])
     rt.log.append([_evaluated(run)])
     if run["status"] == "refused":
         return RouterOutcome("refused", run["router_version"])
     with rt.pool.connection() as conn:
-        active = active_release(conn)
-        if active.router_version == run["router_version"]:  # promoted, perhaps rebased
-            return RouterOutcome("promoted", run["router_version"], active.release_id)
+        if promoted_once(conn, run["release_id"]):  # perhaps rebased, perhaps rolled back since
+            return RouterOutcome("promoted", run["router_version"], run["release_id"])
     request = request_promotion(
         rt.pool, run["release_id"], requested_by=f"router run {run['run_id']}"
     )

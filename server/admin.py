@@ -155,4 +155,5 @@ async def _carry_out(request: Request, release_id: str, kind: str, who: Principa
     final = await asyncio.to_thread(wait_for_request, pool, request_id, PROMOTION_TIMEOUT_S)
     if final["status"] != "done":
         raise PromotionFailed(f"{kind} of {release_id}: {final['reason'] or final['status']}")
-    return JSONResponse({"release_id": release_id, "kind": kind, "status": "done"})
+    done = {"release_id": release_id, "kind": kind, "status": "done", "note": final["reason"]}
+    return JSONResponse(done)

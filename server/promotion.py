@@ -99,8 +99,8 @@ class PromotionListener:
 
     def _rebased(self, conn: DictConnection, release: Release, active: Release) -> Release:
         """``release``, judged against a release promoted over since, as a child of ``active``
-        when its change and the one promoted since are independent (``core.release.rebased``),
-        recorded with the run that judged it; else it must be judged again."""
+        when its change and the one promoted since are independent (``core.release.rebased``;
+        recorded by the flip, with the run that judged it); else it must be judged again."""
         judged_against = (
             None
             if release.parent_release_id is None
@@ -113,8 +113,6 @@ class PromotionListener:
                 f"but {active.release_id} is active now and changed what it changes: it must "
                 "be evaluated again"
             )
-        with conn.transaction():
-            file_rebased_release(conn, child, release.release_id)
         return child
 
     async def _carry_out(self, request: dict[str, Any]) -> None:
@@ -192,9 +190,13 @@ class PromotionListener:
     def _flip(self, request: dict[str, Any], old: Release, release: Release) -> None:
         rollback = request["kind"] == "rollback"
         reason = f"requested by {request['requested_by']}"
+        rebase = None
         if release.release_id != request["release_id"]:
-            reason += f"; {request['release_id']} rebased onto {old.release_id}"
+            rebase = f"rebased onto {old.release_id} as {release.release_id}"
+            reason += f"; {request['release_id']} {rebase}"
         with self.pool.connection() as conn, conn.transaction():
+            if rebase is not None:
+                file_rebased_release(conn, release, request["release_id"])
             activate_release(conn, release.release_id, request["requested_by"])
             record_promotion(
                 conn,
@@ -205,7 +207,7 @@ class PromotionListener:
                 run_id=request["run_id"],
                 reason=reason,
             )
-            finish_request(conn, request["request_id"])
+            finish_request(conn, request["request_id"], note=rebase)
         payload = (
             ReleaseRolledBack(
                 from_release_id=old.release_id,

@@ -95,17 +95,21 @@ def start_server(settings: Settings, port: int, log: Path) -> subprocess.Popen[b
             stdout=out,
             stderr=subprocess.STDOUT,
         )
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the server exited:\n{log.read_text()[-3000:]}")
-        try:
-            with connect(f"ws://127.0.0.1:{port}/v1/ws", open_timeout=2):
-                return process
-        except OSError:
-            time.sleep(0.5)
-    process.kill()
-    raise AssertionError("the server did not start")
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                raise AssertionError(f"the server exited:\n{log.read_text()[-3000:]}")
+            try:
+                with connect(f"ws://127.0.0.1:{port}/v1/ws", open_timeout=2):
+                    return process
+            except OSError:
+                time.sleep(0.5)
+        raise AssertionError("the server did not start")
+    except BaseException:
+        process.kill()
+        process.wait(timeout=30)
+        raise
 
 
 @contextmanager

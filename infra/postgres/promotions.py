@@ -136,11 +136,25 @@ def record_promotion(
     )
 
 
-def finish_request(conn: DictConnection, request_id: UUID) -> None:
+def finish_request(conn: DictConnection, request_id: UUID, *, note: str | None = None) -> None:
+    """Mark the request done; ``note`` says how, when the release made active is not the one
+    asked for (``rebased onto X as Y``)."""
     conn.execute(
-        "UPDATE promotion_requests SET status = 'done', finished_at = now() WHERE request_id = %s",
-        (request_id,),
+        "UPDATE promotion_requests SET status = 'done', reason = %s, finished_at = now() "
+        "WHERE request_id = %s",
+        (note, request_id),
     )
+
+
+def promoted_once(conn: DictConnection, release_id: str) -> bool:
+    """Whether a request to promote ``release_id`` was ever carried out (a rollback since
+    does not undo that it was)."""
+    row = conn.execute(
+        "SELECT 1 FROM promotion_requests WHERE release_id = %s AND kind = 'promote' "
+        "AND status = 'done' LIMIT 1",
+        (release_id,),
+    ).fetchone()
+    return row is not None
 
 
 def fail_request(conn: DictConnection, request_id: UUID, reason: str) -> None:

@@ -62,7 +62,8 @@ def await_promotion(cfg: Settings, release_id: str, kind: str, timeout: float) -
         raise PromotionFailed(f"no server took the request in {timeout:.0f} s; is one running?")
     if final["status"] == "failed":
         raise PromotionFailed(f"{kind} of {release_id} refused: {final['reason']}")
-    console.print(f"{release_id} is active ({kind})")
+    how = f"; {final['reason']}" if final["reason"] else ""
+    console.print(f"{release_id} is active ({kind}{how})")
 
 
 def registry(

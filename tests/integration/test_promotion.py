@@ -329,10 +329,15 @@ def test_a_candidate_judged_before_a_router_promotion_is_rebased_onto_it(
             harness = register_harness(conn, _terse_coding(), parent=chat.harness)
             harness_child = root.successor(harness=harness)
             create_release(conn, harness_child, active=False)
-        for release in (router_child, harness_child):
-            request_id = request_promotion(pool, release.release_id, requested_by="t")
-            assert wait_for_request(pool, request_id, 60)["status"] == "done"
+        finals = [
+            wait_for_request(pool, request_promotion(pool, r.release_id, requested_by="t"), 60)
+            for r in (router_child, harness_child)
+        ]
+        assert [f["status"] for f in finals] == ["done", "done"]
         assert chat.release == router_child.successor(harness=harness)
+        assert finals[1]["reason"] == (
+            f"rebased onto {router_child.release_id} as {chat.release.release_id}"
+        )
         assert (own.version, chat.harness.name) == (leaning.version, "harness@1")
         with pool.connection() as conn:
             reason = conn.execute(

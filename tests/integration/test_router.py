@@ -126,14 +126,14 @@ def test_an_embedder_runs_on_its_own_threads_and_leaves_torchs_count_to_the_othe
     """Its passes use one intra-op thread (or torch's count when it is given none), while the
     thread that made it, and a thread that starts afterwards (as the engine's does), keep
     torch's count."""
-    torch.set_num_threads(2)
+    count = torch.get_num_threads()
     pinned, unpinned = SentenceEmbedder(), SentenceEmbedder(threads=None)
-    assert (pinned.threads, unpinned.threads, torch.get_num_threads()) == (1, 2, 2)
+    assert (pinned.threads, unpinned.threads, torch.get_num_threads()) == (1, count, count)
     later: list[int] = []
     thread = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
     thread.start()
     thread.join()
-    assert later == [2]
+    assert later == [count]
     one, two = (torch.tensor(e.embed_one("Why is the sky blue?")) for e in (pinned, unpinned))
     assert torch.allclose(one, two, atol=1e-5)
 
