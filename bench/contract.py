@@ -23,9 +23,9 @@ import torch
 from bench.report import Row, report, row
 from core.harness.artifact import root_version
 from core.settings import default_home
+from engines.local import EngineLimits, LocalEngine
 from infra.models import pull_model
 from learners.contract import CONTRACT_V1, CONTRACT_V2, ContractRun, load_contract, run_contract
-from server.engines.local import EngineLimits, LocalEngine
 
 BASE_MODEL = "smollm2-135m-instruct"
 

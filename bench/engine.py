@@ -39,10 +39,10 @@ from bench.report import Row, report, row
 from core.engine import Engine, GenerationRequest, OutputConstraint, SamplingParams
 from core.harness.grammars import genui_schema
 from core.settings import default_home
+from engines.lora import TARGETS
 from infra.local_stack import free_port
 from infra.models import pull_model
 from infra.vllm_cpu import start_replica, vllm_python
-from server.engines.lora import TARGETS
 
 RANK = 16
 SHORT_ANSWER = 16  # tokens: answers short enough for the shared prompt pass to dominate
@@ -259,7 +259,7 @@ def first_tokens(engine: Any, names: list[str]) -> tuple[float, float]:
 
 
 def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> dict[str, float]:
-    from server.engines.local import LocalEngine
+    from engines.local import LocalEngine
 
     engine = LocalEngine(Path(model_dir))
     for name, path in adapters.items():
@@ -284,7 +284,7 @@ def run_vllm(
 ) -> dict[str, float]:
     """One vllm-cpu replica through the fleet engine. Base-model requests are left out: the
     fleet never sends them to a LoRA-enabled replica."""
-    from server.engines.fleet import FleetEngine
+    from engines.fleet import FleetEngine
 
     replica = start_replica(
         vllm_python(),

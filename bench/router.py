@@ -47,9 +47,9 @@ from core.engine import GenerationRequest, SamplingParams
 from core.events import RoutingLabelled
 from core.routing import LabelledTurn, RouterDecision, decide
 from core.settings import Settings
+from engines.local import LocalEngine
 from learners.tasks import BANK_V1, load_bank
 from macaron import wiring
-from server.engines.local import LocalEngine
 from server.router import RouterService, SentenceEmbedder
 from server.router_training import SEED_EXAMPLES, TrainingConfig, fit_router, load_examples
 

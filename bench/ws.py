@@ -39,13 +39,13 @@ from core.events import Envelope, NewEvent
 from core.log import DeadLetter, LogPosition, Positions, RecordedEvent, seal_batch
 from core.routing import RouterDecision, RouterModel
 from core.settings import Settings
+from engines.instant import InstantEngine, fixed_reply
 from infra.local_stack import LocalStack, free_port
 from infra.models import make_tiny_model, tokenizer_for_tiny
 from infra.postgres.db import open_pool
 from infra.postgres.keys import create_key
 from infra.postgres.migrate import migrate
 from macaron import wiring
-from server.engines.instant import InstantEngine, fixed_reply
 
 WARM_UP_SESSIONS, WARM_UP_TURNS = 10, 2
 REPLY = "Sure, here is a short answer of about a dozen words for you."

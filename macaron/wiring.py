@@ -110,9 +110,9 @@ def serving_engine(
 ) -> Engine:
     """The engine ``macaron serve`` answers with: this process's own, or the vLLM fleet (with
     leases on its adapters in ``db``'s registry, when given: other servers may share it)."""
+    from engines.fleet import FleetEngine
+    from engines.local import LocalEngine
     from infra.postgres.leases import PostgresAdapterLeases
-    from server.engines.fleet import FleetEngine
-    from server.engines.local import LocalEngine
 
     if settings.engine == "vllm":
         step(f"connecting to the vLLM fleet at {settings.vllm_urls}")

@@ -17,7 +17,7 @@ from core.auth import Principal
 from core.conversation import Conversation, Turn
 from core.engine import Engine
 from core.errors import HarnessInvalid, RouterInvalid
-from core.events import utc_now
+from core.events import RequestedDecoding, utc_now
 from core.harness.artifact import HarnessVersion, harness_number
 from core.log import EventLog
 from core.release import Release
@@ -28,7 +28,14 @@ from server.turns.conversations import ConversationStore
 from server.turns.feedback import TurnFeedback
 from server.turns.pipeline import TurnPipeline
 from server.turns.rate import MEMORY, TurnRateLimiter
-from server.turns.request import ChatLimits, Router, Sink, TurnOutcome, TurnRequest
+from server.turns.request import (
+    ChatLimits,
+    Router,
+    Sink,
+    TurnOutcome,
+    TurnRequest,
+    client_constraint,
+)
 from server.turns.tracker import ReleaseTracker
 
 
@@ -106,6 +113,13 @@ class ChatService:
         """Answer one turn, streaming frames to ``sink``; returns once the turn is durable."""
         await asyncio.to_thread(self._rate.check, principal.key_id)
         return await self._pipeline.run(principal, request, sink, cancel)
+
+    async def check_output(self, asked: RequestedDecoding | None) -> None:
+        """Refuse, before anything is recorded, an output format the engine cannot enforce
+        (``GrammarUnbounded``, ``GrammarInvalid``): the engine checks and compiles it."""
+        constraint = None if asked is None else client_constraint(asked)
+        if constraint is not None:
+            await asyncio.to_thread(self.engine.prepare, constraint)
 
     async def feedback(
         self, principal: Principal, conversation_id: UUID | None, frame: wire.Feedback

@@ -78,6 +78,7 @@ async def chat_completions(request: Request) -> Response:
     principal = await principal_of(request, request.app.state.gate)
     body = await read_json(request, ChatCompletionRequest)
     turn = _turn_request(body, service)
+    await service.check_output(turn.decoding)
     if body.stream:
         return StreamingResponse(
             _stream(service, principal, turn, body), media_type="text/event-stream"

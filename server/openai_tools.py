@@ -19,13 +19,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool
 
-from core.engine import OutputConstraint
 from core.errors import InvalidFrame
 from core.events import ChatMessage
 from core.harness.actions import ToolSpec
 from core.harness.grammars import tool_call_schema
 from core.harness.hcp import tool_call_of
-from server.engines.grammar import checked
 
 MAX_TOOLS = 32
 NAME = r"^[A-Za-z0-9_-]{1,64}$"
@@ -117,8 +115,8 @@ def described(tools: list[ToolDef]) -> ChatMessage:
 
 
 def tool_decoding(tools: list[ToolDef], choice: ToolChoice | None) -> dict[str, Any]:
-    """The output a request with ``tools`` asks for, checked now (bounds and grammar), so a
-    schema that cannot be enforced is refused before anything is recorded."""
+    """The output a request with ``tools`` asks for (the chat service checks it before the turn
+    is recorded: ``ChatService.check_output``)."""
     choice = choice or "auto"
     if choice == "none":
         return {}
@@ -128,9 +126,7 @@ def tool_decoding(tools: list[ToolDef], choice: ToolChoice | None) -> dict[str, 
         if not chosen:
             raise InvalidFrame(f"tool_choice names {choice.function.name!r}, not one of tools")
     schema = tool_call_schema(chosen)
-    or_text = choice == "auto"
-    checked(OutputConstraint(kind="json_schema", json_schema=schema, or_text=or_text))
-    return {"output": "json_schema", "json_schema": schema, "or_text": or_text}
+    return {"output": "json_schema", "json_schema": schema, "or_text": choice == "auto"}
 
 
 def answer_message(

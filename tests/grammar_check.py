@@ -10,7 +10,7 @@ from typing import Any
 
 import xgrammar as xgr
 
-from server.engines.grammar import SEPARATORS
+from engines.grammar import SEPARATORS
 
 CHARACTERS = [chr(i) for i in range(32, 127)] + ["</s>"]
 

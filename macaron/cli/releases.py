@@ -189,8 +189,8 @@ def contract_run(
     and its harness, greedy decoding) and print each suite's score and share of well-formed
     answers. The outcomes are recorded: a release is scored once per contract version, and the
     learning loop reuses them when the release is a run's parent."""
+    from engines.local import LocalEngine
     from learners.loop import release_outcomes  # the engine and the trainer: torch
-    from server.engines.local import LocalEngine
 
     cfg = settings(ctx)
     contract = load_contract(cfg.contract_path or DEFAULT_CONTRACT)

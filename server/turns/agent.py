@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import datetime
 
 from core.conversation import Conversation
-from core.engine import Engine, OutputConstraint, SamplingParams
+from core.engine import Engine, SamplingParams
 from core.events import ChatMessage, HarnessActionExecuted, HarnessStamp, RequestedDecoding
 from core.harness.actions import MAX_ACTIONS_PER_TURN, ToolCall, execute
 from core.harness.artifact import Decoding, HarnessSpec
@@ -22,7 +22,7 @@ from infra import observe
 from server import protocol as wire
 from server.turns.conversations import ConversationStore
 from server.turns.generation import generate
-from server.turns.request import ChatLimits, Sink, TurnOutcome
+from server.turns.request import ChatLimits, Sink, TurnOutcome, client_constraint
 
 
 class AgentLoop:
@@ -58,7 +58,7 @@ class AgentLoop:
         scratch: list[ChatMessage] = []
         asked = requested or RequestedDecoding()
         sampling = _sampling(harness.for_specialist(specialist).decoding, asked, self._limits())
-        client = _client_constraint(asked)  # the client's format: no tool runs, no GenUI
+        client = client_constraint(asked)  # the client's format: no tool runs, no GenUI
         for step in range(MAX_ACTIONS_PER_TURN + 1):
             step_context = context.model_copy(update={"scratch": tuple(scratch)})
             text = await generate(
@@ -126,13 +126,6 @@ class AgentLoop:
             )
         )
         return action
-
-
-def _client_constraint(asked: RequestedDecoding) -> OutputConstraint | None:
-    """The output format the client asked for, enforced while decoding (``None``: none)."""
-    if asked.output is None:
-        return None
-    return OutputConstraint(kind=asked.output, json_schema=asked.json_schema, or_text=asked.or_text)
 
 
 def _sampling(

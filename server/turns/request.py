@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 from uuid import UUID
 
+from core.engine import OutputConstraint
 from core.events import ChatMessage, HarnessActionExecuted, RequestedDecoding
 from core.harness.genui import GenUIResult, text_fallback
 from core.routing import RouterDecision, RouterModel
@@ -83,3 +84,10 @@ class TurnOutcome:
         if genui.valid and genui.tree is not None:
             return wire.GenUI(turn_id=self.turn_id, tree=genui.tree)
         return wire.Token(turn_id=self.turn_id, delta=text_fallback(self.text, genui))
+
+
+def client_constraint(asked: RequestedDecoding) -> OutputConstraint | None:
+    """The output format the client asked for, enforced while decoding (``None``: none)."""
+    if asked.output is None:
+        return None
+    return OutputConstraint(kind=asked.output, json_schema=asked.json_schema, or_text=asked.or_text)

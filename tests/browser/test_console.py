@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Page, expect
 
+from engines.instant import InstantEngine
 from infra.identity_adapter import write_identity_adapter
 from infra.local_stack import LocalStack
 from infra.postgres.runs import record_release_score
-from server.engines.instant import InstantEngine
 from server.router import RouterService
 from tests.serving import Running, following, frames_until, send, serving, successor
 

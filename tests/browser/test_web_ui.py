@@ -12,8 +12,8 @@ import pytest
 from playwright.sync_api import Page, WebSocket, expect
 
 from core.events import FeedbackGiven, RoutingCorrected, TurnReceived
+from engines.instant import InstantEngine
 from infra.local_stack import LocalStack
-from server.engines.instant import InstantEngine
 from server.router import RouterService
 from tests.serving import Running, serving
 

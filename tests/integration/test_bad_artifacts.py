@@ -12,10 +12,10 @@ import pytest
 
 from core.errors import AdapterInvalid
 from core.settings import Settings
+from engines.instant import InstantEngine, fixed_reply
 from infra.artifacts import ArtifactStore, folder_digest
 from infra.identity_adapter import write_identity_adapter
 from infra.postgres.eventlog import PostgresEventLog
-from server.engines.instant import InstantEngine, fixed_reply
 from server.router import RouterService
 from streams.host import ProcessorHost
 from streams.projections import Projections

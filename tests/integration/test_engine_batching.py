@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from core.engine import GenerationChunk, GenerationRequest, SamplingParams
-from server.engines.detok import IncrementalText
-from server.engines.local import EngineLimits, LocalEngine
+from engines.detok import IncrementalText
+from engines.local import EngineLimits, LocalEngine
 from tests.factories import make_adapter
 from tests.integration.test_local_engine import collect, peft_greedy, tokens
 

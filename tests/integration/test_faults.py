@@ -24,6 +24,7 @@ from websockets.sync.client import ClientConnection, connect
 
 from core.events import TurnCompleted, TurnReceived
 from core.settings import Settings
+from engines.instant import InstantEngine, fixed_reply
 from infra.local_stack import LocalStack, free_port
 from infra.postgres.db import open_pool
 from infra.postgres.keys import create_key
@@ -32,7 +33,6 @@ from learners.queue import app as celery_app
 from learners.queue import configure as configure_celery
 from macaron import wiring
 from macaron.demo import worker_environment
-from server.engines.instant import InstantEngine, fixed_reply
 from server.router import RouterService
 from streams.processor import content_hash
 from streams.replay import replay

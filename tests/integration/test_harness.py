@@ -25,10 +25,10 @@ from core.events import (
     TurnReceived,
 )
 from core.harness.actions import MAX_ACTIONS_PER_TURN, ActionOutcome, replay, verify_replay
+from engines.instant import InstantEngine
 from infra.local_stack import LocalStack
 from macaron import wiring
 from macaron.cli import app
-from server.engines.instant import InstantEngine
 from server.router import RouterService
 from streams.experience import ExperienceBuilder
 from streams.runner import catch_up

@@ -25,7 +25,7 @@ from core.errors import (
     EngineOverloaded,
     EngineUnavailable,
 )
-from server.engines.local import EngineLimits, LocalEngine
+from engines.local import EngineLimits, LocalEngine
 from tests.factories import make_adapter
 
 ADAPTERS = {  # name: (rank, target modules, seed)

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from core.engine import GenerationRequest, SamplingParams
-from server.engines.local import EngineLimits, LocalEngine
-from server.engines.prefixes import MIN_PREFIX_TOKENS
-from server.engines.scheduler import KV_RESERVE
+from engines.local import EngineLimits, LocalEngine
+from engines.prefixes import MIN_PREFIX_TOKENS
+from engines.scheduler import KV_RESERVE
 from tests.factories import make_adapter
 from tests.integration.test_local_engine import collect, peft_greedy, tokens
 

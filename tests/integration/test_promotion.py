@@ -19,11 +19,11 @@ from core.events import RouterDecided
 from core.harness.artifact import HarnessSpec, root_harness
 from core.routing import RouterDecision, RouterModel
 from core.settings import Settings
+from engines.instant import InstantEngine
 from infra.identity_adapter import write_identity_adapter
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import create_release, register_harness
 from infra.postgres.routers import register_router
-from server.engines.instant import InstantEngine
 from server.router import RouterService, SentenceEmbedder
 from tests.serving import Running, harness_successor, running_server, successor, turn_frames
 

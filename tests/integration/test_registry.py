@@ -12,6 +12,7 @@ import pytest
 from core.errors import HarnessInvalid, HarnessNotFound
 from core.harness.artifact import LEGACY_HARNESS, Exemplar, HarnessSpec, root_harness
 from core.release import Release
+from engines.instant import InstantEngine
 from infra.postgres.db import DictConnection, Pool
 from infra.postgres.migrate import migrate
 from infra.postgres.positions import load_positions, save_positions
@@ -25,7 +26,6 @@ from infra.postgres.registry import (
 )
 from learners.contract import load_contract
 from learners.loop import recorded_outcomes, release_outcomes
-from server.engines.instant import InstantEngine
 from tests.factories import run_macaron
 
 DATA = Path(__file__).resolve().parents[1] / "data"

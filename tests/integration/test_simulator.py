@@ -21,6 +21,7 @@ from core.contract import GenUIChecker, Task
 from core.errors import EngineError, InvalidApiKey
 from core.events import FeedbackGiven, TurnReceived
 from core.settings import Settings
+from engines.instant import InstantEngine, Script
 from infra.local_stack import LocalStack
 from infra.postgres.keys import list_keys
 from learners.recipes.lora import CPU_CONFIG, RLOO_CONFIG
@@ -34,7 +35,6 @@ from macaron.simulator import (
     pick_tasks,
     run_simulation,
 )
-from server.engines.instant import InstantEngine, Script
 from server.router import RouterService
 from tests.conftest import fresh_database
 from tests.serving import Running, running_server

@@ -19,6 +19,7 @@ from core.events import ExperienceRecorded, NewEvent
 from core.harness.artifact import root_harness
 from core.log import RecordedEvent
 from core.settings import Settings
+from engines.instant import InstantEngine
 from infra.kafka.eventlog import KafkaEventLog
 from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack
@@ -34,7 +35,6 @@ from infra.postgres.experience import (
 from infra.postgres.positions import load_positions
 from infra.postgres.registry import register_harness
 from macaron import wiring
-from server.engines.instant import InstantEngine
 from server.router import RouterService
 from streams.experience import context_messages
 from streams.processor import content_hash

@@ -16,6 +16,8 @@ from transformers import AutoTokenizer
 from core.engine import GenerationRequest, SamplingParams
 from core.errors import ConfigError, NothingToTrain
 from core.events import ChatMessage
+from engines.local import LocalEngine
+from engines.lora import read_adapter_config
 from infra.artifacts import ADAPTER_FILES
 from infra.identity_adapter import write_identity_adapter
 from learners.recipes.lora import (
@@ -45,8 +47,6 @@ from learners.recipes.lora import (
     train_successor_adapter,
 )
 from learners.recipes.policy import pg_loss, rloo_advantages
-from server.engines.local import LocalEngine
-from server.engines.lora import read_adapter_config
 
 TREE = '{"type":"card","children":[{"type":"text","value":"Hello"}]}'
 TOPICS = [

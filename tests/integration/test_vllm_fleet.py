@@ -39,6 +39,8 @@ from core.harness.actions import ToolCall
 from core.harness.artifact import HarnessVersion, root_harness
 from core.harness.grammars import genui_schema, tool_call_schema
 from core.settings import Settings
+from engines.fleet import FleetEngine
+from engines.local import LocalEngine
 from infra.local_stack import LocalStack, free_port
 from infra.models import make_tiny_model
 from infra.postgres.db import Pool, open_pool
@@ -49,8 +51,6 @@ from infra.telemetry import metrics_exposition
 from infra.vllm_cpu import VllmReplica, start_replica, vllm_python
 from learners.contract import CONTRACT_V1, load_contract, run_contract
 from macaron import wiring
-from server.engines.fleet import FleetEngine
-from server.engines.local import LocalEngine
 from server.releases import prepare_harness
 from server.router import RouterService
 from tests.conftest import fresh_database

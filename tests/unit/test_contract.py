@@ -37,6 +37,7 @@ from core.engine import GenerationChunk, GenerationRequest
 from core.errors import ContractInvalid, TaskBankInvalid
 from core.harness.artifact import root_version
 from core.harness.hcp import build_context
+from engines.instant import InstantEngine, fixed_reply
 from learners import contract as runner
 from learners.contract import (
     CONTRACT_V1,
@@ -48,7 +49,6 @@ from learners.contract import (
     well_formed,
 )
 from learners.tasks import load_bank
-from server.engines.instant import InstantEngine, fixed_reply
 
 CONTRACT = load_contract(CONTRACT_V1)
 V2 = load_contract(CONTRACT_V2)

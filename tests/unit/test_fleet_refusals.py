@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from core.errors import EngineError, EngineOverloaded, MacaronError
-from server.engines.vllm.errors import ReplicaLost, refusal
+from engines.vllm.errors import ReplicaLost, refusal
 
 
 @pytest.mark.parametrize(

@@ -23,8 +23,8 @@ from core.harness.grammars import (
     tool_call_schema,
     unbounded_paths,
 )
-from server.engines.grammar import checked
-from server.engines.instant import InstantEngine, fixed_reply
+from engines.grammar import checked
+from engines.instant import InstantEngine, fixed_reply
 from tests.grammar_check import CHARACTERS, in_grammar, written
 from tests.unit.test_genui import full_tree
 

@@ -1,5 +1,7 @@
-"""Imports point down: ``core`` <- ``infra``, ``kernels`` <- ``server``, ``streams``, ``learners``
-<- ``macaron`` (docs/architecture.md). An import that runs upward or sideways fails here."""
+"""Imports point down: ``core`` <- ``infra``, ``kernels`` <- ``engines`` <- ``server``,
+``streams``, ``learners`` <- ``macaron`` (docs/architecture.md); the applications reach an engine
+only through ``core.engine``'s port, wired by ``macaron``. An import that runs upward or sideways
+fails here."""
 
 from __future__ import annotations
 
@@ -8,14 +10,15 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PROJECT = ("core", "infra", "kernels", "server", "streams", "learners", "macaron")
+PROJECT = ("core", "infra", "kernels", "engines", "server", "streams", "learners", "macaron")
 MAY_IMPORT: dict[str, frozenset[str]] = {
     "core": frozenset(),
     "kernels": frozenset(),
     "infra": frozenset({"core"}),
-    "server": frozenset({"core", "infra", "kernels"}),
+    "engines": frozenset({"core", "infra", "kernels"}),
+    "server": frozenset({"core", "infra"}),
     "streams": frozenset({"core", "infra"}),
-    "learners": frozenset({"core", "infra", "kernels"}),
+    "learners": frozenset({"core", "infra"}),
     "macaron": frozenset(PROJECT),
 }
 
@@ -34,13 +37,13 @@ def imported_packages(path: Path) -> list[tuple[int, str]]:
     return found
 
 
-def upward_imports() -> list[str]:
+def upward_imports(root: Path = ROOT) -> list[str]:
     bad = []
     for layer, allowed in MAY_IMPORT.items():
-        for path in sorted((ROOT / layer).rglob("*.py")):
+        for path in sorted((root / layer).rglob("*.py")):
             for line, package in imported_packages(path):
                 if package != layer and package not in allowed:
-                    bad.append(f"{path.relative_to(ROOT)}:{line} imports {package}")
+                    bad.append(f"{path.relative_to(root)}:{line} imports {package}")
     return bad
 
 
@@ -54,6 +57,23 @@ def test_the_check_sees_an_upward_import(tmp_path: Path) -> None:
         "import os\nfrom server.chat import x\n\ndef f():\n    import learners.loop\n"
     )
     assert imported_packages(module) == [(2, "server"), (5, "learners")]
+
+
+def test_the_check_sees_a_layer_reaching_past_the_engine_port(tmp_path: Path) -> None:
+    """Planted violations: an engine importing the server, and the server importing an engine
+    (it must use ``core.engine``'s port)."""
+    for layer, text in (
+        ("engines", "from server.chat import ChatService\n"),
+        ("server", "from engines.local import LocalEngine\n"),
+        ("learners", "import engines.grammar\n"),
+    ):
+        (tmp_path / layer).mkdir()
+        (tmp_path / layer / "m.py").write_text(text)
+    assert upward_imports(tmp_path) == [
+        "engines/m.py:1 imports server",
+        "server/m.py:1 imports engines",
+        "learners/m.py:1 imports engines",
+    ]
 
 
 SQL_HOME = "infra"

@@ -48,10 +48,10 @@ from core.harness.artifact import (
 from core.harness.grammars import output_constraint
 from core.release import AdapterRef, Release
 from core.routing import RouterDecision, RouterModel
+from engines.instant import InstantEngine, Script, fixed_reply
 from infra.memory import InMemoryEventLog
 from server import protocol as wire
 from server.chat import ChatService
-from server.engines.instant import InstantEngine, Script, fixed_reply
 from server.releases import prepare_harness
 from server.turns.request import ChatLimits, TurnOutcome, TurnRequest
 from server.turns.transcript import transcript

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from engines.llama import KVCache
+from engines.lora import LoRAWeights
 from infra.observe import prefix_cache_evictions, prefix_cache_hits
-from server.engines.llama import KVCache
-from server.engines.lora import LoRAWeights
 
 MIN_PREFIX_TOKENS = 16  # shorter shared prefixes are cheaper to compute than to copy
 

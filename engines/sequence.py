@@ -12,9 +12,9 @@ import torch
 import xgrammar as xgr
 
 from core.engine import FinishReason, GenerationChunk, GenerationRequest, SamplingParams
-from server.engines.detok import IncrementalText
-from server.engines.llama import KVCache
-from server.engines.lora import LoRAWeights
+from engines.detok import IncrementalText
+from engines.llama import KVCache
+from engines.lora import LoRAWeights
 
 
 def eos_ids(model: Any) -> set[int]:

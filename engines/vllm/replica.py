@@ -11,7 +11,7 @@ import httpx
 
 from core.engine import GenerationRequest
 from core.errors import AdapterInvalid, ContextLengthExceeded, EngineError
-from server.engines.vllm.errors import ReplicaLost, error_info
+from engines.vllm.errors import ReplicaLost, error_info
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 2.0

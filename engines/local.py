@@ -27,10 +27,10 @@ from core.errors import (
     EngineUnavailable,
     ModelUnavailable,
 )
-from server.engines.adapter_table import AdapterTable
-from server.engines.detok import IncrementalText
-from server.engines.grammar import Grammars
-from server.engines.lora import (
+from engines.adapter_table import AdapterTable
+from engines.detok import IncrementalText
+from engines.grammar import Grammars
+from engines.lora import (
     AdapterConfig,
     BatchAdapters,
     LoRAWeights,
@@ -39,10 +39,10 @@ from server.engines.lora import (
     read_adapter,
     read_adapter_config,
 )
-from server.engines.prefixes import PrefixCache
-from server.engines.prompts import chat_prompt_ids, prompt_ids
-from server.engines.scheduler import BatchScheduler
-from server.engines.sequence import Generation, eos_ids
+from engines.prefixes import PrefixCache
+from engines.prompts import chat_prompt_ids, prompt_ids
+from engines.scheduler import BatchScheduler
+from engines.sequence import Generation, eos_ids
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,8 @@ import logging
 import threading
 
 from core.errors import EngineOverloaded, EngineUnavailable
+from engines.vllm.replica import Replica
 from infra import observe
-from server.engines.vllm.replica import Replica
 
 log = logging.getLogger(__name__)
 

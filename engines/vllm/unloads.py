@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Protocol
 
-from server.engines.vllm.replica import Replica
+from engines.vllm.replica import Replica
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ import httpx
 
 from core.engine import FinishReason, GenerationChunk, GenerationRequest
 from core.errors import EngineUnavailable
-from server.engines.vllm.errors import ReplicaLost, error_info, refusal
+from engines.vllm.errors import ReplicaLost, error_info, refusal
 
 FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length", "abort": "cancelled"}
 DATA = "data: "

@@ -46,22 +46,22 @@ from core.errors import (
     MacaronError,
     ModelUnavailable,
 )
-from infra import observe
-from server.engines.adapter_table import AdapterTable
-from server.engines.grammar import CheckedSchemas
-from server.engines.lora import check_rank, read_adapter_config
-from server.engines.prompts import chat_prompt_ids, prompt_ids
-from server.engines.vllm.balancer import Balancer
-from server.engines.vllm.completions import stream_completion
-from server.engines.vllm.errors import ReplicaLost
-from server.engines.vllm.replica import (
+from engines.adapter_table import AdapterTable
+from engines.grammar import CheckedSchemas
+from engines.lora import check_rank, read_adapter_config
+from engines.prompts import chat_prompt_ids, prompt_ids
+from engines.vllm.balancer import Balancer
+from engines.vllm.completions import stream_completion
+from engines.vllm.errors import ReplicaLost
+from engines.vllm.replica import (
     ADMIN_TIMEOUT_S,
     CONNECT_TIMEOUT_S,
     Replica,
     admin_client,
     fitted,
 )
-from server.engines.vllm.unloads import AdapterLeases, SoleServer, Unloads
+from engines.vllm.unloads import AdapterLeases, SoleServer, Unloads
+from infra import observe
 
 log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request

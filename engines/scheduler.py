@@ -19,11 +19,11 @@ import torch
 
 from core.engine import FinishReason
 from core.errors import EngineError, EngineOverloaded, EngineUnavailable, MacaronError
-from server.engines.grammar import constrained, new_bitmask
-from server.engines.llama import KVCache, forward
-from server.engines.lora import BatchAdapters, LoRAWeights
-from server.engines.prefixes import PrefixCache
-from server.engines.sequence import Generation, eos_ids, prefill_rows, sample
+from engines.grammar import constrained, new_bitmask
+from engines.llama import KVCache, forward
+from engines.lora import BatchAdapters, LoRAWeights
+from engines.prefixes import PrefixCache
+from engines.sequence import Generation, eos_ids, prefill_rows, sample
 
 KV_RESERVE = 128  # answer tokens a new request's KV cache has room for before it doubles
 
