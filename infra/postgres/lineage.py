@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, JsonValue
 
-from core.chain import verify_chain
+from core.events.chain import verify_chain
 from core.errors import AdapterInvalid, AdapterNotFound, HarnessNotFound, ReleaseNotFound
 from core.events import Envelope
 from core.harness.artifact import harness_number

@@ -17,7 +17,7 @@ from uuid import UUID
 
 from pydantic import BaseModel, JsonValue
 
-from core.chain import verify_chain
+from core.events.chain import verify_chain
 from core.errors import TurnNotFound
 from core.experience import snapshot_events
 from core.log import EventLog

@@ -10,7 +10,7 @@ from uuid import UUID
 import typer
 from rich.table import Table
 
-from core.chain import verify_chain
+from core.events.chain import verify_chain
 from core.errors import TurnNotFound
 from core.events import Envelope, TurnReceived
 from infra.artifacts import ArtifactStore

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from core.chain import verify_chain
+from core.events.chain import verify_chain
 from core.errors import EventIdConflict, InvalidEvent, SequenceConflict
 from core.events import HarnessActionExecuted, HarnessStamp, NewEvent, TurnReceived
 from core.log import EventLog, RecordedEvent

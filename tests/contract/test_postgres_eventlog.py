@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg.types.json import Json
 
-from core.chain import verify_chain
+from core.events.chain import verify_chain
 from core.errors import SequenceConflict
 from core.log import EventLog, RecordedEvent
 from infra.postgres.db import Pool

@@ -10,12 +10,12 @@ import pytest
 from pydantic import ValidationError
 
 from core.canonical import canonical_json
-from core.chain import verify_chain
 from core.errors import InvalidEvent, UnknownEventType, UnknownSchemaVersion
 from core.events import CATALOGUE, Envelope, FeedbackGiven, NewEvent, TurnReceived, decode_payload
+from core.events.chain import verify_chain
+from core.events.upcasters import UpcasterRegistry
 from core.ids import uuid7, uuid7_time_ms
 from core.log import LogPosition, RecordedEvent, decode_stored, parse_envelope
-from core.upcasting import UpcasterRegistry
 from tests.factories import raw_envelope, turn
 
 

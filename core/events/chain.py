@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Literal
 from uuid import UUID
 
-from core.events import Envelope
+from core.events.envelope import Envelope
 
 ViolationKind = Literal["hash_mismatch", "prev_hash_mismatch", "sequence_gap"]
 

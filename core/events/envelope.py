@@ -1,0 +1,214 @@
+"""The envelope of every event (identity, ordering, provenance, hash chain) and the base of
+every payload; sealing a new event at its place in its key's chain.
+
+An event is an immutable envelope around a typed payload. The envelope stores the payload as
+plain JSON at the schema version it was written with; ``core.events.catalogue.decode_payload``
+upcasts it to the version this code knows and validates it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from typing import Annotated, Any, ClassVar
+from uuid import UUID
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    TypeAdapter,
+    field_validator,
+)
+
+from core.canonical import canonical_json, sha256_hex
+from core.errors import InvalidEvent
+from core.ids import uuid7
+
+HASH_PATTERN = r"^[0-9a-f]{64}$"
+_TYPE = r"^[A-Za-z][A-Za-z0-9_.]{0,99}$"
+_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]{0,199}$"
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+def _utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        raise ValueError("timestamps must carry a time zone")
+    return value.astimezone(UTC)
+
+
+Name = Annotated[str, Field(pattern=_NAME)]
+Hash = Annotated[str, Field(pattern=HASH_PATTERN)]
+UtcTime = Annotated[datetime, AfterValidator(_utc)]
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One stored event.
+
+    ``hash`` = sha256(canonical JSON of every other field, with the payload replaced by
+    ``payload_sha256``, its own sha256 over canonical JSON). Hashing the payload separately lets
+    a writer serialise it once for both the hash and storage.
+
+    A plain dataclass: the log builds trusted envelopes directly (cheap on replay); anything
+    from outside goes through ``Envelope.validate``.
+    """
+
+    __pydantic_config__ = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+    event_id: UUID
+    type: Annotated[str, Field(pattern=_TYPE)]
+    schema_version: Annotated[int, Field(ge=1)]
+    occurred_at: UtcTime
+    tenant_id: Name
+    key: Name
+    sequence: Annotated[int, Field(ge=1)]
+    causation_id: UUID | None
+    correlation_id: UUID | None
+    trace: dict[str, str]
+    prev_hash: Hash | None
+    hash: Hash
+    payload: dict[str, JsonValue]
+
+    @staticmethod
+    def validate(data: Any) -> Envelope:
+        """Validate untrusted JSON values into an envelope (raises ``ValidationError``)."""
+        return _ENVELOPE.validate_python(data)
+
+    def header(self) -> dict[str, Any]:
+        """Every field but ``hash`` and ``payload``, as JSON values."""
+        return {
+            "event_id": str(self.event_id),
+            "type": self.type,
+            "schema_version": self.schema_version,
+            "occurred_at": format_time(self.occurred_at),
+            "tenant_id": self.tenant_id,
+            "key": self.key,
+            "sequence": self.sequence,
+            "causation_id": _str_or_none(self.causation_id),
+            "correlation_id": _str_or_none(self.correlation_id),
+            "trace": self.trace,
+            "prev_hash": self.prev_hash,
+        }
+
+    def computed_hash(self) -> str:
+        return chain_hash(self.header(), sha256_hex(canonical_json(self.payload)))
+
+    def content_digest(self) -> str:
+        payload_sha256 = sha256_hex(canonical_json(self.payload))
+        return content_digest(
+            self.type, self.schema_version, self.tenant_id, self.key, payload_sha256
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """The whole envelope as JSON values."""
+        return {**self.header(), "hash": self.hash, "payload": self.payload}
+
+
+_ENVELOPE: TypeAdapter[Envelope] = TypeAdapter(Envelope)
+
+
+def _str_or_none(value: UUID | None) -> str | None:
+    return None if value is None else str(value)
+
+
+def format_time(value: datetime) -> str:
+    return _utc(value).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def chain_hash(header: dict[str, Any], payload_sha256: str) -> str:
+    return sha256_hex(canonical_json({**header, "payload_sha256": payload_sha256}))
+
+
+def content_digest(
+    type: str, schema_version: int, tenant_id: str, key: str, payload_sha256: str
+) -> str:
+    """What makes two appends of one event id "the same event" (idempotent) or a conflict.
+
+    The parts are joined with a unit separator, which no type, tenant or key may contain."""
+    parts = (type, str(schema_version), tenant_id, key, payload_sha256)
+    return sha256_hex("\x1f".join(parts).encode())
+
+
+class EventPayload(BaseModel):
+    """Base of every payload; each subclass names its type and current schema version."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    event_type: ClassVar[str]
+    schema_version: ClassVar[int] = 1
+
+
+@dataclass(frozen=True)
+class Sealed:
+    """An event fixed at its place in its key's chain, with its payload serialised once."""
+
+    envelope: Envelope
+    payload: EventPayload
+    payload_json: str
+    content_digest: str
+
+    def envelope_json(self) -> bytes:
+        """The envelope as JSON bytes, reusing the serialised payload."""
+        head = canonical_json({**self.envelope.header(), "hash": self.envelope.hash})
+        return head[:-1] + b',"payload":' + self.payload_json.encode() + b"}"
+
+
+class NewEvent(BaseModel):
+    """An event a writer wants appended. The log assigns sequence (unless given) and hashes.
+
+    ``sequence``, when given, is optimistic concurrency: the event must land exactly there,
+    or the append fails with ``SequenceConflict``.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    payload: EventPayload
+    tenant_id: str = Field(pattern=_NAME)
+    key: str = Field(pattern=_NAME)
+    event_id: UUID = Field(default_factory=uuid7)
+    occurred_at: datetime = Field(default_factory=utc_now)
+    sequence: int | None = Field(default=None, ge=1)
+    causation_id: UUID | None = None
+    correlation_id: UUID | None = None
+    trace: dict[str, str] = Field(default_factory=dict)
+
+    _normalise_time = field_validator("occurred_at")(_utc)
+
+    def seal(self, sequence: int, prev_hash: str | None) -> Sealed:
+        """Fix this event at ``sequence`` after ``prev_hash`` and compute its hash."""
+        try:
+            return self._seal(sequence, prev_hash)
+        except (UnicodeEncodeError, ValueError) as exc:  # lone surrogates, NaN
+            raise InvalidEvent(f"{self.payload.event_type} cannot be stored: {exc}") from exc
+
+    def _seal(self, sequence: int, prev_hash: str | None) -> Sealed:
+        payload = self.payload.model_dump(mode="json")
+        payload_bytes = canonical_json(payload)
+        payload_sha256 = sha256_hex(payload_bytes)
+        # Every field is already validated (by this model and the payload's): built directly.
+        unhashed = Envelope(
+            event_id=self.event_id,
+            type=self.payload.event_type,
+            schema_version=self.payload.schema_version,
+            occurred_at=self.occurred_at,
+            tenant_id=self.tenant_id,
+            key=self.key,
+            sequence=sequence,
+            causation_id=self.causation_id,
+            correlation_id=self.correlation_id,
+            trace=self.trace,
+            prev_hash=prev_hash,
+            hash="",
+            payload=payload,
+        )
+        envelope = replace(unhashed, hash=chain_hash(unhashed.header(), payload_sha256))
+        digest = content_digest(
+            envelope.type, envelope.schema_version, self.tenant_id, self.key, payload_sha256
+        )
+        return Sealed(envelope, self.payload, payload_bytes.decode(), digest)

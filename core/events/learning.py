@@ -1,0 +1,173 @@
+"""The events of the learning loop: experience and routing labels derived from traffic,
+rollouts and their verdicts, training and proposal runs, and the contract's evaluations."""
+
+from __future__ import annotations
+
+from typing import Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+
+from core.events.envelope import HASH_PATTERN, EventPayload
+from core.events.turns import ChatMessage, HarnessStamp
+
+RoutingSource = Literal["hint", "correction", "kept", "up"]
+
+
+class RoutingLabelled(EventPayload):
+    """Routing experience: the words of a user turn and the specialist that should answer
+    them, derived by the experience builder (``streams.routing``) on key ``routing``.
+    ``source`` says what taught it: the user's own pick of a specialist (``hint``), a
+    ``reroute`` (``correction``), an answer of another specialist kept after a regenerate
+    (``kept``), or a thumbs-up on a turn the classifier routed (``up``)."""
+
+    event_type = "RoutingLabelled"
+    label_id: UUID
+    turn_id: UUID
+    text: str = Field(min_length=1)
+    specialist: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$")
+    source: RoutingSource
+
+
+class ExperienceRecorded(EventPayload):
+    """v2: a record comes from a turn (``turn_id``) or from a group of rollouts
+    (``rollout_group_id``), exactly one of them; kind ``group`` (v2) is a rollout group's
+    answers with their rewards, for policy gradient."""
+
+    event_type = "ExperienceRecorded"
+    schema_version = 2
+    experience_id: UUID
+    kind: Literal["sft", "preference", "trajectory", "group"]
+    specialist: str
+    turn_id: UUID | None
+    rollout_group_id: UUID | None = None
+    filter_version: str
+    record: dict[str, JsonValue]
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ExperienceRecorded:
+        if (self.turn_id is None) == (self.rollout_group_id is None):
+            raise ValueError("a record comes from exactly one turn or one rollout group")
+        return self
+
+
+class RolloutStep(BaseModel):
+    """One step of an episode: what the model wrote and, when that was a tool call the
+    episode's fresh tool state ran, the action (name, args, result, ok)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    output: str
+    action: dict[str, JsonValue] | None = None
+
+
+class RolloutSampled(EventPayload):
+    """One sampled episode of a rollout group: the ``group_size`` samples a rollout job drew for
+    one environment from the release then active. ``messages`` is the context without
+    ``hint``; a hinted sample saw the hint after the prompt, in the user's message."""
+
+    event_type = "RolloutSampled"
+    rollout_id: UUID
+    group_id: UUID
+    job_id: UUID
+    sample: int = Field(ge=0)
+    group_size: int = Field(ge=1)
+    environment: str = Field(min_length=1, max_length=200)
+    specialist: str
+    release_id: str
+    adapter_version: str | None
+    harness: HarnessStamp
+    messages: list[ChatMessage]
+    hint: str | None
+    seed: int = Field(ge=0)
+    temperature: float = Field(ge=0.0, le=2.0)
+    steps: list[RolloutStep] = Field(min_length=1)
+
+
+class RolloutScored(EventPayload):
+    """The verifier's verdict on one sampled episode: ``reward`` in [0, 1] and ``passed``, or,
+    when the verifier crashed or its reward was out of range, ``failure`` and no reward (a
+    failed rollout teaches nothing)."""
+
+    event_type = "RolloutScored"
+    rollout_id: UUID
+    group_id: UUID
+    verifier: str
+    verifier_version: str
+    reward: float | None = Field(ge=0.0, le=1.0)
+    passed: bool
+    failure: str | None = None
+
+    @model_validator(mode="after")
+    def _reward_or_failure(self) -> RolloutScored:
+        if (self.reward is None) == (self.failure is None):
+            raise ValueError("a verdict has a reward or a failure, exactly one")
+        if self.failure is not None and self.passed:
+            raise ValueError("a failed rollout cannot pass")
+        return self
+
+
+class TrainingRequested(EventPayload):
+    event_type = "TrainingRequested"
+    run_id: UUID
+    specialist: str
+    parent_adapter_version: str
+    snapshot_id: UUID
+    recipe: str
+
+
+class RouterTrainingRequested(EventPayload):
+    """Enough new routing labels: a router successor is to be trained on every label of the
+    log before ``labels_end`` (with the seed examples) and judged by the routing suite."""
+
+    event_type = "RouterTrainingRequested"
+    run_id: UUID
+    labels: int = Field(ge=1)
+    labels_end: dict[str, int]
+
+
+class RouterEvaluated(EventPayload):
+    """A router successor judged on the contract's routing suite against the router it would
+    replace: accuracies over the suite, and why it was refused (nothing when it passed)."""
+
+    event_type = "RouterEvaluated"
+    run_id: UUID
+    router_version: str
+    parent_router_version: str
+    contract_version: str
+    candidate_accuracy: float = Field(ge=0.0, le=1.0)
+    parent_accuracy: float = Field(ge=0.0, le=1.0)
+    passed: bool
+    reasons: list[str] = Field(default_factory=list)
+
+
+class CandidateTrained(EventPayload):
+    event_type = "CandidateTrained"
+    run_id: UUID
+    specialist: str
+    adapter_version: str
+    parent_adapter_version: str
+    sha256: str = Field(pattern=HASH_PATTERN)
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+
+class HarnessProposed(EventPayload):
+    """A run proposed a harness successor (``change``: grammar, exemplars or prompt) for one
+    specialist; the contract judges it next, as it judges a trained adapter."""
+
+    event_type = "HarnessProposed"
+    run_id: UUID
+    specialist: str
+    harness_version: str
+    parent_harness_version: str
+    change: str
+    sha256: str = Field(pattern=HASH_PATTERN)
+
+
+class ContractEvaluated(EventPayload):
+    event_type = "ContractEvaluated"
+    evaluation_id: UUID
+    run_id: UUID
+    contract_version: str
+    scores: dict[str, float]
+    passed: bool
