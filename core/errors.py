@@ -51,12 +51,6 @@ class EventIdConflict(MacaronError):
     code = "event_id_conflict"
 
 
-class ChainBroken(MacaronError):
-    """The per-key hash chain does not verify: a stored event was changed or removed."""
-
-    code = "chain_broken"
-
-
 class LogUnavailable(MacaronError):
     """The event log's storage (PostgreSQL or the broker) cannot be reached right now."""
 

