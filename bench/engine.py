@@ -39,7 +39,7 @@ from bench.report import Row, report, row
 from core.engine import Engine, GenerationRequest, OutputConstraint, SamplingParams
 from core.harness.grammars import genui_schema
 from core.settings import default_home
-from engines.lora import TARGETS
+from engines.lora_layers import TARGETS
 from infra.local_stack import free_port
 from infra.models import pull_model
 from infra.vllm_cpu import start_replica, vllm_python

@@ -30,7 +30,7 @@ from core.errors import (
 from engines.adapter_table import AdapterTable
 from engines.detok import IncrementalText
 from engines.grammar import Grammars
-from engines.lora import (
+from engines.lora_layers import (
     AdapterConfig,
     BatchAdapters,
     LoRAWeights,

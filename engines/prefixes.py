@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from engines.llama import KVCache
-from engines.lora import LoRAWeights
+from engines.lora_layers import LoRAWeights
 from infra.observe import prefix_cache_evictions, prefix_cache_hits
 
 MIN_PREFIX_TOKENS = 16  # shorter shared prefixes are cheaper to compute than to copy

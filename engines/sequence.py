@@ -14,7 +14,7 @@ import xgrammar as xgr
 from core.engine import FinishReason, GenerationChunk, GenerationRequest, SamplingParams
 from engines.detok import IncrementalText
 from engines.llama import KVCache
-from engines.lora import LoRAWeights
+from engines.lora_layers import LoRAWeights
 
 
 def eos_ids(model: Any) -> set[int]:

@@ -17,7 +17,7 @@ from core.engine import GenerationRequest, SamplingParams
 from core.errors import ConfigError, NothingToTrain
 from core.events import ChatMessage
 from engines.local import LocalEngine
-from engines.lora import read_adapter_config
+from engines.lora_layers import read_adapter_config
 from infra.artifacts import ADAPTER_FILES
 from infra.identity_adapter import write_identity_adapter
 from learners.recipes.lora import (
