@@ -9,7 +9,7 @@ their checker. Configurations: harness@0; the grammars enforced (an agent may st
 text); and, for the agent, a tool call required as the first step. Targets: 100 % well-formed
 where the configuration guarantees the form; pass rates are reported.
 
-Usage: python -m bench.harness [--model PATH] [--suites genui,agent]
+Usage: python -m bench.output_grammars [--model PATH] [--suites genui,agent]
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ def main() -> None:
             spec=spec,
         )
         measured[label] = measure(model_dir, contract, version)
-    report("harness", _rows(suites, measured))
+    report("output_grammars", _rows(suites, measured))
 
 
 def _rows(suites: list[str], measured: dict[str, tuple[ContractRun, float]]) -> list[Row]:
