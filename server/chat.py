@@ -26,16 +26,10 @@ from server import protocol as wire
 from server.turns.agent import AgentLoop
 from server.turns.conversations import ConversationStore
 from server.turns.feedback import TurnFeedback
+from server.turns.items import Sink
 from server.turns.pipeline import TurnPipeline
 from server.turns.rate import MEMORY, TurnRateLimiter
-from server.turns.request import (
-    ChatLimits,
-    Router,
-    Sink,
-    TurnOutcome,
-    TurnRequest,
-    client_constraint,
-)
+from server.turns.request import ChatLimits, Router, TurnOutcome, TurnRequest, client_constraint
 from server.turns.tracker import ReleaseTracker
 
 
@@ -110,7 +104,7 @@ class ChatService:
     async def run_turn(
         self, principal: Principal, request: TurnRequest, sink: Sink, cancel: asyncio.Event
     ) -> TurnOutcome:
-        """Answer one turn, streaming frames to ``sink``; returns once the turn is durable."""
+        """Answer one turn, streaming its items to ``sink``; returns once the turn is durable."""
         await asyncio.to_thread(self._rate.check, principal.key_id)
         return await self._pipeline.run(principal, request, sink, cancel)
 

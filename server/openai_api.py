@@ -25,12 +25,12 @@ from core.errors import InvalidFrame, MacaronError, UnknownSpecialist
 from core.events import ChatMessage
 from core.ids import uuid7
 from infra import observe
-from server import protocol as wire
 from server.bodies import read_json
 from server.chat import ChatService
 from server.gate import Gate
 from server.openai_request import ChatCompletionRequest
 from server.openai_tools import ToolDef, answer_message, described
+from server.turns.items import GenUITree, TextDelta, TurnEnded, TurnItem, TurnStarted
 from server.turns.request import TurnOutcome, TurnRequest
 
 AUTO = "auto"
@@ -65,12 +65,12 @@ def _finish(reason: str) -> str:
     return "length" if reason == "length" else "stop"
 
 
-def _content(outcome: TurnOutcome, frames: list[wire.Frame]) -> str:
+def _content(outcome: TurnOutcome, shown: list[TurnItem]) -> str:
     """What the user got: streamed text, or the GenUI tree as JSON."""
-    for frame in frames:
-        if isinstance(frame, wire.GenUI):
-            return json.dumps(frame.tree)
-    return "".join(f.delta for f in frames if isinstance(f, wire.Token)) or outcome.text
+    for item in shown:
+        if isinstance(item, GenUITree):
+            return json.dumps(item.tree)
+    return "".join(i.delta for i in shown if isinstance(i, TextDelta)) or outcome.text
 
 
 async def chat_completions(request: Request) -> Response:
@@ -94,15 +94,15 @@ async def completion(
 ) -> dict[str, Any]:
     """Answer ``turn`` whole, as an OpenAI ``chat.completion`` object (with the ids and
     versions that served it under ``macaron``)."""
-    frames: list[wire.Frame] = []
+    shown: list[TurnItem] = []
 
-    async def collect(frame: wire.Frame) -> None:
-        frames.append(frame)
+    async def collect(item: TurnItem) -> None:
+        shown.append(item)
 
     with _span(principal):
         outcome = await service.run_turn(principal, turn, collect, asyncio.Event())
-    started = next(f for f in frames if isinstance(f, wire.TurnStarted))
-    message, called = answer_message(_content(outcome, frames), tools, _call_id(outcome.turn_id))
+    started = next(i for i in shown if isinstance(i, TurnStarted))
+    message, called = answer_message(_content(outcome, shown), tools, _call_id(outcome.turn_id))
     return {
         "id": f"chatcmpl-{outcome.turn_id}",
         "object": "chat.completion",
@@ -132,7 +132,7 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     }
 
 
-def _provenance(started: wire.TurnStarted) -> dict[str, str]:
+def _provenance(started: TurnStarted) -> dict[str, str]:
     return {
         "turn_id": str(started.turn_id),
         "conversation_id": str(started.conversation_id),
@@ -155,46 +155,43 @@ async def _stream(
     """Server-sent events in OpenAI's chunk format; the last chunk comes only once the turn is
     durable. A client that goes away does not stop the turn from being recorded. With
     ``tools``, the answer comes whole before the last chunk: a call, or text."""
-    queue: asyncio.Queue[wire.Frame | None] = asyncio.Queue()
+    queue: asyncio.Queue[TurnItem | MacaronError | None] = asyncio.Queue()
     answered: list[TurnOutcome] = []
-
-    async def sink(frame: wire.Frame) -> None:
-        await queue.put(frame)
 
     async def run() -> None:
         try:
             with _span(principal):
-                answered.append(await service.run_turn(principal, turn, sink, asyncio.Event()))
+                answered.append(await service.run_turn(principal, turn, queue.put, asyncio.Event()))
         except MacaronError as exc:
-            await queue.put(wire.Error.of(exc))
+            await queue.put(exc)
         finally:
             await queue.put(None)
 
     task = asyncio.create_task(run())
     base: dict[str, Any] = {"object": "chat.completion.chunk", "created": int(time.time())}
-    completed: wire.TurnCompleted | None = None
+    completed: TurnEnded | None = None
     tools = body.callable_tools()
-    while (frame := await queue.get()) is not None:
-        match frame:
-            case wire.TurnStarted():
+    while (item := await queue.get()) is not None:
+        match item:
+            case TurnStarted():
                 base |= {
-                    "id": f"chatcmpl-{frame.turn_id}",
-                    "model": frame.specialist,
-                    "macaron": _provenance(frame),
+                    "id": f"chatcmpl-{item.turn_id}",
+                    "model": item.specialist,
+                    "macaron": _provenance(item),
                 }
                 yield _event(base, {"role": "assistant", "content": ""}, None)
-            case wire.Token() | wire.GenUI() if tools:
+            case TextDelta() | GenUITree() if tools:
                 pass  # the answer comes whole, once it is known to be a call or not
-            case wire.Token():
-                yield _event(base, {"content": frame.delta}, None)
-            case wire.GenUI():
-                yield _event(base, {"content": json.dumps(frame.tree)}, None)
-            case wire.TurnCompleted() if tools:
-                completed = frame
-            case wire.TurnCompleted():
-                yield _last(base, frame, body, None)
-            case wire.Error():
-                yield _error_event(frame)
+            case TextDelta():
+                yield _event(base, {"content": item.delta}, None)
+            case GenUITree():
+                yield _event(base, {"content": json.dumps(item.tree)}, None)
+            case TurnEnded() if tools:
+                completed = item
+            case TurnEnded():
+                yield _last(base, item, body, None)
+            case MacaronError():
+                yield _error_event(item)
     await task
     if completed is not None and answered:
         outcome = answered[0]
@@ -207,27 +204,22 @@ async def _stream(
     yield "data: [DONE]\n\n"
 
 
-def _error_event(frame: wire.Error) -> str:
-    error = {
-        "code": frame.code,
-        "message": frame.message,
-        "type": frame.code,
-        "retryable": frame.retryable,
-    }
+def _error_event(exc: MacaronError) -> str:
+    error = {"code": exc.code, "message": exc.message, "type": exc.code, "retryable": exc.retryable}
     return f"data: {json.dumps({'error': error})}\n\n"
 
 
 def _last(
     base: dict[str, Any],
-    frame: wire.TurnCompleted,
+    ended: TurnEnded,
     body: ChatCompletionRequest,
     called: str | None,
 ) -> str:
     """The finish chunk and, when asked (``include_usage``), the usage in a chunk of its own
     with no choices, as the API sends it."""
-    last = _event(base, {}, called or _finish(frame.finish_reason))
+    last = _event(base, {}, called or _finish(ended.finish_reason))
     if body.stream_options is not None and body.stream_options.include_usage:
-        usage = _usage(frame.usage.prompt_tokens, frame.usage.completion_tokens)
+        usage = _usage(ended.prompt_tokens, ended.completion_tokens)
         last += f"data: {json.dumps({**base, 'choices': [], 'usage': usage})}\n\n"
     return last
 

@@ -22,6 +22,7 @@ from infra import observe
 from server import protocol as wire
 from server.chat import ChatService
 from server.gate import Gate
+from server.turns import items
 from server.turns.feedback import regeneration
 from server.turns.request import TurnRequest
 
@@ -214,11 +215,11 @@ class ChatConnection:
     async def _turn(self, request: TurnRequest, cancel: asyncio.Event) -> None:
         assert self.principal is not None
 
-        async def sink(frame: wire.Frame) -> None:
-            if isinstance(frame, wire.TurnStarted):
-                self.conversation_id = frame.conversation_id
-                self._turn_ids[frame.turn_id] = request.client_msg_id
-            await self.send(frame)
+        async def sink(item: items.TurnItem) -> None:
+            if isinstance(item, items.TurnStarted):
+                self.conversation_id = item.conversation_id
+                self._turn_ids[item.turn_id] = request.client_msg_id
+            await self.send(frame_of(item))
 
         with observe.tracer.start_as_current_span(
             "ws.turn",
@@ -234,3 +235,36 @@ class ChatConnection:
                 await self.send(wire.Error.of(exc))
             finally:
                 del self._turns[request.client_msg_id]
+
+
+def frame_of(item: items.TurnItem) -> wire.Frame:
+    """The protocol v1 frame that shows a turn item to the client."""
+    match item:
+        case items.TurnStarted():
+            return wire.TurnStarted(
+                turn_id=item.turn_id,
+                conversation_id=item.conversation_id,
+                client_msg_id=item.client_msg_id,
+                specialist=item.specialist,
+                adapter_version=item.adapter_version,
+                release_id=item.release_id,
+            )
+        case items.TextDelta():
+            return wire.Token(turn_id=item.turn_id, delta=item.delta)
+        case items.GenUITree():
+            return wire.GenUI(turn_id=item.turn_id, tree=item.tree)
+        case items.ActionDone():
+            return wire.Action(
+                turn_id=item.turn_id, name=item.name, args=item.args, result=item.result, ok=item.ok
+            )
+        case items.TurnEnded():
+            usage = wire.Usage(
+                prompt_tokens=item.prompt_tokens, completion_tokens=item.completion_tokens
+            )
+            return wire.TurnCompleted(
+                turn_id=item.turn_id,
+                usage=usage,
+                latency_ms=item.latency_ms,
+                finish_reason=item.finish_reason,
+                resent=item.resent,
+            )

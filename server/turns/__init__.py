@@ -1,3 +1,4 @@
-"""The turn service in parts: which release serves, the conversations, the pipeline of one turn,
-the agent loop and its generation step, resends, feedback and the rate limit.
-``server.chat.ChatService`` puts them together for the front ends."""
+"""The turn service in parts: which release serves, the conversations and their group committer,
+the pipeline of one turn (an ``ActiveTurn``), the agent loop and its generation step, the items a
+turn streams, resends, feedback and the rate limit. ``server.chat.ChatService`` puts them
+together for the front ends."""

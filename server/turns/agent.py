@@ -3,26 +3,24 @@ generate again, until the model answers in text or the turn has used its actions
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from datetime import datetime
 
-from core.conversation import Conversation
 from core.engine import Engine, SamplingParams
 from core.events import ChatMessage, HarnessActionExecuted, HarnessStamp, RequestedDecoding
 from core.harness.actions import MAX_ACTIONS_PER_TURN, ToolCall, execute
-from core.harness.artifact import Decoding, HarnessSpec
+from core.harness.artifact import Decoding
 from core.harness.genui import parse_genui_output
 from core.harness.grammars import output_constraint
 from core.harness.hcp import HarnessContext, tool_call_of
 from core.ids import uuid7
-from core.release import AdapterRef
 from infra import observe
-from server import protocol as wire
+from server.turns.active import ActiveTurn
 from server.turns.conversations import ConversationStore
-from server.turns.generation import generate
-from server.turns.request import ChatLimits, Sink, TurnOutcome, client_constraint
+from server.turns.generation import Step, generate
+from server.turns.items import ActionDone, TextDelta
+from server.turns.request import ChatLimits, client_constraint
 
 
 class AgentLoop:
@@ -38,50 +36,34 @@ class AgentLoop:
         self._limits = limits
         self._clock = clock
 
-    async def answer(
-        self,
-        conversation: Conversation,
-        context: HarnessContext,
-        adapter: AdapterRef,
-        harness: HarnessSpec,
-        specialist: str,
-        requested: RequestedDecoding | None,
-        outcome: TurnOutcome,
-        sink: Sink,
-        cancel: asyncio.Event,
-        receipt: asyncio.Task[None],
-    ) -> None:
-        """Fill ``outcome`` with the turn's answer, each step sampled as ``harness`` says for
-        ``specialist`` (or as the client ``requested``) and decoded under the grammar it
-        enforces, if any. Actions wait for ``receipt`` (the turn's first events), so the log's
-        order is the turn's order."""
+    async def answer(self, turn: ActiveTurn, context: HarnessContext) -> None:
+        """Fill ``turn.outcome`` with the turn's answer, each step sampled as its harness says
+        for its specialist (or as the client asked) and decoded under the grammar it enforces,
+        if any. Actions wait for the turn's receipt, so the log's order is the turn's order."""
+        route, outcome = turn.route, turn.outcome
+        harness, specialist = route.harness.spec, route.specialist
         scratch: list[ChatMessage] = []
-        asked = requested or RequestedDecoding()
+        asked = turn.call.request.decoding or RequestedDecoding()
         sampling = _sampling(harness.for_specialist(specialist).decoding, asked, self._limits())
         client = client_constraint(asked)  # the client's format: no tool runs, no GenUI
-        for step in range(MAX_ACTIONS_PER_TURN + 1):
-            step_context = context.model_copy(update={"scratch": tuple(scratch)})
-            text = await generate(
-                self.engine,
+        for index in range(MAX_ACTIONS_PER_TURN + 1):
+            step = Step(
+                index,
+                context.model_copy(update={"scratch": tuple(scratch)}),
                 sampling,
-                client or output_constraint(harness, specialist, first_step=step == 0),
-                step_context,
-                adapter,
-                outcome,
-                step,
-                sink,
-                cancel,
+                client or output_constraint(harness, specialist, first_step=index == 0),
             )
+            text = await generate(self.engine, turn, step)
             acts = client is None and "tool_call" in context.grammars
             call = tool_call_of(text) if acts else None
             if call is None or outcome.finish_reason == "cancelled":
                 break
-            if step == MAX_ACTIONS_PER_TURN:
+            if index == MAX_ACTIONS_PER_TURN:
                 outcome.text = f"I stopped after {MAX_ACTIONS_PER_TURN} actions in one turn."
-                await sink(wire.Token(turn_id=outcome.turn_id, delta=outcome.text))
+                await turn.emit(TextDelta(turn_id=turn.turn_id, delta=outcome.text))
                 return
-            await receipt
-            done = await self._act(conversation, call, context, outcome, sink)
+            await turn.receipt
+            done = await self._act(turn, call, context)
             result = json.dumps({"tool": done.name, "ok": done.ok, "result": done.result})
             scratch.append(ChatMessage(role="assistant", content=text.strip()))
             scratch.append(ChatMessage(role="user", content=f"Tool result: {result}"))
@@ -90,20 +72,15 @@ class AgentLoop:
             outcome.genui = parse_genui_output(text)
 
     async def _act(
-        self,
-        conversation: Conversation,
-        call: ToolCall,
-        context: HarnessContext,
-        outcome: TurnOutcome,
-        sink: Sink,
+        self, turn: ActiveTurn, call: ToolCall, context: HarnessContext
     ) -> HarnessActionExecuted:
         """Run one tool call in the action substrate, record it, and show it to the client."""
         now = self._clock()
         with observe.tracer.start_as_current_span("harness.action") as span:
-            done = execute(call, conversation.tool_state, now)
+            done = execute(call, turn.conversation.tool_state, now)
             span.set_attributes({"macaron.tool": done.name, "macaron.ok": done.ok})
         action = HarnessActionExecuted(
-            turn_id=outcome.turn_id,
+            turn_id=turn.turn_id,
             action_id=uuid7(),
             name=done.name,
             args=done.args,
@@ -114,11 +91,11 @@ class AgentLoop:
                 harness_version=context.harness_version, hcp_version=context.hcp_version
             ),
         )
-        await self._store.append(conversation, [action], correlation_id=outcome.turn_id, at=now)
-        outcome.actions.append(action)
-        await sink(
-            wire.Action(
-                turn_id=outcome.turn_id,
+        await self._store.append(turn.conversation, [action], correlation_id=turn.turn_id, at=now)
+        turn.outcome.actions.append(action)
+        await turn.emit(
+            ActionDone(
+                turn_id=turn.turn_id,
                 name=done.name,
                 args=done.args,
                 result=done.result,

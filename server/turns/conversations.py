@@ -16,7 +16,7 @@ from core.errors import ConversationNotFound, TurnInFlight
 from core.events import EventPayload, NewEvent
 from core.log import EventLog
 from infra import observe
-from server.committer import GroupCommitter
+from server.turns.committer import GroupCommitter
 
 
 class ConversationStore:

@@ -6,7 +6,6 @@ is held back until it can be judged whole, so a tool call is never shown to the 
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
@@ -22,10 +21,9 @@ from core.engine import (
 )
 from core.harness.artifact import OutputKind
 from core.harness.hcp import HarnessContext, looks_structured, tool_call_of
-from core.release import AdapterRef
 from infra import observe
-from server import protocol as wire
-from server.turns.request import Sink, TurnOutcome
+from server.turns.active import ActiveTurn
+from server.turns.items import TextDelta
 
 
 class HoldBack:
@@ -54,6 +52,17 @@ class HoldBack:
         return ""
 
 
+@dataclass(frozen=True)
+class Step:
+    """One generation step of a turn: its index, its context (with the agent's scratch so far),
+    and how it is sampled and constrained."""
+
+    index: int
+    context: HarnessContext
+    sampling: SamplingParams
+    constraint: OutputConstraint | None
+
+
 @dataclass
 class _Timing:
     submitted: float
@@ -61,55 +70,44 @@ class _Timing:
     tokens: int = 0
 
 
-async def generate(
-    engine: Engine,
-    sampling: SamplingParams,
-    constraint: OutputConstraint | None,
-    context: HarnessContext,
-    adapter: AdapterRef,
-    outcome: TurnOutcome,
-    step: int,
-    sink: Sink,
-    cancel: asyncio.Event,
-) -> str:
-    """Run step ``step`` of a turn under ``constraint`` (if any), streaming what hold-back
-    allows to ``sink``; returns the text. The sampling seed is the client's seed, else the turn
-    id, plus the step, so a rerun of the turn samples alike."""
-    seed = outcome.turn_id.int if sampling.seed is None else sampling.seed
+async def generate(engine: Engine, turn: ActiveTurn, step: Step) -> str:
+    """Run ``step`` of ``turn``, streaming what hold-back allows; returns the text. The sampling
+    seed is the client's seed, else the turn id, plus the step, so a rerun of the turn samples
+    alike."""
+    sampling, adapter = step.sampling, turn.route.adapter.name
+    seed = turn.turn_id.int if sampling.seed is None else sampling.seed
     request = GenerationRequest(
-        request_id=f"{outcome.turn_id}.{step}",
-        prompt=engine.chat_prompt(context.messages()),
-        adapter=adapter.name,
-        params=sampling.model_copy(update={"seed": (seed + step) % 2**63}),
-        constraint=constraint,
+        request_id=f"{turn.turn_id}.{step.index}",
+        prompt=engine.chat_prompt(step.context.messages()),
+        adapter=adapter,
+        params=sampling.model_copy(update={"seed": (seed + step.index) % 2**63}),
+        constraint=step.constraint,
     )
-    holdback = HoldBack(context.grammars)
+    holdback = HoldBack(step.context.grammars)
     timing = _Timing(time.monotonic())
     chunks = engine.generate(request)
     observe.engine_in_flight.add(1)
     with observe.tracer.start_as_current_span(
-        "engine.generate", attributes={"macaron.adapter": adapter.name, "macaron.step": step}
+        "engine.generate", attributes={"macaron.adapter": adapter, "macaron.step": step.index}
     ) as span:
         try:
-            text = await _stream(chunks, outcome, holdback, timing, sink, cancel)
+            text = await _stream(chunks, turn, holdback, timing)
         finally:
             await chunks.aclose()
-            _observe(span, timing, adapter.name, step, outcome.finish_reason)
+            _observe(span, timing, turn, step.index)
     released = holdback.released(text)
     if released:
-        await sink(wire.Token(turn_id=outcome.turn_id, delta=released))
+        await turn.emit(TextDelta(turn_id=turn.turn_id, delta=released))
     return text
 
 
 async def _stream(
     chunks: AsyncGenerator[GenerationChunk, None],
-    outcome: TurnOutcome,
+    turn: ActiveTurn,
     holdback: HoldBack,
     timing: _Timing,
-    sink: Sink,
-    cancel: asyncio.Event,
 ) -> str:
-    text = ""
+    text, outcome = "", turn.outcome
     async for chunk in chunks:
         if timing.first_token is None and chunk.text:
             timing.first_token = time.monotonic() - timing.submitted
@@ -119,20 +117,21 @@ async def _stream(
             timing.tokens = chunk.completion_tokens
             outcome.completion_tokens += chunk.completion_tokens
             outcome.finish_reason = chunk.finish_reason
-        if cancel.is_set():
+        if turn.cancelled:
             outcome.finish_reason = "cancelled"
             break
         delta = holdback.delta(text)
         if delta:
-            await sink(wire.Token(turn_id=outcome.turn_id, delta=delta))
+            await turn.emit(TextDelta(turn_id=turn.turn_id, delta=delta))
     return text
 
 
-def _observe(span: Span, timing: _Timing, adapter: str, step: int, finish_reason: str) -> None:
+def _observe(span: Span, timing: _Timing, turn: ActiveTurn, step: int) -> None:
     observe.engine_in_flight.add(-1)
-    observe.tokens.add(timing.tokens, {"adapter": adapter})
+    observe.tokens.add(timing.tokens, {"adapter": turn.route.adapter.name})
     if timing.first_token is not None:
         span.set_attribute("macaron.time_to_first_token_ms", timing.first_token * 1000)
         if step == 0:
             observe.time_to_first_token.record(timing.first_token)
+    finish_reason = turn.outcome.finish_reason
     span.set_attributes({"macaron.tokens": timing.tokens, "macaron.finish_reason": finish_reason})

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass
 from uuid import UUID
 
 from opentelemetry import trace
@@ -24,53 +23,23 @@ from core.events import (
     ConversationStarted,
     EventPayload,
     GenUIRendered,
-    ModelResponded,
-    RequestedDecoding,
     TurnCompleted,
     TurnReceived,
 )
 from core.harness.artifact import HarnessVersion
 from core.harness.hcp import HISTORY_TURNS, HarnessContext, build_context
 from core.ids import uuid7
-from core.release import AdapterRef, Release
-from core.routing import RouterDecision
+from core.release import Release
 from infra import observe
-from server import protocol as wire
+from server.turns.active import ActiveTurn, Route, TurnCall
 from server.turns.agent import AgentLoop
 from server.turns.conversations import ConversationStore
-from server.turns.request import Router, Sink, TurnOutcome, TurnRequest
+from server.turns.items import Sink, TurnEnded, TurnStarted
+from server.turns.request import Router, TurnOutcome, TurnRequest
 from server.turns.resend import resend
 from server.turns.tracker import ReleaseTracker
 
 _log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Route:
-    """Where the router sent a turn: a specialist, and its adapter in the turn's release, and
-    the release's harness."""
-
-    release: Release
-    harness: HarnessVersion
-    decision: RouterDecision
-    adapter: AdapterRef
-
-    @property
-    def specialist(self) -> str:
-        return self.decision.specialist
-
-    def responded(self, outcome: TurnOutcome, finish: str) -> ModelResponded:
-        return ModelResponded(
-            turn_id=outcome.turn_id,
-            release_id=self.release.release_id,
-            specialist=self.specialist,
-            adapter_version=self.adapter.name,
-            harness=self.harness.stamp,
-            text=outcome.text,
-            finish_reason=finish,  # type: ignore[arg-type]  # one of FinishReason or "error"
-            prompt_tokens=outcome.prompt_tokens,
-            completion_tokens=outcome.completion_tokens,
-        )
 
 
 class TurnPipeline:
@@ -89,8 +58,8 @@ class TurnPipeline:
     async def run(
         self, principal: Principal, request: TurnRequest, sink: Sink, cancel: asyncio.Event
     ) -> TurnOutcome:
-        """Answer one turn, streaming frames to ``sink``; returns once the turn is durable."""
-        started = time.monotonic()
+        """Answer one turn, streaming its items to ``sink``; returns once the turn is durable."""
+        call = TurnCall(request, sink, cancel, time.monotonic())
         if request.conversation_id is None:
             conversation = Conversation(uuid7(), principal.tenant_id)
         else:
@@ -98,27 +67,17 @@ class TurnPipeline:
         key, tenant = conversation.conversation_id, principal.tenant_id
         with self._store.answering(key), self._tracker.turn() as (release, harness):
             trace.get_current_span().set_attribute("macaron.conversation_id", str(key))
-            opening: list[EventPayload] = []
             if request.conversation_id is None:
-                opening.append(
-                    ConversationStarted(
-                        conversation_id=key,
-                        release_id=release.release_id,
-                        history=list(request.history),
-                    )
-                )
                 self._store.remember(conversation)
             try:
-                outcome = await self._run(
-                    conversation, request, release, harness, opening, sink, cancel, started
-                )
+                outcome = await self._run(conversation, call, release, harness)
             except MacaronError as exc:
                 observe.turns.add(1, {"outcome": exc.code})
                 _log.warning(
                     "turn of conversation %s failed: %s (tenant %s)", key, exc.code, tenant
                 )
                 raise
-        seconds = time.monotonic() - started
+        seconds = time.monotonic() - call.arrived
         observe.turns.add(1, {"outcome": outcome.finish_reason})
         observe.turn_latency.record(seconds)
         _log.info(
@@ -132,20 +91,13 @@ class TurnPipeline:
         return outcome
 
     async def _run(
-        self,
-        conversation: Conversation,
-        request: TurnRequest,
-        release: Release,
-        harness: HarnessVersion,
-        opening: list[EventPayload],
-        sink: Sink,
-        cancel: asyncio.Event,
-        started: float,
+        self, conversation: Conversation, call: TurnCall, release: Release, harness: HarnessVersion
     ) -> TurnOutcome:
         """Resend a completed turn, or route, record the receipt, answer and complete it."""
+        request = call.request
         earlier = conversation.by_client_msg.get(request.client_msg_id)
         if earlier is not None and conversation.turns[earlier].completed is not None:
-            return await resend(conversation, conversation.turns[earlier], sink)
+            return await resend(conversation, conversation.turns[earlier], call.sink)
         route = await self._route(request, release, harness)
         turn_id = earlier if earlier is not None else uuid7()
         trace.get_current_span().set_attributes(
@@ -156,7 +108,7 @@ class TurnPipeline:
                 "macaron.release_id": release.release_id,
             }
         )
-        events = list(opening)
+        events = _opening(conversation, request, release)
         if earlier is None:  # a resent turn that never completed goes on under its first id
             events.append(_received(conversation, request, route, turn_id))
         events.append(route.decision.to_event(turn_id, route.adapter.name, harness.stamp))
@@ -168,8 +120,10 @@ class TurnPipeline:
         receipt = asyncio.create_task(
             self._store.append(conversation, events, correlation_id=turn_id)
         )
-        await sink(
-            wire.TurnStarted(
+        outcome = TurnOutcome(turn_id, conversation.conversation_id, "", "stop")
+        turn = ActiveTurn(conversation, call, route, outcome, receipt)
+        await turn.emit(
+            TurnStarted(
                 turn_id=turn_id,
                 conversation_id=conversation.conversation_id,
                 client_msg_id=request.client_msg_id,
@@ -178,11 +132,8 @@ class TurnPipeline:
                 release_id=release.release_id,
             )
         )
-        outcome = TurnOutcome(turn_id, conversation.conversation_id, "", "stop")
-        await self._answer(
-            conversation, context, route, request.decoding, outcome, sink, cancel, receipt
-        )
-        await self._complete(conversation, route, outcome, sink, started)
+        await self._answer(turn, context)
+        await self._complete(turn)
         return outcome
 
     async def _route(
@@ -202,36 +153,18 @@ class TurnPipeline:
             )
         return Route(release, harness, decision, adapter)
 
-    async def _answer(
-        self,
-        conversation: Conversation,
-        context: HarnessContext,
-        route: Route,
-        requested: RequestedDecoding | None,
-        outcome: TurnOutcome,
-        sink: Sink,
-        cancel: asyncio.Event,
-        receipt: asyncio.Task[None],
-    ) -> None:
+    async def _answer(self, turn: ActiveTurn, context: HarnessContext) -> None:
         """Run the agent loop; if it fails, record a response of finish ``error`` and re-raise.
         Either way the receipt is stored (or has failed) before this returns."""
+        receipt = turn.receipt
         try:
-            await self._agent.answer(
-                conversation,
-                context,
-                route.adapter,
-                route.harness.spec,
-                route.specialist,
-                requested,
-                outcome,
-                sink,
-                cancel,
-                receipt,
-            )
+            await self._agent.answer(turn, context)
         except MacaronError:
             await receipt
             await self._store.append(
-                conversation, [route.responded(outcome, "error")], correlation_id=outcome.turn_id
+                turn.conversation,
+                [turn.route.responded(turn.outcome, "error")],
+                correlation_id=turn.turn_id,
             )
             raise
         finally:
@@ -239,15 +172,9 @@ class TurnPipeline:
                 await asyncio.wait([receipt])
         await receipt
 
-    async def _complete(
-        self,
-        conversation: Conversation,
-        route: Route,
-        outcome: TurnOutcome,
-        sink: Sink,
-        started: float,
-    ) -> None:
+    async def _complete(self, turn: ActiveTurn) -> None:
         """Record the answer (GenUI tree, response, completion), then tell the client."""
+        outcome, harness = turn.outcome, turn.route.harness
         final: list[EventPayload] = []
         if outcome.genui is not None:
             final.append(
@@ -256,30 +183,40 @@ class TurnPipeline:
                     tree=outcome.genui.tree or {},
                     valid=outcome.genui.valid,
                     errors=outcome.genui.errors,
-                    catalogue_version=route.harness.spec.catalogue_version,
-                    harness=route.harness.stamp,
+                    catalogue_version=harness.spec.catalogue_version,
+                    harness=harness.stamp,
                 )
             )
-            await sink(outcome.genui_frame(outcome.genui))
-        latency_ms = (time.monotonic() - started) * 1000
-        final.append(route.responded(outcome, outcome.finish_reason))
+            await turn.emit(outcome.genui_item(outcome.genui))
+        latency_ms = (time.monotonic() - turn.call.arrived) * 1000
+        final.append(turn.route.responded(outcome, outcome.finish_reason))
         final.append(
-            TurnCompleted(
-                turn_id=outcome.turn_id, latency_ms=latency_ms, harness=route.harness.stamp
-            )
+            TurnCompleted(turn_id=outcome.turn_id, latency_ms=latency_ms, harness=harness.stamp)
         )
-        await self._store.append(conversation, final, correlation_id=outcome.turn_id)
-        usage = wire.Usage(
-            prompt_tokens=outcome.prompt_tokens, completion_tokens=outcome.completion_tokens
-        )
-        await sink(
-            wire.TurnCompleted(
+        await self._store.append(turn.conversation, final, correlation_id=outcome.turn_id)
+        await turn.emit(
+            TurnEnded(
                 turn_id=outcome.turn_id,
                 latency_ms=latency_ms,
                 finish_reason=outcome.finish_reason,
-                usage=usage,
+                prompt_tokens=outcome.prompt_tokens,
+                completion_tokens=outcome.completion_tokens,
             )
         )
+
+
+def _opening(
+    conversation: Conversation, request: TurnRequest, release: Release
+) -> list[EventPayload]:
+    """The events that start a new conversation (none for one that goes on)."""
+    if request.conversation_id is not None:
+        return []
+    started = ConversationStarted(
+        conversation_id=conversation.conversation_id,
+        release_id=release.release_id,
+        history=list(request.history),
+    )
+    return [started]
 
 
 def _received(

@@ -1,9 +1,9 @@
 """What a turn is asked and what it answers, whichever front end it came from, and what the
-turn service needs of its router and its front end's sink."""
+turn service needs of its router."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Collection
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Protocol
 from uuid import UUID
@@ -12,10 +12,7 @@ from core.engine import OutputConstraint
 from core.events import ChatMessage, HarnessActionExecuted, RequestedDecoding
 from core.harness.genui import GenUIResult, text_fallback
 from core.routing import RouterDecision, RouterModel
-from server import protocol as wire
-
-Sink = Callable[[wire.Frame], Awaitable[None]]
-"""Where a turn's frames go: the WebSocket, or an OpenAI API response."""
+from server.turns.items import GenUITree, TextDelta
 
 
 class Router(Protocol):
@@ -79,11 +76,11 @@ class TurnOutcome:
     genui: GenUIResult | None = None
     actions: list[HarnessActionExecuted] = field(default_factory=list)
 
-    def genui_frame(self, genui: GenUIResult) -> wire.Frame:
+    def genui_item(self, genui: GenUIResult) -> GenUITree | TextDelta:
         """How a GenUI answer is shown: the tree when it is valid, else its text fallback."""
         if genui.valid and genui.tree is not None:
-            return wire.GenUI(turn_id=self.turn_id, tree=genui.tree)
-        return wire.Token(turn_id=self.turn_id, delta=text_fallback(self.text, genui))
+            return GenUITree(turn_id=self.turn_id, tree=genui.tree)
+        return TextDelta(turn_id=self.turn_id, delta=text_fallback(self.text, genui))
 
 
 def client_constraint(asked: RequestedDecoding) -> OutputConstraint | None:

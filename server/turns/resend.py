@@ -6,17 +6,17 @@ from __future__ import annotations
 from core.conversation import Conversation, Turn
 from core.errors import TurnNotFound
 from core.harness.genui import GenUIResult
-from server import protocol as wire
-from server.turns.request import Sink, TurnOutcome
+from server.turns.items import Sink, TextDelta, TurnEnded, TurnStarted
+from server.turns.request import TurnOutcome
 
 
 async def resend(conversation: Conversation, turn: Turn, sink: Sink) -> TurnOutcome:
-    """Send the completed ``turn``'s frames again, marked ``resent``; appends nothing."""
+    """Send the completed ``turn``'s items again, marked ``resent``; appends nothing."""
     response, completed = turn.response, turn.completed
     if response is None or completed is None:
         raise TurnNotFound(f"turn {turn.turn_id} has no recorded answer")
     await sink(
-        wire.TurnStarted(
+        TurnStarted(
             turn_id=turn.turn_id,
             conversation_id=conversation.conversation_id,
             client_msg_id=turn.client_msg_id,
@@ -36,19 +36,17 @@ async def resend(conversation: Conversation, turn: Turn, sink: Sink) -> TurnOutc
     )
     if turn.genui is not None:
         outcome.genui = GenUIResult(turn.genui.valid, turn.genui.tree or None, turn.genui.errors)
-        await sink(outcome.genui_frame(outcome.genui))
+        await sink(outcome.genui_item(outcome.genui))
     else:
-        await sink(wire.Token(turn_id=turn.turn_id, delta=response.text))
+        await sink(TextDelta(turn_id=turn.turn_id, delta=response.text))
     await sink(
-        wire.TurnCompleted(
+        TurnEnded(
             turn_id=turn.turn_id,
             latency_ms=completed.latency_ms,
             finish_reason=response.finish_reason,
+            prompt_tokens=response.prompt_tokens,
+            completion_tokens=response.completion_tokens,
             resent=True,
-            usage=wire.Usage(
-                prompt_tokens=response.prompt_tokens,
-                completion_tokens=response.completion_tokens,
-            ),
         )
     )
     return outcome

@@ -53,8 +53,10 @@ from infra.memory import InMemoryEventLog
 from server import protocol as wire
 from server.chat import ChatService
 from server.releases import prepare_harness
+from server.turns.items import TextDelta, TurnItem, TurnStarted
 from server.turns.request import ChatLimits, TurnOutcome, TurnRequest
 from server.turns.transcript import transcript
+from server.ws import frame_of
 
 SPECIALISTS = ("chat", "agent", "coding", "genui")
 ROOT = root_version()
@@ -139,9 +141,10 @@ class Harness:
         )
         self.principal = principal()
         self.frames: list[wire.Frame] = []
+        """The turn's items as a WebSocket client gets them."""
 
-    async def sink(self, frame: wire.Frame) -> None:
-        self.frames.append(frame)
+    async def sink(self, item: TurnItem) -> None:
+        self.frames.append(frame_of(item))
 
     async def turn(
         self,
@@ -292,8 +295,8 @@ def test_a_second_turn_while_one_is_answered_is_turn_in_flight() -> None:
         opened = asyncio.Event()
         first = await h.turn()
 
-        async def held(frame: wire.Frame) -> None:
-            if isinstance(frame, wire.TurnStarted):
+        async def held(item: TurnItem) -> None:
+            if isinstance(item, TurnStarted):
                 await opened.wait()
 
         request = TurnRequest("m2", "next", first.conversation_id)
@@ -484,9 +487,9 @@ def test_cancel_stops_generation_and_records_a_cancelled_response() -> None:
     h = Harness(fixed_reply(" ".join(f"w{i}" for i in range(50))))
     cancel = asyncio.Event()
 
-    async def cancelling(frame: wire.Frame) -> None:
-        h.frames.append(frame)
-        if isinstance(frame, wire.Token):
+    async def cancelling(item: TurnItem) -> None:
+        await h.sink(item)
+        if isinstance(item, TextDelta):
             cancel.set()
 
     request = TurnRequest("m1", "long story")
@@ -525,8 +528,8 @@ def test_an_old_adapter_is_unloaded_only_after_the_last_turn_on_it_ends() -> Non
     async def case() -> tuple[list[str], list[str], TurnOutcome]:
         opened = asyncio.Event()
 
-        async def held(frame: wire.Frame) -> None:
-            if isinstance(frame, wire.TurnStarted):
+        async def held(item: TurnItem) -> None:
+            if isinstance(item, TurnStarted):
                 await opened.wait()
 
         busy = asyncio.create_task(
