@@ -55,7 +55,7 @@ from learners.environments import (
     judge,
     load_environments,
 )
-from learners.loop import Runtime
+from learners.runtime import Runtime
 from learners.tasks import BANK_V1
 
 ROLLOUT_MAX_STEPS = 2

@@ -27,7 +27,7 @@ from infra.postgres.routers import (
     router_run,
 )
 from learners.contract import load_contract
-from learners.loop import RunBusy, RunFailed, Runtime
+from learners.runtime import RunBusy, RunFailed, Runtime
 
 PROMOTION_TIMEOUT_S = 300.0
 LEASE_S = 600

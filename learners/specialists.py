@@ -49,7 +49,7 @@ from infra.postgres.registry import (
     register_harness,
 )
 from infra.postgres.routers import register_router, router_model
-from learners.loop import Runtime
+from learners.runtime import Runtime
 
 MIN_EXAMPLES = 8
 MAX_EXAMPLES = 1000

@@ -1,20 +1,20 @@
 """The Celery tasks, on ``learners.queue``'s app: ``train_successor`` (queue ``train``, GPU
-workers with concurrency 1; a ``harness.*`` run proposes a harness instead),
-``evaluate_candidate`` (``eval``), ``promote`` (``default``), ``sample_rollouts``
-(``rollout``: sample, verify and record a rollout job's groups, ``learners.rollouts``) and
-``train_router`` (``train``: a router successor, ``learners.router_loop``). The
-evaluation of an adapter run queues a harness proposal for its specialist, started once the
-decision took effect. Every task is idempotent by its id, so a redelivery repeats nothing.
-Only the composition root builds the runtime (``install_runtime``); the tasks find it there.
+workers with concurrency 1: ``learners.runs`` trains an adapter or proposes a harness),
+``evaluate_candidate`` (``eval``, ``learners.evaluate``), ``promote`` (``default``),
+``sample_rollouts`` (``rollout``: sample, verify and record a rollout job's groups,
+``learners.rollouts``) and ``train_router`` (``train``: a router successor,
+``learners.router_loop``). The evaluation of an adapter run queues a harness proposal for its
+specialist, started once the decision took effect. Every task is idempotent by its id, so a
+redelivery repeats nothing. Only the composition root builds the runtime (``macaron.wiring``)
+and installs it here (``install_runtime``, by ``macaron worker``); the tasks find it there.
 """
 
 from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from celery import Task
@@ -22,21 +22,15 @@ from celery.exceptions import Retry
 from opentelemetry.trace import Span
 from rich.progress import Progress
 
-from core.engine import Engine
 from core.errors import PromotionInProgress
-from core.log import EventLog
-from core.routing import RouterTrainer
-from core.settings import Settings
 from infra import observe
-from infra.artifacts import ArtifactStore
-from infra.postgres.db import Pool
 from infra.postgres.promotions import last_request_of_run, request_promotion, wait_for_request
-from learners.contract import DEFAULT_CONTRACT
-from learners.loop import RunBusy, Runtime, evaluate_run, train_run
+from learners.evaluate import evaluate_run
 from learners.queue import app, enqueue_training
-from learners.recipes.lora import DEFAULT_CONFIG, load_config
 from learners.rollouts import RolloutJob, run_rollouts
 from learners.router_loop import PROMOTION_TIMEOUT_S, train_router_run
+from learners.runs import carry_out_run
+from learners.runtime import RunBusy, Runtime
 
 _runtime: Runtime | None = None
 
@@ -50,29 +44,6 @@ def runtime() -> Runtime:
     if _runtime is None:
         raise RuntimeError("the worker's runtime was not installed (start it with macaron worker)")
     return _runtime
-
-
-def make_runtime(
-    settings: Settings,
-    model_dir: Path,
-    pool: Pool,
-    log: EventLog,
-    engine: Callable[[], Engine],
-    router_trainer: Callable[[], RouterTrainer],
-) -> Runtime:
-    """The worker's runtime; ``engine`` makes the engine the contract runs on,
-    ``router_trainer`` the trainer of router versions."""
-    return Runtime(
-        settings=settings,
-        pool=pool,
-        log=log,
-        store=ArtifactStore(settings.home / "adapters"),
-        model_dir=model_dir,
-        training=load_config(settings.training_config or DEFAULT_CONFIG),
-        contract_path=settings.contract_path or DEFAULT_CONTRACT,
-        contract_engine=engine,
-        router_trainer=router_trainer,
-    )
 
 
 @contextmanager
@@ -109,7 +80,7 @@ def train_successor(self: Task, run_id: str) -> str:
             self.update_state(state="PROGRESS", meta={"step": step, "steps": steps, **losses})
 
         try:
-            adapter = train_run(rt, uuid.UUID(run_id), progress)
+            adapter = carry_out_run(rt, uuid.UUID(run_id), progress)
         except RunBusy as exc:  # a redelivery while the lease of a dead worker runs out
             raise self.retry(
                 countdown=rt.settings.training_lease_seconds / 2, max_retries=None

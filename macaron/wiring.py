@@ -42,7 +42,7 @@ if TYPE_CHECKING:  # the serving and training parts load torch: imported where t
     from starlette.applications import Starlette
 
     from core.release import Release
-    from learners.loop import Runtime
+    from learners.runtime import Runtime
     from server.chat import ChatService
     from server.router import RouterService
     from server.turns.request import Router
@@ -91,17 +91,22 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
     """What the learning loop's tasks run with; the contract runs on the kind of engine that
     serves (this process's own, or the vLLM fleet, which the evaluation shares with the
     server: it unloads the candidates it loaded when it is done)."""
-    from learners.worker import make_runtime
+    from learners.contract import DEFAULT_CONTRACT
+    from learners.recipes.lora import DEFAULT_CONFIG, load_config
+    from learners.runtime import Runtime
     from server.router import RouterService, SentenceEmbedder
 
     folder = model_dir(settings)
-    return make_runtime(
-        settings,
-        folder,
-        pool,
-        event_log(settings, pool),
-        lambda: serving_engine(settings, folder, lambda _: None, pool),
-        lambda: RouterService.from_seed(SentenceEmbedder()),
+    return Runtime(
+        settings=settings,
+        pool=pool,
+        log=event_log(settings, pool),
+        store=ArtifactStore(settings.home / "adapters"),
+        model_dir=folder,
+        training=load_config(settings.training_config or DEFAULT_CONFIG),
+        contract_path=settings.contract_path or DEFAULT_CONTRACT,
+        contract_engine=lambda: serving_engine(settings, folder, lambda _: None, pool),
+        router_trainer=lambda: RouterService.from_seed(SentenceEmbedder()),
     )
 
 

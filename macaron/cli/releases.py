@@ -190,7 +190,7 @@ def contract_run(
     answers. The outcomes are recorded: a release is scored once per contract version, and the
     learning loop reuses them when the release is a run's parent."""
     from engines.local import LocalEngine
-    from learners.loop import release_outcomes  # the engine and the trainer: torch
+    from learners.evaluate import release_outcomes  # the engine and the trainer: torch
 
     cfg = settings(ctx)
     contract = load_contract(cfg.contract_path or DEFAULT_CONTRACT)

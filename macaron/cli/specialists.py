@@ -21,7 +21,7 @@ from macaron.cli.common import console, err_console, settings
 from macaron.cli.releases import await_promotion
 
 if TYPE_CHECKING:
-    from learners.loop import Runtime
+    from learners.runtime import Runtime
 
 specialist_app = typer.Typer(
     help="Specialists: list them, add one at run time, disable or enable one.",

@@ -19,7 +19,7 @@ from infra.postgres.keys import create_key
 from infra.postgres.lookups import run_ids_oldest_first
 from infra.postgres.registry import active_release
 from learners.contract import DEFAULT_CONTRACT, load_contract
-from learners.loop import release_outcomes
+from learners.evaluate import release_outcomes
 from learners.queue import app as celery_app
 from learners.queue import enqueue_rollouts
 from learners.recipes.lora import CPU_CONFIG, RLOO_CONFIG

@@ -24,7 +24,8 @@ from infra.local_stack import LocalStack
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from infra.postgres.runs import dataset_snapshot
-from learners.loop import SnapshotMismatch, materialize
+from learners.runtime import SnapshotMismatch
+from learners.snapshots import materialize
 from macaron import wiring
 from server.releases import ensure_root_release
 from streams.backfill import backfill

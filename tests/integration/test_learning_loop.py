@@ -32,7 +32,7 @@ from infra.postgres.lineage import lineage
 from infra.postgres.lookups import conversation_of_turn
 from infra.postgres.registry import active_release
 from learners.contract import load_contract
-from learners.loop import recorded_outcomes
+from learners.evaluate import recorded_outcomes
 from learners.queue import configure as configure_celery
 from server.router import RouterService
 from streams.backfill import Backfill, backfill

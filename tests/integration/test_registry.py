@@ -25,7 +25,7 @@ from infra.postgres.registry import (
     register_harness,
 )
 from learners.contract import load_contract
-from learners.loop import recorded_outcomes, release_outcomes
+from learners.evaluate import recorded_outcomes, release_outcomes
 from tests.factories import run_macaron
 
 DATA = Path(__file__).resolve().parents[1] / "data"

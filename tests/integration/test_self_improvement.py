@@ -34,10 +34,10 @@ from core.log import EventLog
 from core.settings import Settings
 from infra.postgres.db import Pool
 from learners.files import load_yaml_model
-from learners.loop import Runtime
 from learners.queue import configure as configure_celery
 from learners.queue import enqueue_rollouts
 from learners.rollouts import RolloutJob, rollout_key, run_rollouts
+from learners.runtime import Runtime
 from learners.tasks import TaskBank
 from macaron import wiring
 from macaron.demo import run_demo

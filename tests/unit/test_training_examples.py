@@ -1,4 +1,4 @@
-"""What a snapshot's records train: ``learners.loop.training_examples`` without a database."""
+"""What a snapshot's records train: ``learners.train.training_examples`` without a database."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ from typing import Any
 from uuid import UUID
 
 from core.events import ChatMessage, ExperienceRecorded
-from learners.loop import training_examples
 from learners.recipes.lora import LiveSample
+from learners.train import training_examples
 
 MESSAGES: Any = [{"role": "user", "content": "What is 2+2?"}]
 CHAT = [ChatMessage(role="user", content="What is 2+2?")]

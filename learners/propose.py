@@ -1,0 +1,120 @@
+"""Propose a harness successor: one change to the active release's harness for a specialist
+(``core.harness.proposals``), registered and announced with ``HarnessProposed``; and the
+queueing of that proposal after each adapter run's decision."""
+
+from __future__ import annotations
+
+from typing import Any
+from uuid import UUID
+
+from core.events import HarnessProposed, NewEvent, TrainingRequested
+from core.harness.proposals import RECIPE_PREFIX, changes, exemplar_of, next_change, propose
+from core.ids import derived_id
+from core.release import AdapterRef
+from core.settings import Settings
+from infra.postgres.db import DictConnection
+from infra.postgres.registry import active_release, harness_by_name, register_harness
+from infra.postgres.runs import finish_run, queue_run, runs_with_recipe_prefix, training_run
+from learners.runtime import RunFailed, Runtime, step_id
+from learners.snapshots import materialize
+
+
+def propose_harness(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) -> str:
+    """Register the harness successor a ``harness.<change>`` run proposes for its specialist
+    (exemplars come from the snapshot's verified records); when that change has nothing to
+    make, the next one in turn is made. Returns its name."""
+    specialist = str(run["specialist"])
+    with rt.pool.connection() as conn:
+        parent = harness_by_name(conn, active_release(conn).harness_version)
+        attempt = runs_with_recipe_prefix(conn, specialist, RECIPE_PREFIX)
+    examples = [
+        exemplar
+        for r in materialize(rt.log, snapshot).records
+        if r.kind == "sft"
+        and (exemplar := exemplar_of(parent.spec, specialist, _asked(r.record), r.record["target"]))
+    ]
+    options = changes(parent.spec, specialist)
+    first = next((n for n, c in enumerate(options) if RECIPE_PREFIX + c == run["recipe"]), 0)
+    for change in options[first:] + options[:first]:
+        spec = propose(parent.spec, specialist, change, examples=examples, attempt=attempt)
+        if spec is not None:
+            break
+    else:
+        raise RunFailed(f"no harness change to propose for {specialist}")
+    with rt.pool.connection() as conn, conn.transaction():
+        harness = register_harness(conn, spec, parent=parent)
+        metrics = {"exemplars_found": float(len(examples))}
+        config = {"change": change}
+        finish_run(
+            conn, run["run_id"], harness_version=harness.version, config=config, metrics=metrics
+        )
+    proposed = HarnessProposed(
+        run_id=run["run_id"],
+        specialist=specialist,
+        harness_version=harness.name,
+        parent_harness_version=parent.name,
+        change=change,
+        sha256=harness.sha256,
+    )
+    rt.log.append(
+        [
+            NewEvent(
+                payload=proposed,
+                tenant_id="system",
+                key=f"training.{specialist}",
+                event_id=step_id(run["run_id"], "proposed"),
+            )
+        ]
+    )
+    return harness.name
+
+
+def _asked(record: dict[str, Any]) -> str:
+    """The user's message a record's answer replies to (its last user message)."""
+    users = [m["content"] for m in record["messages"] if m.get("role") == "user"]
+    return str(users[-1]) if users else ""
+
+
+def harness_run_id(run_id: UUID) -> UUID:
+    """The id of the harness proposal that follows the adapter run ``run_id``."""
+    return derived_id("run", run_id, "harness")
+
+
+def queue_harness_run(
+    conn: DictConnection, settings: Settings, run: dict[str, Any], adapter: AdapterRef
+) -> NewEvent | None:
+    """Queue, in the transaction that decides the adapter run ``run``, the harness proposal
+    for its specialist (on the same snapshot; ``adapter`` is the specialist's adapter once the
+    decision takes effect); its ``TrainingRequested`` event, or ``None`` when proposals are off,
+    ``run`` proposed a harness itself, or another run of the specialist is in flight. The worker
+    starts it once the decision took effect."""
+    if not settings.harness_proposals or str(run["recipe"]).startswith(RECIPE_PREFIX):
+        return None
+    specialist = str(run["specialist"])
+    harness = harness_by_name(conn, active_release(conn).harness_version)
+    proposed_before = runs_with_recipe_prefix(conn, specialist, RECIPE_PREFIX)
+    recipe = RECIPE_PREFIX + next_change(harness.spec, specialist, proposed_before)
+    run_id = harness_run_id(run["run_id"])
+    queued = queue_run(
+        conn,
+        run_id=run_id,
+        specialist=specialist,
+        parent_adapter_id=adapter.adapter_version_id,
+        snapshot_id=run["snapshot_id"],
+        recipe=recipe,
+    )
+    if not queued and training_run(conn, run_id) is None:
+        return None  # a newer adapter run of the specialist is in flight: it proposes later
+    requested = TrainingRequested(
+        run_id=run_id,
+        specialist=specialist,
+        parent_adapter_version=adapter.name,
+        snapshot_id=run["snapshot_id"],
+        recipe=recipe,
+    )
+    return NewEvent(
+        payload=requested,
+        tenant_id="system",
+        key=f"training.{specialist}",
+        event_id=step_id(run_id, "requested"),
+    )

@@ -1,0 +1,58 @@
+"""What every learning step runs with (``Runtime``, built only by ``macaron.wiring``) and the
+errors a run can end in."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from uuid import UUID
+
+from core.engine import Engine
+from core.errors import MacaronError
+from core.ids import derived_id
+from core.log import EventLog
+from core.routing import RouterTrainer
+from core.settings import Settings
+from infra.artifacts import ArtifactStore
+from infra.postgres.db import Pool
+from learners.recipes.lora import TrainingConfig
+
+Progress = Callable[[int, int, dict[str, float]], None]
+
+
+class RunFailed(MacaronError):
+    code = "run_failed"
+
+
+class SnapshotMismatch(RunFailed):
+    """A snapshot's records, read back from the log, no longer chain to its hash."""
+
+    code = "snapshot_mismatch"
+
+
+class RunBusy(MacaronError):
+    """Another worker holds a live lease on the run: try again once it may have run out."""
+
+    code = "run_busy"
+    retryable = True
+
+
+@dataclass
+class Runtime:
+    settings: Settings
+    pool: Pool
+    log: EventLog
+    store: ArtifactStore
+    model_dir: Path
+    training: TrainingConfig
+    contract_path: Path
+    router_trainer: Callable[[], RouterTrainer]
+    """A fresh router trainer on the seed examples (it embeds with the router's model)."""
+    contract_engine: Callable[[], Engine]
+    """A fresh engine on the base model, to run the contract with (closed after each run)."""
+
+
+def step_id(run_id: UUID, step: str) -> UUID:
+    """The id of a run's step (its event's id), the same on every redelivery."""
+    return derived_id("run", run_id, step)

@@ -1,0 +1,175 @@
+"""Train an adapter successor: the run's parent adapter trained on its dataset snapshot (and
+older records of the specialist, against forgetting), stored, registered as the specialist's
+next version, and announced with ``CandidateTrained``."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.events import CandidateTrained, NewEvent
+from core.experience import first_step
+from core.release import AdapterRef
+from infra.postgres.registry import next_adapter_version, register_adapter
+from infra.postgres.runs import finish_run
+from learners.recipes.lora import (
+    LiveSample,
+    PreferencePair,
+    RolloutGroup,
+    SFTExample,
+    train_successor_adapter,
+)
+from learners.runtime import Progress, Runtime, step_id
+from learners.snapshots import materialize
+
+
+def train_adapter(
+    rt: Runtime,
+    run: dict[str, Any],
+    snapshot: dict[str, Any],
+    parent: dict[str, Any],
+    progress: Progress | None,
+) -> str:
+    """Train, register and announce the run's successor adapter; returns its versioned name."""
+    replayed = materialize(rt.log, snapshot)
+    examples = training_examples(
+        replayed.records, replayed.older, f"{parent['specialist']}@{parent['version']}"
+    )
+    parent_dir = rt.store.verified_path(parent["sha256"], parent["path"])
+    with tempfile.TemporaryDirectory() as scratch:
+        result = train_successor_adapter(
+            rt.model_dir,
+            parent_dir,
+            Path(scratch),
+            sft=examples.sft,
+            preferences=examples.pairs,
+            older=examples.older,
+            config=rt.training,
+            groups=examples.groups,
+            live=examples.live,
+            progress=progress,
+        )
+        sha, stored = rt.store.put(Path(scratch))
+    metrics = {
+        "final_loss": result.final_loss,
+        "seconds": result.seconds,
+        "examples": float(result.examples),
+        "pairs": float(result.pairs),
+        "samples": float(result.samples),
+        "tenants": float(replayed.tenants),
+    }
+    adapter = _record_candidate(rt, run, parent, sha, str(stored), metrics)
+    rt.log.append(
+        [
+            NewEvent(
+                payload=CandidateTrained(
+                    run_id=run["run_id"],
+                    specialist=run["specialist"],
+                    adapter_version=adapter.name,
+                    parent_adapter_version=f"{parent['specialist']}@{parent['version']}",
+                    sha256=sha,
+                    metrics=metrics,
+                ),
+                tenant_id="system",
+                key=f"training.{run['specialist']}",
+                event_id=step_id(run["run_id"], "trained"),
+            )
+        ]
+    )
+    return adapter.name
+
+
+@dataclass(frozen=True)
+class Examples:
+    """What a snapshot trains on, by kind, and the older SFT examples replayed beside it."""
+
+    sft: list[SFTExample]
+    pairs: list[PreferencePair]
+    groups: list[RolloutGroup]
+    live: list[LiveSample]
+    older: list[SFTExample]
+
+
+def training_examples(records: list[Any], older: list[Any], parent: str) -> Examples:
+    """The snapshot's SFT examples, preference pairs, and the rollout groups and live rewards
+    of answers ``parent`` gave (a policy gradient's ratio and KL are taken to the policy that
+    drew the answers; a live reward trains the turn's first step), and the older SFT
+    examples."""
+    return Examples(
+        sft=[
+            SFTExample(messages=r.record["messages"], target=r.record["target"])
+            for r in records
+            if r.kind == "sft"
+        ],
+        pairs=[
+            PreferencePair(
+                messages=r.record["messages"],
+                chosen=r.record["chosen"],
+                rejected=r.record["rejected"],
+            )
+            for r in records
+            if r.kind == "preference"
+        ],
+        groups=[
+            RolloutGroup(
+                messages=r.record["messages"],
+                answers=[s["answer"] for s in r.record["samples"]],
+                rewards=[s["reward"] for s in r.record["samples"]],
+            )
+            for r in records
+            if r.kind == "group" and r.record["adapter_version"] == parent
+        ],
+        live=[
+            LiveSample(
+                messages=r.record["messages"],
+                answer=first_step(r.record["actions"], r.record["answer"]),
+                reward=r.record["reward"],
+            )
+            for r in _latest_per_turn(records)
+            if r.record["adapter_version"] == parent
+        ],
+        older=[
+            SFTExample(messages=r.record["messages"], target=r.record["target"])
+            for r in older
+            if r.kind == "sft"
+        ],
+    )
+
+
+def _latest_per_turn(records: list[Any]) -> list[Any]:
+    """The live rewards, one per turn: the latest (a user's thumbs-down after a valid GenUI
+    tree says more than the validity did)."""
+    latest = {r.turn_id: r for r in records if r.kind == "trajectory"}
+    return list(latest.values())
+
+
+def _record_candidate(
+    rt: Runtime,
+    run: dict[str, Any],
+    parent: dict[str, Any],
+    sha: str,
+    path: str,
+    metrics: dict[str, float],
+) -> AdapterRef:
+    """Register the trained adapter as the specialist's next version and finish the run."""
+    with rt.pool.connection() as conn, conn.transaction():
+        adapter = register_adapter(
+            conn,
+            specialist=run["specialist"],
+            version=next_adapter_version(conn, run["specialist"]),
+            parent_id=parent["adapter_version_id"],
+            sha256=sha,
+            path=path,
+            rank=int(parent["rank"]),
+            base_model=parent["base_model"],
+        )
+        finish_run(
+            conn,
+            run["run_id"],
+            adapter_version_id=adapter.adapter_version_id,
+            config=rt.training.model_dump(),
+            metrics=metrics,
+        )
+    return adapter
