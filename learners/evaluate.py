@@ -99,7 +99,7 @@ def _candidate(
 ) -> tuple[Release, HarnessVersion]:
     """The release a run's candidate would make (the active one with the run's adapter or
     harness in place) and the harness that release names."""
-    if run["result_harness_version"] is not None:
+    if run["kind"] == "harness":
         harness = harness_by_name(conn, harness_name(run["result_harness_version"]))
         return release.successor(harness=harness), harness
     adapter = _adapter(conn, run["result_adapter_id"])

@@ -14,19 +14,19 @@ from core.release import AdapterRef
 from core.settings import Settings
 from infra.postgres.db import DictConnection
 from infra.postgres.registry import active_release, harness_by_name, register_harness
-from infra.postgres.runs import finish_run, queue_run, runs_with_recipe_prefix, training_run
+from infra.postgres.runs import finish_run, queue_run, runs_of_kind, training_run
 from learners.runtime import RunFailed, Runtime, step_id
 from learners.snapshots import materialize
 
 
 def propose_harness(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) -> str:
-    """Register the harness successor a ``harness.<change>`` run proposes for its specialist
-    (exemplars come from the snapshot's verified records); when that change has nothing to
-    make, the next one in turn is made. Returns its name."""
+    """Register the harness successor a harness run proposes for its specialist: the change
+    its recipe (``harness.<change>``) names, or, when that one has nothing to make, the next in
+    turn (exemplars come from the snapshot's verified records). Returns its name."""
     specialist = str(run["specialist"])
     with rt.pool.connection() as conn:
         parent = harness_by_name(conn, active_release(conn).harness_version)
-        attempt = runs_with_recipe_prefix(conn, specialist, RECIPE_PREFIX)
+        attempt = runs_of_kind(conn, specialist, "harness")
     examples = [
         exemplar
         for r in materialize(rt.log, snapshot).records
@@ -88,11 +88,11 @@ def queue_harness_run(
     decision takes effect); its ``TrainingRequested`` event, or ``None`` when proposals are off,
     ``run`` proposed a harness itself, or another run of the specialist is in flight. The worker
     starts it once the decision took effect."""
-    if not settings.harness_proposals or str(run["recipe"]).startswith(RECIPE_PREFIX):
+    if not settings.harness_proposals or run["kind"] == "harness":
         return None
     specialist = str(run["specialist"])
     harness = harness_by_name(conn, active_release(conn).harness_version)
-    proposed_before = runs_with_recipe_prefix(conn, specialist, RECIPE_PREFIX)
+    proposed_before = runs_of_kind(conn, specialist, "harness")
     recipe = RECIPE_PREFIX + next_change(harness.spec, specialist, proposed_before)
     run_id = harness_run_id(run["run_id"])
     queued = queue_run(
@@ -101,6 +101,7 @@ def queue_harness_run(
         specialist=specialist,
         parent_adapter_id=adapter.adapter_version_id,
         snapshot_id=run["snapshot_id"],
+        kind="harness",
         recipe=recipe,
     )
     if not queued and training_run(conn, run_id) is None:

@@ -9,7 +9,6 @@ import time
 from uuid import UUID
 
 from core.harness.artifact import harness_name
-from core.harness.proposals import RECIPE_PREFIX
 from infra.postgres.registry import adapter_version
 from infra.postgres.runs import claim_run, dataset_snapshot, fail_run, renew_lease, run_result
 from learners.propose import propose_harness
@@ -40,7 +39,7 @@ def carry_out_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -
     try:
         if snapshot is None or parent is None:
             raise RunFailed(f"run {run_id} lacks its dataset snapshot or its parent adapter")
-        if str(run["recipe"]).startswith(RECIPE_PREFIX):
+        if run["kind"] == "harness":
             return propose_harness(rt, run, snapshot)
         return train_adapter(rt, run, snapshot, parent, _renewing(rt, run_id, progress))
     except Exception as exc:

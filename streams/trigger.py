@@ -127,6 +127,7 @@ def _snapshot(
         specialist=pending.specialist,
         parent_adapter_id=request.parent_adapter_id,
         snapshot_id=request.snapshot.snapshot_id,
+        kind="adapter",
         recipe=RECIPE,
     )
     if not queued and run_result(conn, request.run_id) is None:

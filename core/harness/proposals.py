@@ -22,7 +22,8 @@ from core.harness.hcp import tool_call_of
 
 Change = Literal["grammar", "tool_choice", "exemplars", "prompt"]
 RECIPE_PREFIX = "harness."
-"""A run whose recipe is ``harness.<change>`` proposes a harness instead of training."""
+"""A harness run's recipe is ``harness.<change>``: it names the change to propose (the run's
+``kind`` says that it proposes a harness)."""
 EXEMPLARS = 2
 """Exemplars a proposal shows: each costs prompt tokens on every turn of the specialist."""
 

@@ -27,11 +27,11 @@ def run_ids_oldest_first(conn: DictConnection) -> list[UUID]:
 
 
 def run_verdicts(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
-    """A run with its evaluation and its latest promotion decision: ``specialist``, ``recipe``,
-    ``status``, ``error``, ``metrics``, ``scores``, ``passed``, ``promotion`` (its kind) and
-    ``promotion_reason``; the last four are ``None`` until they happen."""
+    """A run with its evaluation and its latest promotion decision: ``specialist``, ``kind``,
+    ``recipe``, ``status``, ``error``, ``metrics``, ``scores``, ``passed``, ``promotion`` (its
+    kind) and ``promotion_reason``; the last four are ``None`` until they happen."""
     row = conn.execute(
-        "SELECT r.specialist, r.recipe, r.status, r.error, r.metrics, e.scores, e.passed, "
+        "SELECT r.specialist, r.kind, r.recipe, r.status, r.error, r.metrics, e.scores, e.passed, "
         "p.kind AS promotion, p.reason AS promotion_reason FROM training_runs r "
         "LEFT JOIN evaluations e ON e.run_id = r.run_id "
         "LEFT JOIN LATERAL (SELECT kind, reason FROM promotions WHERE run_id = r.run_id "

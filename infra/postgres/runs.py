@@ -1,20 +1,23 @@
 """Training runs, the dataset snapshots they train on, and the contract evaluations of their
 candidates (``training_runs``, ``dataset_snapshots``, ``evaluations``).
 
+A run's ``kind`` says what it makes: an ``adapter`` (trained) or a ``harness`` (proposed).
 A run is ``queued`` by the trigger, ``running`` under a lease while a worker trains it, then
-``succeeded`` (with its adapter) or ``failed`` (with the error). At most one run per
+``succeeded`` (with its adapter or harness) or ``failed`` (with the error). At most one run per
 specialist is in flight (a unique index).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
 from infra.postgres.db import DictConnection
+
+RunKind = Literal["adapter", "harness"]
 
 
 @dataclass(frozen=True)
@@ -69,15 +72,16 @@ def queue_run(
     specialist: str,
     parent_adapter_id: int,
     snapshot_id: UUID,
+    kind: RunKind,
     recipe: str,
 ) -> bool:
     """Queue the run; ``False`` when it was not (it exists, or a run of the specialist is in
     flight)."""
     inserted = conn.execute(
         "INSERT INTO training_runs (run_id, specialist, parent_adapter_id, snapshot_id, "
-        "recipe, status) VALUES (%s, %s, %s, %s, %s, 'queued') ON CONFLICT DO NOTHING "
-        "RETURNING run_id",
-        (run_id, specialist, parent_adapter_id, snapshot_id, recipe),
+        "kind, recipe, status) VALUES (%s, %s, %s, %s, %s, %s, 'queued') "
+        "ON CONFLICT DO NOTHING RETURNING run_id",
+        (run_id, specialist, parent_adapter_id, snapshot_id, kind, recipe),
     ).fetchone()
     return inserted is not None
 
@@ -160,11 +164,11 @@ def finish_run(
     )
 
 
-def runs_with_recipe_prefix(conn: DictConnection, specialist: str, prefix: str) -> int:
-    """How many runs of ``specialist`` had a recipe starting with ``prefix``."""
+def runs_of_kind(conn: DictConnection, specialist: str, kind: RunKind) -> int:
+    """How many runs of ``specialist`` were of ``kind``."""
     row = conn.execute(
-        "SELECT count(*) AS n FROM training_runs WHERE specialist = %s AND starts_with(recipe, %s)",
-        (specialist, prefix),
+        "SELECT count(*) AS n FROM training_runs WHERE specialist = %s AND kind = %s",
+        (specialist, kind),
     ).fetchone()
     return 0 if row is None else int(row["n"])
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from core.harness.proposals import RECIPE_PREFIX
 from infra.postgres.db import Pool
 from infra.postgres.lookups import run_verdicts
 from infra.postgres.runs import training_run
@@ -30,7 +29,7 @@ def run_outcome(pool: Pool, run_id: UUID) -> RunRecord | None:
         return RunRecord(
             str(run_id),
             row["specialist"],
-            "harness" if recipe.startswith(RECIPE_PREFIX) else "adapter",
+            str(row["kind"]),
             recipe,
             outcome,
             bool(row["passed"]),

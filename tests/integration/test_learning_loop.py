@@ -360,11 +360,12 @@ def assert_harness_proposed_and_judged(
     assert [r.run_id for r in judged] == [harness.run_id]
     with served.server.pool.connection() as conn:
         run = conn.execute(
-            "SELECT r.recipe, r.result_harness_version, r.result_adapter_id, e.scores "
+            "SELECT r.kind, r.recipe, r.result_harness_version, r.result_adapter_id, e.scores "
             "FROM training_runs r JOIN evaluations e USING (run_id) WHERE r.run_id = %s",
             (harness.run_id,),
         ).fetchone()
     assert run is not None and run["recipe"] == "harness.grammar"
+    assert run["kind"] == "harness"
     assert (run["result_harness_version"], run["result_adapter_id"]) == (1, None)
     assert set(run["scores"]["formats"]) == {"candidate", "parent"}
     env = {
