@@ -1,17 +1,20 @@
-"""Experience: the names and the hash chain that the experience builder, the training trigger
-and the training run share, so a snapshot replays to the hash it was defined with."""
+"""Experience: the names, the record types and the hash chain that the experience builder, the
+training trigger and the training run share, so a snapshot replays to the hash it was defined
+with."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, Literal, TypeVar
 from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 from core.canonical import canonical_json, sha256_hex
 from core.errors import UnknownFilterVersion
-from core.events import Envelope, ExperienceRecorded, NewEvent
+from core.events import ChatMessage, Envelope, ExperienceRecorded, NewEvent
 from core.log import EventLog, RecordedEvent
 
 FILTER_VERSIONS = ("experience-1", "experience-2")
@@ -19,6 +22,82 @@ FILTER_VERSIONS = ("experience-1", "experience-2")
 derives under one of them (``MACARON_EXPERIENCE_FILTER``), a backfill under any."""
 FILTER_VERSION = FILTER_VERSIONS[-1]
 EMPTY_CHAIN = "0" * 64
+
+RecordKind = Literal["sft", "preference", "trajectory", "group"]
+
+
+class ExperienceRecord(BaseModel):
+    """The body of an ``ExperienceRecorded`` event (its ``record``): what the streams write and
+    the training run reads. Fields are declared in the order they are stored; every record ends
+    with the adapter version that answered and the release it served in."""
+
+    model_config = ConfigDict(frozen=True)
+    kind: ClassVar[RecordKind]
+    messages: list[ChatMessage]
+    """The context the model answered in (without any hint a rollout sample saw)."""
+
+    def stored(self) -> dict[str, JsonValue]:
+        """The record as the event holds it: only the optional fields that were given."""
+        return self.model_dump(mode="json", exclude_unset=True)
+
+
+class SFTRecord(ExperienceRecord):
+    """An answer to imitate: approved, edited, or a rollout sample its verifier passed."""
+
+    kind: ClassVar[RecordKind] = "sft"
+    target: str
+    rollout_id: str | None = None
+    adapter_version: str | None
+    release_id: str | None
+
+
+class PreferenceRecord(ExperienceRecord):
+    """Two answers in one context, the ``chosen`` one better."""
+
+    kind: ClassVar[RecordKind] = "preference"
+    chosen: str
+    rejected: str
+    chosen_rollout_id: str | None = None
+    rejected_rollout_id: str | None = None
+    adapter_version: str | None
+    release_id: str | None
+
+
+class TrajectoryRecord(ExperienceRecord):
+    """A turn as it ran (its actions and answer) with a live reward in [0, 1]."""
+
+    kind: ClassVar[RecordKind] = "trajectory"
+    actions: list[dict[str, JsonValue]]
+    answer: str | None
+    reward: float
+    adapter_version: str | None
+    release_id: str | None
+
+
+class GroupSample(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    answer: str
+    reward: float
+    """A verified sample's (one whose verifier failed is in no record)."""
+    rollout_id: str
+
+
+class GroupRecord(ExperienceRecord):
+    """A rollout group's verified answers with their rewards, for policy gradient."""
+
+    kind: ClassVar[RecordKind] = "group"
+    samples: list[GroupSample]
+    adapter_version: str | None
+    release_id: str | None
+
+
+Record = TypeVar("Record", bound=ExperienceRecord)
+
+
+def records_of(kind: type[Record], payloads: Iterable[ExperienceRecorded]) -> list[Record]:
+    """The bodies of the ``payloads`` of ``kind``'s kind, typed."""
+    return [kind.model_validate(p.record) for p in payloads if p.kind == kind.kind]
 
 
 def known_filter(version: str) -> str:

@@ -8,6 +8,7 @@ from typing import Any
 from uuid import UUID
 
 from core.events import HarnessProposed, NewEvent, TrainingRequested
+from core.experience import SFTRecord, records_of
 from core.harness.proposals import RECIPE_PREFIX, changes, exemplar_of, next_change, propose
 from core.ids import derived_id
 from core.release import AdapterRef
@@ -29,9 +30,8 @@ def propose_harness(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) 
         attempt = runs_of_kind(conn, specialist, "harness")
     examples = [
         exemplar
-        for r in materialize(rt.log, snapshot).records
-        if r.kind == "sft"
-        and (exemplar := exemplar_of(parent.spec, specialist, _asked(r.record), r.record["target"]))
+        for r in records_of(SFTRecord, materialize(rt.log, snapshot).records)
+        if (exemplar := exemplar_of(parent.spec, specialist, _asked(r), r.target))
     ]
     options = changes(parent.spec, specialist)
     first = next((n for n, c in enumerate(options) if RECIPE_PREFIX + c == run["recipe"]), 0)
@@ -69,10 +69,10 @@ def propose_harness(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) 
     return harness.name
 
 
-def _asked(record: dict[str, Any]) -> str:
+def _asked(record: SFTRecord) -> str:
     """The user's message a record's answer replies to (its last user message)."""
-    users = [m["content"] for m in record["messages"] if m.get("role") == "user"]
-    return str(users[-1]) if users else ""
+    users = [m.content for m in record.messages if m.role == "user"]
+    return users[-1] if users else ""
 
 
 def harness_run_id(run_id: UUID) -> UUID:

@@ -10,7 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from core.events import CandidateTrained, NewEvent
-from core.experience import first_step
+from core.experience import (
+    GroupRecord,
+    PreferenceRecord,
+    SFTRecord,
+    TrajectoryRecord,
+    first_step,
+    records_of,
+)
 from core.release import AdapterRef
 from infra.postgres.registry import next_adapter_version, register_adapter
 from infra.postgres.runs import finish_run
@@ -99,41 +106,28 @@ def training_examples(records: list[Any], older: list[Any], parent: str) -> Exam
     examples."""
     return Examples(
         sft=[
-            SFTExample(messages=r.record["messages"], target=r.record["target"])
-            for r in records
-            if r.kind == "sft"
+            SFTExample(messages=r.messages, target=r.target) for r in records_of(SFTRecord, records)
         ],
         pairs=[
-            PreferencePair(
-                messages=r.record["messages"],
-                chosen=r.record["chosen"],
-                rejected=r.record["rejected"],
-            )
-            for r in records
-            if r.kind == "preference"
+            PreferencePair(messages=r.messages, chosen=r.chosen, rejected=r.rejected)
+            for r in records_of(PreferenceRecord, records)
         ],
         groups=[
             RolloutGroup(
-                messages=r.record["messages"],
-                answers=[s["answer"] for s in r.record["samples"]],
-                rewards=[s["reward"] for s in r.record["samples"]],
+                messages=r.messages,
+                answers=[s.answer for s in r.samples],
+                rewards=[s.reward for s in r.samples],
             )
-            for r in records
-            if r.kind == "group" and r.record["adapter_version"] == parent
+            for r in records_of(GroupRecord, records)
+            if r.adapter_version == parent
         ],
         live=[
-            LiveSample(
-                messages=r.record["messages"],
-                answer=first_step(r.record["actions"], r.record["answer"]),
-                reward=r.record["reward"],
-            )
-            for r in _latest_per_turn(records)
-            if r.record["adapter_version"] == parent
+            LiveSample(messages=r.messages, answer=first_step(r.actions, r.answer), reward=r.reward)
+            for r in records_of(TrajectoryRecord, _latest_per_turn(records))
+            if r.adapter_version == parent
         ],
         older=[
-            SFTExample(messages=r.record["messages"], target=r.record["target"])
-            for r in older
-            if r.kind == "sft"
+            SFTExample(messages=r.messages, target=r.target) for r in records_of(SFTRecord, older)
         ],
     )
 

@@ -32,10 +32,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal
 from uuid import UUID
-
-from pydantic import JsonValue
 
 from core.errors import HarnessNotFound
 from core.events import (
@@ -55,7 +52,16 @@ from core.events import (
     TurnCompleted,
     TurnReceived,
 )
-from core.experience import FILTER_VERSION, experience_event, first_step, known_filter
+from core.experience import (
+    FILTER_VERSION,
+    ExperienceRecord,
+    PreferenceRecord,
+    SFTRecord,
+    TrajectoryRecord,
+    experience_event,
+    first_step,
+    known_filter,
+)
 from core.harness.hcp import HISTORY_TURNS, build_context
 from core.ids import derived_id
 from core.log import RecordedEvent
@@ -66,9 +72,6 @@ from streams import rollouts
 from streams.routing import routing_labels
 
 _log = logging.getLogger(__name__)
-
-Kind = Literal["sft", "preference", "trajectory"]
-Record = tuple[Kind, dict[str, JsonValue]]
 
 
 class ExperienceBuilder:
@@ -160,7 +163,7 @@ def experience_from(
     filter ``version``; ``replaced`` is the completed turn it answered again, if it was a
     regeneration."""
     payload = event.payload
-    derived: list[Record] = []
+    derived: list[ExperienceRecord] = []
     if isinstance(payload, TurnCompleted):
         derived = _trajectory(turn)
     elif isinstance(payload, FeedbackGiven):
@@ -169,10 +172,10 @@ def experience_from(
             derived += _kept_regeneration(turn, replaced)
             if version != "experience-1" and turn.response is not None:
                 derived.append(_rewarded(turn, 1.0))
-    return [_record(event, turn, kind, record, version) for kind, record in derived]
+    return [_record(event, turn, record, version) for record in derived]
 
 
-def _kept_regeneration(turn: JoinedTurn, replaced: JoinedTurn | None) -> list[Record]:
+def _kept_regeneration(turn: JoinedTurn, replaced: JoinedTurn | None) -> list[ExperienceRecord]:
     """The pair a kept regeneration gives, in the context the first answer had."""
     if replaced is None or replaced.response is None or replaced.specialist != turn.specialist:
         return []
@@ -180,8 +183,14 @@ def _kept_regeneration(turn: JoinedTurn, replaced: JoinedTurn | None) -> list[Re
     rejected = first_step(replaced.actions, replaced.response)
     if chosen == rejected:
         return []
-    messages: Any = context_messages(replaced)
-    return [("preference", {"messages": messages, "chosen": chosen, "rejected": rejected})]
+    pair = {
+        "messages": context_messages(replaced),
+        "chosen": chosen,
+        "rejected": rejected,
+        "adapter_version": turn.adapter_version,
+        "release_id": turn.release_id,
+    }
+    return [PreferenceRecord.model_validate(pair)]
 
 
 def context_messages(turn: JoinedTurn) -> list[dict[str, str]]:
@@ -194,24 +203,28 @@ def context_messages(turn: JoinedTurn) -> list[dict[str, str]]:
     return build_context(turn.harness, turn.specialist, history, turn.content).messages()
 
 
-def _from_feedback(turn: JoinedTurn, feedback: FeedbackGiven) -> list[Record]:
+def _from_feedback(turn: JoinedTurn, feedback: FeedbackGiven) -> list[ExperienceRecord]:
     if turn.response is None:
         return []
     if feedback.kind in ("down", "regenerate"):
         return [_rewarded(turn, 0.0)]
-    messages: Any = context_messages(turn)
+    messages = context_messages(turn)
+    served = {"adapter_version": turn.adapter_version, "release_id": turn.release_id}
     if feedback.kind == "up":
-        return [("sft", {"messages": messages, "target": first_step(turn.actions, turn.response)})]
+        target = first_step(turn.actions, turn.response)
+        return [SFTRecord.model_validate({"messages": messages, "target": target, **served})]
     if feedback.kind == "edit" and feedback.edited_text:
         edited = feedback.edited_text
         return [
-            ("sft", {"messages": messages, "target": edited}),
-            ("preference", {"messages": messages, "chosen": edited, "rejected": turn.response}),
+            SFTRecord.model_validate({"messages": messages, "target": edited, **served}),
+            PreferenceRecord.model_validate(
+                {"messages": messages, "chosen": edited, "rejected": turn.response, **served}
+            ),
         ]
     return []
 
 
-def _trajectory(turn: JoinedTurn) -> list[Record]:
+def _trajectory(turn: JoinedTurn) -> list[ExperienceRecord]:
     if turn.actions:
         actions = turn.actions
         return [_rewarded(turn, sum(1 for a in actions if a["ok"]) / len(actions))]
@@ -220,30 +233,32 @@ def _trajectory(turn: JoinedTurn) -> list[Record]:
     return []
 
 
-def _rewarded(turn: JoinedTurn, reward: float) -> Record:
+def _rewarded(turn: JoinedTurn, reward: float) -> TrajectoryRecord:
     """The turn as it ran (context, actions, answer) with a reward."""
-    messages: Any = context_messages(turn)
-    record: dict[str, JsonValue] = {
-        "messages": messages,
-        "actions": json.loads(json.dumps(list(turn.actions))),
-        "answer": turn.response,
-        "reward": reward,
-    }
-    return ("trajectory", record)
+    return TrajectoryRecord.model_validate(
+        {
+            "messages": context_messages(turn),
+            "actions": json.loads(json.dumps(list(turn.actions))),
+            "answer": turn.response,
+            "reward": reward,
+            "adapter_version": turn.adapter_version,
+            "release_id": turn.release_id,
+        }
+    )
 
 
 def _record(
-    event: RecordedEvent, turn: JoinedTurn, kind: Kind, record: dict[str, JsonValue], version: str
+    event: RecordedEvent, turn: JoinedTurn, record: ExperienceRecord, version: str
 ) -> NewEvent:
     """The record as an event, caused by ``event``; its id derives from the filter version, the
     turn, the kind and ``event``."""
-    experience_id = derived_id(version, turn.turn_id, kind, event.envelope.event_id)
+    experience_id = derived_id(version, turn.turn_id, record.kind, event.envelope.event_id)
     payload = ExperienceRecorded(
         experience_id=experience_id,
-        kind=kind,
+        kind=record.kind,
         specialist=turn.specialist,
         turn_id=turn.turn_id,
         filter_version=version,
-        record={**record, "adapter_version": turn.adapter_version, "release_id": turn.release_id},
+        record=record.stored(),
     )
     return experience_event(payload, turn.tenant_id, event.envelope, turn.turn_id)

@@ -18,12 +18,16 @@ from a rollout. Ids derive from the filter version, the group and the record's p
 from __future__ import annotations
 
 import logging
-from typing import Literal
-
-from pydantic import JsonValue
+from collections.abc import Mapping
 
 from core.events import ExperienceRecorded, NewEvent, RolloutSampled, RolloutScored
-from core.experience import experience_event
+from core.experience import (
+    ExperienceRecord,
+    GroupRecord,
+    PreferenceRecord,
+    SFTRecord,
+    experience_event,
+)
 from core.ids import derived_id
 from core.log import RecordedEvent
 from infra.postgres import rollouts as store
@@ -31,7 +35,6 @@ from infra.postgres.db import DictConnection
 from infra.postgres.rollouts import ScoredSample
 
 _log = logging.getLogger(__name__)
-Kind = Literal["sft", "preference", "group"]
 
 
 def record_sampled(conn: DictConnection, event: RecordedEvent, sampled: RolloutSampled) -> None:
@@ -74,8 +77,9 @@ def group_records(group: list[ScoredSample], event: RecordedEvent, version: str)
     failed = _distinct([s for s in verified if not s.passed])
     records: list[NewEvent] = []
     for n, sample in enumerate(passed):
-        body: dict[str, JsonValue] = {"target": sample.answer, "rollout_id": str(sample.rollout_id)}
-        records.append(_record(event, sample, ("sft", n), body, version))
+        body = {"target": sample.answer, "rollout_id": str(sample.rollout_id)}
+        example = SFTRecord.model_validate(_of(sample, body))
+        records.append(_record(event, sample, n, example, version))
     for n, (chosen, rejected) in enumerate(zip(passed, failed, strict=False)):
         body = {
             "chosen": chosen.answer,
@@ -83,17 +87,28 @@ def group_records(group: list[ScoredSample], event: RecordedEvent, version: str)
             "chosen_rollout_id": str(chosen.rollout_id),
             "rejected_rollout_id": str(rejected.rollout_id),
         }
-        records.append(_record(event, chosen, ("preference", n), body, version))
+        pair = PreferenceRecord.model_validate(_of(chosen, body))
+        records.append(_record(event, chosen, n, pair, version))
     rewards = [s.reward for s in verified if s.reward is not None]
     if len(set(rewards)) > 1 and not group[0].hinted:
-        body = {
-            "samples": [
-                {"answer": s.answer, "reward": s.reward, "rollout_id": str(s.rollout_id)}
-                for s in verified
-            ]
-        }
-        records.append(_record(event, verified[0], ("group", 0), body, version))
+        samples = [
+            {"answer": s.answer, "reward": s.reward, "rollout_id": str(s.rollout_id)}
+            for s in verified
+        ]
+        scored = GroupRecord.model_validate(_of(verified[0], {"samples": samples}))
+        records.append(_record(event, verified[0], 0, scored, version))
     return records
+
+
+def _of(sample: ScoredSample, body: Mapping[str, object]) -> dict[str, object]:
+    """A record's fields in their stored order: the sample's context, ``body``, and the
+    adapter version and release that sampled it."""
+    return {
+        "messages": [m.model_dump() for m in sample.messages],
+        **body,
+        "adapter_version": sample.adapter_version,
+        "release_id": sample.release_id,
+    }
 
 
 def _distinct(samples: list[ScoredSample]) -> list[ScoredSample]:
@@ -107,23 +122,18 @@ def _distinct(samples: list[ScoredSample]) -> list[ScoredSample]:
 def _record(
     event: RecordedEvent,
     sample: ScoredSample,
-    place: tuple[Kind, int],
-    body: dict[str, JsonValue],
+    n: int,
+    record: ExperienceRecord,
     version: str,
 ) -> NewEvent:
-    kind, n = place
+    """The ``n``-th record of its kind from ``sample``'s group, as an event."""
     payload = ExperienceRecorded(
-        experience_id=derived_id(version, sample.group_id, kind, n),
-        kind=kind,
+        experience_id=derived_id(version, sample.group_id, record.kind, n),
+        kind=record.kind,
         specialist=sample.specialist,
         turn_id=None,
         rollout_group_id=sample.group_id,
         filter_version=version,
-        record={
-            "messages": [m.model_dump() for m in sample.messages],
-            **body,
-            "adapter_version": sample.adapter_version,
-            "release_id": sample.release_id,
-        },
+        record=record.stored(),
     )
     return experience_event(payload, sample.tenant_id, event.envelope, sample.group_id)
