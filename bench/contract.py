@@ -1,6 +1,6 @@
 """The whole contract on one release: every task of contract v2 (324) on SmolLM2-135M without
 adapters, served with `harness@0`, through the local engine as the learning loop runs it
-(`learners.contract.run_contract`: every task in flight at once up to the contract's
+(`learners.contract_runner.run_contract`: every task in flight at once up to the contract's
 concurrency, each with its specialist's context, grammar and answer budget).
 
 Baseline, in the same run: the same engine with its prefix cache off (every prompt computed
@@ -25,7 +25,13 @@ from core.harness.artifact import root_version
 from core.settings import default_home
 from engines.local import EngineLimits, LocalEngine
 from infra.models import pull_model
-from learners.contract import CONTRACT_V1, CONTRACT_V2, ContractRun, load_contract, run_contract
+from learners.contract_runner import (
+    CONTRACT_V1,
+    CONTRACT_V2,
+    ContractRun,
+    load_contract,
+    run_contract,
+)
 
 BASE_MODEL = "smollm2-135m-instruct"
 

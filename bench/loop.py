@@ -33,7 +33,7 @@ from core.settings import Settings, default_home
 from infra.local_stack import LocalStack, free_port
 from infra.models import pull_model
 from infra.postgres.migrate import migrate
-from learners.contract import CONTRACT_V1, CONTRACT_V2
+from learners.contract_runner import CONTRACT_V1, CONTRACT_V2
 from macaron import wiring
 from macaron.demo.generations import run_demo
 from macaron.demo.records import DemoReport

@@ -28,7 +28,7 @@ from core.settings import default_home
 from engines.local import LocalEngine
 from infra.identity_adapter import write_identity_adapter
 from infra.models import pull_model
-from learners.contract import CONTRACT_V1, ContractRun, load_contract, run_contract
+from learners.contract_runner import CONTRACT_V1, ContractRun, load_contract, run_contract
 
 BASE_MODEL = "smollm2-135m-instruct"
 

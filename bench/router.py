@@ -19,7 +19,7 @@ thread of their own (as the server runs them).
   as the experience builder labels it: a ``correction`` when the router of the moment
   misrouted it, else a thumbs-up (``up``); N = 0, 50, 200; accuracy on the held-out file and
   on the bank prompts never labelled, >= 95 % after them (baseline: N = 0). The labels are
-  built in memory as ``streams.routing`` derives them, not read back from a log.
+  built in memory as ``streams.routing_rules`` derives them, not read back from a log.
 
 Usage: python -m bench.router [--decisions N] [--warmup W] [--threads T] [--no-engine]
 """

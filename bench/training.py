@@ -25,8 +25,9 @@ from core.harness.hcp import build_context
 from core.settings import default_home
 from infra.identity_adapter import write_identity_adapter
 from infra.models import pull_model
-from learners.recipes import lora
-from learners.recipes.lora import CPU_CONFIG, SFTExample, TrainingResult, load_config
+from learners.recipes import losses
+from learners.recipes.config import CPU_CONFIG, SFTExample, TrainingResult, load_config
+from learners.recipes.lora import train_successor_adapter
 from learners.tasks import load_bank
 
 BASE_MODEL = "smollm2-135m-instruct"
@@ -51,15 +52,15 @@ def records(count: int) -> list[SFTExample]:
 def train(model_dir: Path, sft: list[SFTExample], *, shared: bool) -> TrainingResult:
     """One run of the CPU recipe from a fresh version-0 parent; ``shared`` off computes every
     row whole."""
-    minimum = lora.SHARED_PREFIX_MIN
-    lora.SHARED_PREFIX_MIN = minimum if shared else 10**9
+    minimum = losses.SHARED_PREFIX_MIN
+    losses.SHARED_PREFIX_MIN = minimum if shared else 10**9
     try:
         with tempfile.TemporaryDirectory() as scratch:
             parent, out = Path(scratch, "parent"), Path(scratch, "out")
             write_identity_adapter(
                 model_dir, parent, base_model=BASE_MODEL, rank=16, seed=zlib.crc32(b"genui")
             )
-            return lora.train_successor_adapter(
+            return train_successor_adapter(
                 model_dir,
                 parent,
                 out,
@@ -69,7 +70,7 @@ def train(model_dir: Path, sft: list[SFTExample], *, shared: bool) -> TrainingRe
                 config=load_config(CPU_CONFIG),
             )
     finally:
-        lora.SHARED_PREFIX_MIN = minimum
+        losses.SHARED_PREFIX_MIN = minimum
 
 
 def main() -> None:

@@ -18,7 +18,7 @@ from core.events import ChatMessage, Envelope, ExperienceRecorded, NewEvent
 from core.log import EventLog, RecordedEvent
 
 FILTER_VERSIONS = ("experience-1", "experience-2")
-"""Every version of the filter rules (``streams.experience``), oldest first: the live builder
+"""Every version of the filter rules (``streams.experience_rules``), oldest first: the live builder
 derives under one of them (``MACARON_EXPERIENCE_FILTER``), a backfill under any."""
 FILTER_VERSION = FILTER_VERSIONS[-1]
 EMPTY_CHAIN = "0" * 64

@@ -242,8 +242,8 @@ CORRECTING: frozenset[RoutingSource] = frozenset({"correction", "kept"})
 def labels_of(
     labels: Iterable[RoutingLabelled], *, correction_weight: float = 1.0
 ) -> list[LabelledTurn]:
-    """The training examples routing experience gives (``streams.routing`` derives it from the
-    log), in the order of each turn's latest label: a turn's latest label wins, and a
+    """The training examples routing experience gives (``streams.routing_rules`` derives it
+    from the log), in the order of each turn's latest label: a turn's latest label wins, and a
     correction or a kept answer of another specialist weighs ``correction_weight``."""
     latest: dict[UUID, RoutingLabelled] = {}
     for label in labels:

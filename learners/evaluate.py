@@ -32,7 +32,7 @@ from infra.postgres.runs import (
     record_release_score,
     training_run,
 )
-from learners.contract import ContractRun, load_contract, run_contract
+from learners.contract_runner import ContractRun, load_contract, run_contract
 from learners.propose import harness_run_id, queue_harness_run
 from learners.runtime import RunFailed, Runtime, step_id
 

@@ -23,7 +23,7 @@ from core.contract import (
     non_inferiority_p_value,
     sign_test_p_value,
 )
-from learners.contract import CONTRACT_V1, CONTRACT_V2, load_contract
+from learners.contract_runner import CONTRACT_V1, CONTRACT_V2, load_contract
 
 BASE = 0.5
 NOISE = 0.10

@@ -26,7 +26,7 @@ from infra.postgres.routers import (
     router_model,
     router_run,
 )
-from learners.contract import load_contract
+from learners.contract_runner import load_contract
 from learners.runtime import RunBusy, RunFailed, Runtime
 
 PROMOTION_TIMEOUT_S = 300.0

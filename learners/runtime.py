@@ -16,7 +16,7 @@ from core.routing import RouterTrainer
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
 from infra.postgres.db import Pool
-from learners.recipes.lora import TrainingConfig
+from learners.recipes.config import TrainingConfig
 
 Progress = Callable[[int, int, dict[str, float]], None]
 

@@ -21,13 +21,8 @@ from core.experience import (
 from core.release import AdapterRef
 from infra.postgres.registry import next_adapter_version, register_adapter
 from infra.postgres.runs import finish_run
-from learners.recipes.lora import (
-    LiveSample,
-    PreferencePair,
-    RolloutGroup,
-    SFTExample,
-    train_successor_adapter,
-)
+from learners.recipes.config import LiveSample, PreferencePair, RolloutGroup, SFTExample
+from learners.recipes.lora import train_successor_adapter
 from learners.runtime import Progress, Runtime, step_id
 from learners.snapshots import materialize
 

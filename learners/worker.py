@@ -2,7 +2,7 @@
 workers with concurrency 1: ``learners.runs`` trains an adapter or proposes a harness),
 ``evaluate_candidate`` (``eval``, ``learners.evaluate``), ``promote`` (``default``),
 ``sample_rollouts`` (``rollout``: sample, verify and record a rollout job's groups,
-``learners.rollouts``) and ``train_router`` (``train``: a router successor,
+``learners.rollout_job``) and ``train_router`` (``train``: a router successor,
 ``learners.router_loop``). The evaluation of an adapter run queues a harness proposal for its
 specialist, started once the decision took effect. Every task is idempotent by its id, so a
 redelivery repeats nothing. Only the composition root builds the runtime (``macaron.wiring``)
@@ -27,7 +27,7 @@ from infra import observe
 from infra.postgres.promotions import last_request_of_run, request_promotion, wait_for_request
 from learners.evaluate import evaluate_run
 from learners.queue import app, enqueue_training
-from learners.rollouts import RolloutJob, run_rollouts
+from learners.rollout_job import RolloutJob, run_rollouts
 from learners.router_loop import PROMOTION_TIMEOUT_S, train_router_run
 from learners.runs import carry_out_run
 from learners.runtime import RunBusy, Runtime

@@ -28,7 +28,7 @@ from infra.postgres.eventlog import PostgresEventLog
 from infra.postgres.routers import queued_router_run_ids, register_router, router_model
 from infra.postgres.runs import queued_run_ids
 from learners.queue import enqueue_router_training, enqueue_training
-from streams.experience import ExperienceBuilder
+from streams.experience_rules import ExperienceBuilder
 from streams.host import ProcessorHost
 from streams.processor import Processor
 from streams.projections import Projections
@@ -91,8 +91,8 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
     """What the learning loop's tasks run with; the contract runs on the kind of engine that
     serves (this process's own, or the vLLM fleet, which the evaluation shares with the
     server: it unloads the candidates it loaded when it is done)."""
-    from learners.contract import DEFAULT_CONTRACT
-    from learners.recipes.lora import DEFAULT_CONFIG, load_config
+    from learners.contract_runner import DEFAULT_CONTRACT
+    from learners.recipes.config import DEFAULT_CONFIG, load_config
     from learners.runtime import Runtime
     from server.router import RouterService, SentenceEmbedder
 

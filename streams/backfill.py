@@ -30,7 +30,7 @@ from infra.postgres.db import Pool
 from infra.postgres.experience import teaches_now
 from infra.postgres.positions import forget_positions, load_positions, save_positions
 from infra.postgres.replay import copy_tables, drop_schema, search_first
-from streams.experience import ExperienceBuilder
+from streams.experience_rules import ExperienceBuilder
 
 BATCH = 200
 Progress = Callable[[int, int], None]

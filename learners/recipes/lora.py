@@ -6,9 +6,10 @@ plus, where the config gives it a weight, policy gradient on rollout groups (RLO
 clipped surrogate and a KL penalty to the parent: ``learners.recipes.policy``). Training starts
 from the parent's weights, so a successor refines what its parent learned.
 
-The file reads top to bottom as torchtune's recipes do: configuration and inputs, tokenising,
-losses, then ``setup`` (model, data, optimiser), ``train`` (the steps) and ``save`` (the PEFT
-folder the serving engine loads).
+The file reads top to bottom as torchtune's recipes do: ``setup`` (model, data, optimiser),
+``train`` (the steps) and ``save`` (the PEFT folder the serving engine loads); its inputs are
+``learners.recipes.config``'s, its tokenising ``learners.recipes.tokens``' and its losses
+``learners.recipes.losses``'.
 """
 
 from __future__ import annotations
@@ -24,302 +25,27 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from peft import PeftModel
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-from torch.nn import functional as F
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from core.errors import ConfigError, NothingToTrain
+from core.errors import NothingToTrain
 from core.events import ChatMessage
 from infra.artifacts import ADAPTER_FILES
+from learners.recipes.config import (
+    LiveSample,
+    PreferencePair,
+    RolloutGroup,
+    SFTExample,
+    TrainingConfig,
+    TrainingResult,
+)
+from learners.recipes.losses import answer_logprobs, answer_token_logprobs, dpo_loss, sft_loss
 from learners.recipes.policy import pg_loss, rloo_advantages
+from learners.recipes.tokens import Shuffled, Tokenized, collate, end_of_turn_ids, tokenize_turn
 
-DEFAULT_CONFIG = Path(__file__).with_name("lora-sft-dpo.yaml")
-CPU_CONFIG = Path(__file__).with_name("lora-cpu.yaml")
-"""Fewer, smaller steps and no DPO: what ``macaron demo`` trains with unless configured."""
-RLOO_CONFIG = Path(__file__).with_name("lora-rloo.yaml")
-"""The CPU recipe with policy gradient on rollout groups beside SFT."""
 ALIKE = 1e-9
 """An advantage this close to 0 is rounding of rewards that were alike (2/3 and 2/3)."""
-IGNORE = -100  # label of a token that carries no loss (prompt and padding)
 Progress = Callable[[int, int, dict[str, float]], None]
-
-# --- configuration and inputs -----------------------------------------------------------------
-
-
-class TrainingConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    steps: int = Field(default=45, ge=1)
-    batch_size: int = Field(default=8, ge=1)
-    learning_rate: float = Field(default=2e-4, gt=0.0)
-    seed: int = Field(default=0, ge=0)
-    max_length: int = Field(default=512, ge=2)
-    dpo_beta: float = Field(default=0.1, gt=0.0)
-    dpo_weight: float = Field(default=1.0, ge=0.0)
-    replay_share: float = Field(default=0.2, ge=0.0, lt=1.0)
-    """Share of each SFT batch drawn from older experience, against forgetting."""
-    weight_decay: float = Field(default=0.0, ge=0.0)
-    pg_weight: float = Field(default=0.0, ge=0.0)
-    """Weight of the policy-gradient loss on rollout groups (0: groups are not trained on)."""
-    pg_clip: float = Field(default=0.2, gt=0.0, lt=1.0)
-    kl_beta: float = Field(default=0.04, ge=0.0)
-    """Weight of the KL penalty to the parent in the policy-gradient loss."""
-
-
-def load_config(path: Path = DEFAULT_CONFIG) -> TrainingConfig:
-    """Hyperparameters from a YAML file; unknown keys are refused, not ignored."""
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError) as exc:
-        raise ConfigError(f"cannot read training config {path}: {exc}") from exc
-    try:
-        return TrainingConfig.model_validate(raw or {})
-    except ValidationError as exc:
-        raise ConfigError(f"invalid training config {path}: {exc}") from exc
-
-
-class SFTExample(BaseModel):
-    """A conversation and the answer the model should give next."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    messages: list[ChatMessage]
-    target: str
-
-
-class PreferencePair(BaseModel):
-    """A conversation and two answers, the first preferred over the second."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    messages: list[ChatMessage]
-    chosen: str
-    rejected: str
-
-
-class RolloutGroup(BaseModel):
-    """A conversation, the answers the parent sampled for it and each one's reward."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    messages: list[ChatMessage]
-    answers: list[str] = Field(min_length=2)
-    rewards: list[float] = Field(min_length=2)
-
-    @model_validator(mode="after")
-    def _a_reward_per_answer(self) -> RolloutGroup:
-        if len(self.answers) != len(self.rewards):
-            raise ValueError("a group needs exactly one reward per answer")
-        return self
-
-
-class LiveSample(BaseModel):
-    """An answer the parent gave in live traffic and the reward it earned (a user's down or
-    regenerate 0, an agent turn the share of its tool calls that worked). Each is its own
-    context, so the baseline of its advantage is the other live samples' mean reward."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    messages: list[ChatMessage]
-    answer: str
-    reward: float = Field(ge=0.0, le=1.0)
-
-
-class TrainingResult(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    steps: int
-    final_loss: float
-    losses: list[float]
-    seconds: float
-    examples: int
-    pairs: int
-    samples: int = 0
-    """Rollout answers and live samples with a non-zero advantage, trained on by policy
-    gradient."""
-
-
-# --- tokenising -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Tokenized:
-    """Token ids of prompt + answer; ``labels`` is ``IGNORE`` except on the answer's tokens."""
-
-    ids: list[int]
-    labels: list[int]
-
-
-@dataclass(frozen=True)
-class Batch:
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    labels: torch.Tensor
-
-
-def end_of_turn_ids(tokenizer: Any) -> list[int]:
-    """The tokens the chat template puts after an assistant answer, up to and including the
-    token that stops generation (``<|im_end|>`` for SmolLM2): what the model must learn to
-    emit when its answer is done. Anything the template adds after it (a newline) is never
-    generated, so it is not learned either."""
-    probe = [{"role": "user", "content": "x"}]
-    prompt = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tokenize=False)
-    full = tokenizer.apply_chat_template(
-        [*probe, {"role": "assistant", "content": "y"}], tokenize=False
-    )
-    eos = tokenizer.eos_token_id
-    if full.startswith(prompt + "y"):
-        ids = list(tokenizer(full[len(prompt) + 1 :], add_special_tokens=False)["input_ids"])
-        if eos in ids:
-            return ids[: ids.index(eos) + 1]
-    return [eos]  # a template that ends turns without the EOS token
-
-
-def tokenize_turn(
-    tokenizer: Any,
-    messages: list[ChatMessage],
-    answer: str,
-    end_of_turn: list[int],
-    max_length: int,
-) -> Tokenized:
-    """The prompt exactly as the engine builds it (chat template with the generation prompt),
-    then the answer and the end of turn; loss falls on the answer and end of turn only.
-    Too long a sequence loses its oldest context, keeping the answer that is being taught."""
-    chat = [m.model_dump() for m in messages]
-    prompt = list(
-        tokenizer.apply_chat_template(chat, add_generation_prompt=True, return_dict=True)[
-            "input_ids"
-        ]
-    )
-    target = [*tokenizer(answer, add_special_tokens=False)["input_ids"], *end_of_turn]
-    ids = [*prompt, *target][-max_length:]
-    labels = ([IGNORE] * len(prompt) + target)[-max_length:]
-    return Tokenized(ids, labels)
-
-
-def collate(items: list[Tokenized], pad_id: int) -> Batch:
-    """Right-pad to the longest sequence; padding is masked out of attention and loss."""
-    width = max(len(item.ids) for item in items)
-    ids = torch.full((len(items), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(items), width), IGNORE, dtype=torch.long)
-    mask = torch.zeros((len(items), width), dtype=torch.long)
-    for row, item in enumerate(items):
-        ids[row, : len(item.ids)] = torch.tensor(item.ids)
-        labels[row, : len(item.labels)] = torch.tensor(item.labels)
-        mask[row, : len(item.ids)] = 1
-    return Batch(ids, mask, labels)
-
-
-class Shuffled:
-    """Endless shuffled passes over ``size`` items: every item is drawn once per pass, so a
-    small dataset is covered evenly rather than by chance."""
-
-    def __init__(self, size: int, rng: random.Random) -> None:
-        self.size = size
-        self.rng = rng
-        self.queue: list[int] = []
-
-    def draw(self, n: int) -> list[int]:
-        drawn: list[int] = []
-        while len(drawn) < n:
-            if not self.queue:
-                self.queue = list(range(self.size))
-                self.rng.shuffle(self.queue)
-            drawn.append(self.queue.pop())
-        return drawn
-
-
-# --- losses -----------------------------------------------------------------------------------
-
-
-SHARED_PREFIX_MIN = 16
-"""Leading prompt tokens the rows of a batch must share before they are computed once."""
-
-
-def shared_prefix(batch: Batch) -> int:
-    """How many leading tokens every row of ``batch`` has in common before any row's answer
-    begins (one short of it: the token the first answer token is predicted from stays in each
-    row); 0 when that is fewer than ``SHARED_PREFIX_MIN`` or there is one row."""
-    rows, width = batch.input_ids.shape
-    if rows < 2:
-        return 0
-    answers = (batch.labels != IGNORE).int().argmax(dim=1)
-    answers[(batch.labels == IGNORE).all(dim=1)] = width
-    limit = int(answers.min()) - 1
-    same = (batch.input_ids[:, :limit] == batch.input_ids[:1, :limit]).all(dim=0)
-    differ = (~same).nonzero()
-    shared = limit if len(differ) == 0 else int(differ[0, 0])
-    return shared if shared >= SHARED_PREFIX_MIN else 0
-
-
-def token_nll(model: Any, batch: Batch) -> torch.Tensor:
-    """Negative log-likelihood of each label token given the tokens before it (0 where the
-    label is ``IGNORE``), shape (batch, length - 1 - shared prefix).
-
-    The prompt prefix the rows share (the specialist's system prompt and exemplars: about 400
-    of the ~600 tokens of a GenUI example) is computed once, its keys and values repeated for
-    every row; its tokens carry no loss, so the result is the full computation's (the same
-    terms; gradients flow through the shared keys and values), with that prefix's positions
-    left out."""
-    shared = shared_prefix(batch)
-    if shared:
-        prefix = model(input_ids=batch.input_ids[:1, :shared], use_cache=True)
-        cache = prefix.past_key_values
-        cache.batch_repeat_interleave(batch.input_ids.shape[0])
-        positions = torch.arange(shared, batch.input_ids.shape[1]).expand(
-            batch.input_ids.shape[0], -1
-        )
-        logits = model(
-            input_ids=batch.input_ids[:, shared:],
-            attention_mask=batch.attention_mask,
-            past_key_values=cache,
-            position_ids=positions,
-        ).logits
-    else:
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
-    nll: torch.Tensor = F.cross_entropy(
-        logits[:, :-1].transpose(1, 2).float(),
-        batch.labels[:, shared + 1 :],
-        ignore_index=IGNORE,
-        reduction="none",
-    )
-    return nll
-
-
-def sft_loss(model: Any, batch: Batch) -> torch.Tensor:
-    """Mean cross-entropy over the answer tokens of the whole batch."""
-    targets = (batch.labels[:, 1:] != IGNORE).sum()
-    return token_nll(model, batch).sum() / targets
-
-
-def answer_logprobs(model: Any, batch: Batch) -> torch.Tensor:
-    """Summed log-probability of each row's answer, shape (batch,)."""
-    return -token_nll(model, batch).sum(dim=1)
-
-
-def answer_token_logprobs(model: Any, batch: Batch) -> list[torch.Tensor]:
-    """Each row's log-probability of every answer token, in order."""
-    nll = token_nll(model, batch)
-    answer = batch.labels[:, batch.labels.shape[1] - nll.shape[1] :] != IGNORE
-    return [-row[mask] for row, mask in zip(nll, answer, strict=True)]
-
-
-def dpo_loss(
-    policy_chosen: torch.Tensor,
-    policy_rejected: torch.Tensor,
-    ref_chosen: torch.Tensor,
-    ref_rejected: torch.Tensor,
-    beta: float,
-) -> torch.Tensor:
-    """Direct Preference Optimisation (Rafailov et al., 2023), mean over pairs:
-    ``-logsigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))`` on summed answer log-probs.
-    It rewards raising the chosen answer relative to the reference more than the rejected one,
-    so the policy cannot win by drifting everything away from the reference."""
-    margin = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
-    return -F.logsigmoid(beta * margin).mean()
-
 
 # --- setup ------------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ from infra.postgres.lineage import (
 )
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, harness_by_name, release_by_id
-from learners.contract import DEFAULT_CONTRACT, load_contract
+from learners.contract_runner import DEFAULT_CONTRACT, load_contract
 from macaron import wiring
 from macaron.cli.common import console, settings
 

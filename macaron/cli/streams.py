@@ -18,7 +18,7 @@ from learners.queue import configure as configure_celery
 from macaron import wiring
 from macaron.cli.common import console, progress_bar, settings
 from streams.backfill import backfill, describe
-from streams.experience import ExperienceBuilder
+from streams.experience_rules import ExperienceBuilder
 from streams.faust_app import run_worker as run_faust_worker
 from streams.processor import content_hash
 from streams.replay import replay as replay_processor

@@ -18,12 +18,12 @@ from core.settings import Settings
 from infra.postgres.keys import create_key
 from infra.postgres.lookups import run_ids_oldest_first
 from infra.postgres.registry import active_release
-from learners.contract import DEFAULT_CONTRACT, load_contract
+from learners.contract_runner import DEFAULT_CONTRACT, load_contract
 from learners.evaluate import release_outcomes
 from learners.queue import app as celery_app
 from learners.queue import enqueue_rollouts
-from learners.recipes.lora import CPU_CONFIG, RLOO_CONFIG
-from learners.rollouts import RolloutJob, RolloutSummary
+from learners.recipes.config import CPU_CONFIG, RLOO_CONFIG
+from learners.rollout_job import RolloutJob, RolloutSummary
 from learners.tasks import BANK_V1, load_bank
 from macaron.demo.outcomes import run_outcome, run_progress
 from macaron.demo.output import write_outputs

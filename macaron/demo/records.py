@@ -43,7 +43,7 @@ class GenerationRecord:
     ``harness_version``), active after the generation; ``formats`` the share of well-formed
     answers per suite that asks for a form. The traffic was simulated users (``mode`` oracle:
     ``turns``, and ``simulated_pass_rate`` the oracle's verdict on them) or rollouts (``self``:
-    ``rollouts`` per specialist, ``learners.rollouts.RolloutSummary`` summed, with pass@1 and
+    ``rollouts`` per specialist, ``learners.rollout_job.RolloutSummary`` summed, with pass@1 and
     pass@K). ``phase_seconds``: traffic until a run was queued, runs until decided, measure."""
 
     generation: int

@@ -30,7 +30,7 @@ from infra.local_stack import LocalStack
 from macaron import wiring
 from macaron.cli import app
 from server.router import RouterService
-from streams.experience import ExperienceBuilder
+from streams.experience_rules import ExperienceBuilder
 from streams.runner import catch_up
 from tests.serving import Running, frames_until, send, serving
 

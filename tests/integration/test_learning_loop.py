@@ -31,7 +31,7 @@ from core.settings import Settings
 from infra.postgres.lineage import lineage
 from infra.postgres.lookups import conversation_of_turn
 from infra.postgres.registry import active_release
-from learners.contract import load_contract
+from learners.contract_runner import load_contract
 from learners.evaluate import recorded_outcomes
 from learners.queue import configure as configure_celery
 from server.router import RouterService

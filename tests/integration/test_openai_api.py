@@ -27,7 +27,7 @@ from core.events import (
 from infra.local_stack import LocalStack
 from macaron import wiring
 from server.router import RouterService
-from streams.experience import ExperienceBuilder
+from streams.experience_rules import ExperienceBuilder
 from streams.runner import catch_up
 from tests.serving import Running, frames_until, send, serving
 

@@ -24,7 +24,7 @@ from infra.postgres.registry import (
     harness_list,
     register_harness,
 )
-from learners.contract import load_contract
+from learners.contract_runner import load_contract
 from learners.evaluate import recorded_outcomes, release_outcomes
 from tests.factories import run_macaron
 

@@ -36,14 +36,14 @@ from infra.postgres.db import Pool
 from learners.files import load_yaml_model
 from learners.queue import configure as configure_celery
 from learners.queue import enqueue_rollouts
-from learners.rollouts import RolloutJob, rollout_key, run_rollouts
+from learners.rollout_job import RolloutJob, rollout_key, run_rollouts
 from learners.runtime import Runtime
 from learners.tasks import TaskBank
 from macaron import wiring
 from macaron.demo import run_demo
 from server.releases import ensure_root_release
 from server.router import RouterService
-from streams.experience import ExperienceBuilder
+from streams.experience_rules import ExperienceBuilder
 from streams.processor import content_hash
 from streams.replay import replay
 from streams.runner import catch_up

@@ -24,7 +24,7 @@ from core.settings import Settings
 from engines.instant import InstantEngine, Script
 from infra.local_stack import LocalStack
 from infra.postgres.keys import list_keys
-from learners.recipes.lora import CPU_CONFIG, RLOO_CONFIG
+from learners.recipes.config import CPU_CONFIG, RLOO_CONFIG
 from learners.tasks import load_bank
 from macaron.cli import app
 from macaron.demo import DEMO_MAX_NEW_TOKENS, demo_settings, run_demo

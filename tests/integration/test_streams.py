@@ -36,7 +36,7 @@ from infra.postgres.positions import load_positions
 from infra.postgres.registry import register_harness
 from macaron import wiring
 from server.router import RouterService
-from streams.experience import context_messages
+from streams.experience_rules import context_messages
 from streams.processor import content_hash
 from streams.runner import catch_up
 from tests.conftest import fresh_database

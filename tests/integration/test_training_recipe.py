@@ -20,33 +20,29 @@ from engines.local import LocalEngine
 from engines.lora_layers import read_adapter_config
 from infra.artifacts import ADAPTER_FILES
 from infra.identity_adapter import write_identity_adapter
-from learners.recipes.lora import (
+from learners.recipes.config import (
     CPU_CONFIG,
     DEFAULT_CONFIG,
-    IGNORE,
     RLOO_CONFIG,
-    SHARED_PREFIX_MIN,
     LiveSample,
     PreferencePair,
     RolloutGroup,
     SFTExample,
     TrainingConfig,
     TrainingResult,
-    answer_logprobs,
-    batch_shares,
-    collate,
-    dpo_loss,
-    end_of_turn_ids,
-    group_samples,
     load_config,
-    load_model,
+)
+from learners.recipes.lora import batch_shares, group_samples, load_model, train_successor_adapter
+from learners.recipes.losses import (
+    SHARED_PREFIX_MIN,
+    answer_logprobs,
+    dpo_loss,
     sft_loss,
     shared_prefix,
     token_nll,
-    tokenize_turn,
-    train_successor_adapter,
 )
 from learners.recipes.policy import pg_loss, rloo_advantages
+from learners.recipes.tokens import IGNORE, collate, end_of_turn_ids, tokenize_turn
 
 TREE = '{"type":"card","children":[{"type":"text","value":"Hello"}]}'
 TOPICS = [

@@ -49,7 +49,7 @@ from infra.postgres.leases import PostgresAdapterLeases
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.telemetry import metrics_exposition
 from infra.vllm_cpu import VllmReplica, start_replica, vllm_python
-from learners.contract import CONTRACT_V1, load_contract, run_contract
+from learners.contract_runner import CONTRACT_V1, load_contract, run_contract
 from macaron import wiring
 from server.releases import prepare_harness
 from server.router import RouterService

@@ -38,8 +38,8 @@ from core.errors import ContractInvalid, TaskBankInvalid
 from core.harness.artifact import root_version
 from core.harness.hcp import build_context
 from engines.instant import InstantEngine, fixed_reply
-from learners import contract as runner
-from learners.contract import (
+from learners import contract_runner as runner
+from learners.contract_runner import (
     CONTRACT_V1,
     CONTRACT_V2,
     check,

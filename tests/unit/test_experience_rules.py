@@ -29,8 +29,8 @@ from core.harness.artifact import root_version
 from core.harness.hcp import build_context
 from core.log import LogPosition, RecordedEvent
 from infra.postgres.experience import JoinedTurn
-from streams.experience import context_messages, experience_from
-from streams.routing import routing_labels
+from streams.experience_rules import context_messages, experience_from
+from streams.routing_rules import routing_labels
 
 TURN = UUID("0190f0a0-0000-7000-8000-000000000001")
 CONVERSATION = UUID("0190f0a0-0000-7000-8000-0000000000c0")

@@ -4,7 +4,7 @@ table names both contracts' guarded suites."""
 from __future__ import annotations
 
 from core.contract import NonInferiority, PromotionRule
-from learners.contract import CONTRACT_V1, CONTRACT_V2, load_contract
+from learners.contract_runner import CONTRACT_V1, CONTRACT_V2, load_contract
 from learners.power import guarded_suite, own_suite, pass_rate, tables
 
 GUARD = PromotionRule(

@@ -28,10 +28,10 @@ from core.events import (
 from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record
 from core.log import LogPosition, RecordedEvent
 from infra.postgres.rollouts import ScoredSample
-from learners.contract import DEFAULT_CONTRACT, load_contract
+from learners.contract_runner import DEFAULT_CONTRACT, load_contract
 from learners.environments import CheckerVerifier, judge, load_environments
 from learners.tasks import BANK_V1, load_bank
-from streams.rollouts import group_records
+from streams.rollout_records import group_records
 from tests.factories import raw_envelope
 
 GROUP = uuid.UUID("0190f0a0-0000-7000-8000-00000000a001")

@@ -6,7 +6,7 @@ from typing import Any
 from uuid import UUID
 
 from core.events import ChatMessage, ExperienceRecorded
-from learners.recipes.lora import LiveSample
+from learners.recipes.config import LiveSample
 from learners.train import training_examples
 
 MESSAGES: Any = [{"role": "user", "content": "What is 2+2?"}]

@@ -1,6 +1,6 @@
-"""Rollouts: sample K episodes per environment from the active release, verify each, and append
-them to the log as ``RolloutSampled`` and ``RolloutScored`` events (the rollout worker's job,
-Celery queue ``rollout``).
+"""A rollout job: sample K episodes per environment from the active release
+(``learners.rollout_episodes``), verify each, and append them to the log as ``RolloutSampled``
+and ``RolloutScored`` events (the rollout worker's job, Celery queue ``rollout``).
 
 A job names a specialist, the bank tasks to roll out and K. Each environment's K samples form a
 group, sampled concurrently through the ``Engine`` port (the engine batches them and shares the
@@ -20,50 +20,37 @@ twice.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from core.contract import ToolCallChecker
-from core.conversation import empty_tool_state
-from core.engine import Engine, GenerationRequest, SamplingParams
+from core.engine import Engine
 from core.errors import EventIdConflict, MacaronError
-from core.events import ChatMessage, NewEvent, RolloutSampled, RolloutScored, RolloutStep
-from core.harness.actions import execute
-from core.harness.artifact import HarnessSpec, HarnessVersion
-from core.harness.grammars import output_constraint
-from core.harness.hcp import build_context, tool_call_of
+from core.events import ChatMessage, NewEvent, RolloutSampled, RolloutScored
+from core.harness.artifact import HarnessVersion
+from core.harness.hcp import build_context
 from core.ids import derived_id
 from core.log import EventLog
-from core.merge_patch import apply_merge_patch
 from core.release import Release
 from core.routing import SpecialistName
 from infra.postgres.registry import active_release, harness_by_name
-from learners.contract import CONCURRENCY, load_contract
+from learners.contract_runner import CONCURRENCY, load_contract
 from learners.environments import (
     CheckerVerifier,
     Environment,
-    Verdict,
     Verifier,
     judge,
     load_environments,
 )
+from learners.rollout_episodes import Group, Sampler
 from learners.runtime import Runtime
 from learners.tasks import BANK_V1
 
-ROLLOUT_MAX_STEPS = 2
-"""Steps of one episode: a tool call and, after its result, the answer."""
 ROLLOUT_TENANT = "system"
 _log = logging.getLogger(__name__)
-_EPISODE_TIME = datetime(2026, 1, 1, tzinfo=UTC)
-"""The clock tools see in an episode: fixed, so an episode replays alike."""
 
 
 class RolloutInvalid(MacaronError):
@@ -114,20 +101,6 @@ class RolloutSummary(BaseModel):
     seconds: float
 
 
-@dataclass(frozen=True)
-class Group:
-    """One environment's samples and their verdicts."""
-
-    environment: Environment
-    hint: str | None
-    episodes: list[list[RolloutStep]]
-    verdicts: list[Verdict]
-
-    @property
-    def any_passed(self) -> bool:
-        return any(v.passed for v in self.verdicts)
-
-
 def rollout_key(job_id: UUID) -> str:
     """The log key of one job's events (one key: a group's samples precede their verdicts)."""
     return f"rollouts.{job_id}"
@@ -138,76 +111,6 @@ def group_id_of(job_id: UUID, environment: Environment, hinted: bool) -> UUID:
 
 
 # --- sampling ---------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Sampler:
-    """Samples episodes of one specialist from one release on one engine."""
-
-    engine: Engine
-    harness: HarnessVersion
-    specialist: str
-    adapter: str | None
-    temperature: float
-    max_tokens: int
-
-    def grammar(self, tool_required: bool) -> HarnessSpec:
-        """The harness with the specialist's output grammar enforced (a tool call or a GenUI
-        tree is well-formed by construction, so the reward measures content) and, where the
-        environment's verifier judges a tool call, a tool call required as the first step."""
-        spec = self.harness.spec
-        update: dict[str, Any] = {"enforce_grammar": True}
-        if tool_required:
-            update["tool_choice"] = "required"
-        own = spec.for_specialist(self.specialist).model_copy(update=update)
-        return spec.model_copy(update={"specialists": {**spec.specialists, self.specialist: own}})
-
-    async def episode(
-        self, environment: Environment, hint: str | None, seed: int, slots: asyncio.Semaphore
-    ) -> list[RolloutStep]:
-        """Generate, run the tool the model calls in a fresh tool state and show it the result,
-        until it answers in text or the episode has used its steps."""
-        user = environment.task.prompt if hint is None else f"{environment.task.prompt}\n\n{hint}"
-        context = build_context(self.harness, self.specialist, [], user)
-        grammar = self.grammar(isinstance(environment.task.checker, ToolCallChecker))
-        state = empty_tool_state()
-        steps: list[RolloutStep] = []
-        scratch: list[ChatMessage] = []
-        for n in range(ROLLOUT_MAX_STEPS):
-            messages = context.model_copy(update={"scratch": tuple(scratch)}).messages()
-            async with slots:
-                text = await self._generate(messages, seed + n, grammar, first_step=n == 0)
-            call = tool_call_of(text) if "tool_call" in context.grammars else None
-            if call is None:
-                steps.append(RolloutStep(output=text))
-                break
-            done = execute(call, state, _EPISODE_TIME)
-            state = apply_merge_patch(state, done.state_delta)
-            action: dict[str, JsonValue] = {
-                "name": done.name,
-                "args": done.args,
-                "result": done.result,
-                "ok": done.ok,
-            }
-            steps.append(RolloutStep(output=text, action=action))
-            scratch.append(ChatMessage(role="assistant", content=text.strip()))
-            result = json.dumps({"tool": done.name, "ok": done.ok, "result": done.result})
-            scratch.append(ChatMessage(role="user", content=f"Tool result: {result}"))
-        return steps
-
-    async def _generate(
-        self, messages: list[dict[str, str]], seed: int, grammar: HarnessSpec, *, first_step: bool
-    ) -> str:
-        request = GenerationRequest(
-            request_id=f"rollout-{seed}",
-            prompt=self.engine.chat_prompt(messages),
-            adapter=self.adapter,
-            params=SamplingParams(
-                temperature=self.temperature, seed=seed, max_tokens=self.max_tokens
-            ),
-            constraint=output_constraint(grammar, self.specialist, first_step=first_step),
-        )
-        return "".join([chunk.text async for chunk in self.engine.generate(request)])
 
 
 def sample_seed(job: RolloutJob, environment: Environment, hinted: bool, sample: int) -> int:

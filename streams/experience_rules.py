@@ -1,6 +1,6 @@
 """The experience builder: joins each turn's decision, context, response, actions and feedback
 into ``ExperienceRecorded`` events, the training data of the learning loop, and into
-``RoutingLabelled`` events, the router's (``streams.routing``).
+``RoutingLabelled`` events, the router's (``streams.routing_rules``).
 
 Filter rules (``experience_from``, pure: a joined turn, an event and the filter version in,
 the records out), ``experience-1``:
@@ -16,7 +16,7 @@ the records out), ``experience-1``:
 - thumbs up on a turn that answered another again (a ``regenerate``), when both were served
   by the same specialist and answered differently: a preference pair in the first turn's
   context (the kept answer chosen, the regenerated one rejected);
-- rollouts: see ``streams.rollouts``.
+- rollouts: see ``streams.rollout_records``.
 ``experience-2``: as ``experience-1``, and a thumbs up also rewards the answer 1 (a
 ``trajectory`` record), so live rewards are no longer all 0 for chat and coding.
 A tenant set not to teach (``TenantTrainingSet``) gives no record from then on; a turn the client
@@ -68,8 +68,8 @@ from core.log import RecordedEvent
 from infra.postgres import experience as store
 from infra.postgres.db import DictConnection
 from infra.postgres.experience import JoinedTurn
-from streams import rollouts
-from streams.routing import routing_labels
+from streams import rollout_records
+from streams.routing_rules import routing_labels
 
 _log = logging.getLogger(__name__)
 
@@ -127,9 +127,9 @@ class ExperienceBuilder:
             case TenantTrainingSet():
                 store.record_training(conn, env.tenant_id, p.training)
             case RolloutSampled():
-                rollouts.record_sampled(conn, event, p)
+                rollout_records.record_sampled(conn, event, p)
             case RolloutScored():
-                return rollouts.record_scored(conn, event, p, self.filter_version)
+                return rollout_records.record_scored(conn, event, p, self.filter_version)
         return []
 
     def _derive(self, conn: DictConnection, event: RecordedEvent, turn_id: UUID) -> list[NewEvent]:

@@ -1,0 +1,97 @@
+"""The recipe's losses: token negative log-likelihoods (the prompt prefix a batch shares
+computed once), SFT cross-entropy, answer log-probabilities and DPO."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.nn import functional as F
+
+from learners.recipes.tokens import IGNORE, Batch
+
+SHARED_PREFIX_MIN = 16
+"""Leading prompt tokens the rows of a batch must share before they are computed once."""
+
+
+def shared_prefix(batch: Batch) -> int:
+    """How many leading tokens every row of ``batch`` has in common before any row's answer
+    begins (one short of it: the token the first answer token is predicted from stays in each
+    row); 0 when that is fewer than ``SHARED_PREFIX_MIN`` or there is one row."""
+    rows, width = batch.input_ids.shape
+    if rows < 2:
+        return 0
+    answers = (batch.labels != IGNORE).int().argmax(dim=1)
+    answers[(batch.labels == IGNORE).all(dim=1)] = width
+    limit = int(answers.min()) - 1
+    same = (batch.input_ids[:, :limit] == batch.input_ids[:1, :limit]).all(dim=0)
+    differ = (~same).nonzero()
+    shared = limit if len(differ) == 0 else int(differ[0, 0])
+    return shared if shared >= SHARED_PREFIX_MIN else 0
+
+
+def token_nll(model: Any, batch: Batch) -> torch.Tensor:
+    """Negative log-likelihood of each label token given the tokens before it (0 where the
+    label is ``IGNORE``), shape (batch, length - 1 - shared prefix).
+
+    The prompt prefix the rows share (the specialist's system prompt and exemplars: about 400
+    of the ~600 tokens of a GenUI example) is computed once, its keys and values repeated for
+    every row; its tokens carry no loss, so the result is the full computation's (the same
+    terms; gradients flow through the shared keys and values), with that prefix's positions
+    left out."""
+    shared = shared_prefix(batch)
+    if shared:
+        prefix = model(input_ids=batch.input_ids[:1, :shared], use_cache=True)
+        cache = prefix.past_key_values
+        cache.batch_repeat_interleave(batch.input_ids.shape[0])
+        positions = torch.arange(shared, batch.input_ids.shape[1]).expand(
+            batch.input_ids.shape[0], -1
+        )
+        logits = model(
+            input_ids=batch.input_ids[:, shared:],
+            attention_mask=batch.attention_mask,
+            past_key_values=cache,
+            position_ids=positions,
+        ).logits
+    else:
+        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+    nll: torch.Tensor = F.cross_entropy(
+        logits[:, :-1].transpose(1, 2).float(),
+        batch.labels[:, shared + 1 :],
+        ignore_index=IGNORE,
+        reduction="none",
+    )
+    return nll
+
+
+def sft_loss(model: Any, batch: Batch) -> torch.Tensor:
+    """Mean cross-entropy over the answer tokens of the whole batch."""
+    targets = (batch.labels[:, 1:] != IGNORE).sum()
+    return token_nll(model, batch).sum() / targets
+
+
+def answer_logprobs(model: Any, batch: Batch) -> torch.Tensor:
+    """Summed log-probability of each row's answer, shape (batch,)."""
+    return -token_nll(model, batch).sum(dim=1)
+
+
+def answer_token_logprobs(model: Any, batch: Batch) -> list[torch.Tensor]:
+    """Each row's log-probability of every answer token, in order."""
+    nll = token_nll(model, batch)
+    answer = batch.labels[:, batch.labels.shape[1] - nll.shape[1] :] != IGNORE
+    return [-row[mask] for row, mask in zip(nll, answer, strict=True)]
+
+
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float,
+) -> torch.Tensor:
+    """Direct Preference Optimisation (Rafailov et al., 2023), mean over pairs:
+    ``-logsigmoid(beta * ((pi_c - ref_c) - (pi_r - ref_r)))`` on summed answer log-probs.
+    It rewards raising the chosen answer relative to the reference more than the rejected one,
+    so the policy cannot win by drifting everything away from the reference."""
+    margin = (policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)
+    return -F.logsigmoid(beta * margin).mean()
