@@ -48,10 +48,16 @@ from core.events import RoutingLabelled
 from core.routing import LabelledTurn, RouterDecision, decide
 from core.settings import Settings
 from engines.local import LocalEngine
+from learners.router_training import (
+    SEED_EXAMPLES,
+    ClassifierTrainer,
+    TrainingConfig,
+    fit_router,
+    load_examples,
+)
 from learners.tasks import BANK_V1, load_bank
 from macaron import wiring
 from server.router import RouterService, SentenceEmbedder
-from server.router_training import SEED_EXAMPLES, TrainingConfig, fit_router, load_examples
 
 HELDOUT = Path(__file__).resolve().parents[1] / "learners" / "routing-v1.jsonl"
 TURN_WORDS = 50
@@ -138,12 +144,18 @@ def accuracy(route: Callable[[str], RouterDecision], turns: Sequence[LabelledTur
     return 100 * sum(route(t.text).specialist == t.specialist for t in turns) / len(turns)
 
 
+def router_on(embedder: SentenceEmbedder, seed: Sequence[LabelledTurn]) -> RouterService:
+    """A router service that starts with, and retrains on, the ``seed`` examples."""
+    trainer = ClassifierTrainer(embedder, seed)
+    return RouterService(embedder, trainer, trainer.seed_model())
+
+
 def labelled_traffic(
     embedder: SentenceEmbedder, seed: Sequence[LabelledTurn], traffic: Sequence[LabelledTurn]
 ) -> list[RoutingLabelled]:
     """The labels ``traffic`` gives, turn by turn: a correction when the router of the moment
     (retrained after every 10 labels, as a loop would) misroutes the turn, else a thumbs-up."""
-    router = RouterService(embedder, seed)
+    router = router_on(embedder, seed)
     labels: list[RoutingLabelled] = []
     for n, turn in enumerate(traffic):
         if n and n % 10 == 0:
@@ -172,7 +184,7 @@ def accuracy_after_traffic(
     unseen = bank[max(TRAFFIC) :]
     found = {}
     for n in TRAFFIC:
-        router = RouterService(embedder, seed)
+        router = router_on(embedder, seed)
         router.retrain(labels[:n])
         found[n] = accuracy(router.route, heldout), accuracy(router.route, unseen)
     return found
@@ -299,14 +311,14 @@ def main() -> None:
     seed = load_examples(SEED_EXAMPLES)
     heldout = load_examples(HELDOUT)
     embedder = SentenceEmbedder()
-    router = RouterService(embedder, seed)
+    router = router_on(embedder, seed)
     float32 = SentenceEmbedder(int8=False)
     fit_ms = fit_time_ms(embedder, seed)
     turns = fifty_word_turns([t.text for t in heldout])
     features = {text: embedder.embed_one(text) for text in turns}
 
-    float_router = RouterService(float32, seed)
-    unpinned = RouterService(SentenceEmbedder(threads=None), seed)
+    float_router = router_on(float32, seed)
+    unpinned = router_on(SentenceEmbedder(threads=None), seed)
 
     def route_float32(text: str) -> RouterDecision:
         return float_router.route(text)

@@ -292,8 +292,9 @@ def router_fit(log: EventLog, specialists: Sequence[str]) -> RouterFit:
 
 
 class RouterTrainer(Protocol):
-    """What the learning loop needs to train and judge router versions (the composition root
-    hands it ``server.router.RouterService``, on the seed examples)."""
+    """What the learning loop and the router service need to train and judge router versions
+    (the composition root hands them ``learners.router_training.ClassifierTrainer``, on the
+    seed examples)."""
 
     def retrain(self, labels: Iterable[RoutingLabelled], fit: RouterFit) -> RouterModel:
         """A classifier of ``fit``'s specialists, fitted on their seed and added examples and

@@ -3,7 +3,7 @@ workers with concurrency 1: ``learners.runs`` trains an adapter or proposes a ha
 ``evaluate_candidate`` (``eval``, ``learners.evaluate``), ``promote`` (``default``),
 ``sample_rollouts`` (``rollout``: sample, verify and record a rollout job's groups,
 ``learners.rollout_job``) and ``train_router`` (``train``: a router successor,
-``learners.router_loop``). The evaluation of an adapter run queues a harness proposal for its
+``learners.router_training``). The evaluation of an adapter run queues a harness proposal for its
 specialist, started once the decision took effect. Every task is idempotent by its id, so a
 redelivery repeats nothing. Only the composition root builds the runtime (``macaron.wiring``)
 and installs it here (``install_runtime``, by ``macaron worker``); the tasks find it there.
@@ -28,7 +28,7 @@ from infra.postgres.promotions import last_request_of_run, request_promotion, wa
 from learners.evaluate import evaluate_run
 from learners.queue import app, enqueue_training
 from learners.rollout_job import RolloutJob, run_rollouts
-from learners.router_loop import PROMOTION_TIMEOUT_S, train_router_run
+from learners.router_training import PROMOTION_TIMEOUT_S, train_router_run
 from learners.runs import carry_out_run
 from learners.runtime import RunBusy, Runtime
 
@@ -146,7 +146,7 @@ def sample_rollouts(self: Task, job: dict[str, Any]) -> dict[str, Any]:
 @app.task(bind=True, name="macaron.train_router")
 def train_router(self: Task, run_id: str) -> dict[str, Any]:
     """Train a router successor on the routing labels, judge it on the contract's routing
-    suite, and promote a release naming it when it passes (``learners.router_loop``)."""
+    suite, and promote a release naming it when it passes (``learners.router_training``)."""
     with _step(self, "train_router", run_id) as span:
         try:
             outcome = train_router_run(runtime(), uuid.UUID(run_id))

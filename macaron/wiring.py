@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # the serving and training parts load torch: imported where t
     from core.release import Release
     from learners.runtime import Runtime
     from server.chat import ChatService
-    from server.router import RouterService
+    from server.router import RouterService, SentenceEmbedder
     from server.turns.request import Router
 
 
@@ -93,8 +93,9 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
     server: it unloads the candidates it loaded when it is done)."""
     from learners.contract_runner import DEFAULT_CONTRACT
     from learners.recipes.config import DEFAULT_CONFIG, load_config
+    from learners.router_training import ClassifierTrainer
     from learners.runtime import Runtime
-    from server.router import RouterService, SentenceEmbedder
+    from server.router import SentenceEmbedder
 
     folder = model_dir(settings)
     return Runtime(
@@ -106,8 +107,19 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
         training=load_config(settings.training_config or DEFAULT_CONFIG),
         contract_path=settings.contract_path or DEFAULT_CONTRACT,
         contract_engine=lambda: serving_engine(settings, folder, lambda _: None, pool),
-        router_trainer=lambda: RouterService.from_seed(SentenceEmbedder()),
+        router_trainer=lambda: ClassifierTrainer.from_seed(SentenceEmbedder()),
     )
+
+
+def seed_router(embedder: SentenceEmbedder | None = None) -> RouterService:
+    """The router the server starts with: the classifier of the seed examples, retrained by
+    ``learners.router_training``'s trainer on ``embedder``'s features (a fresh one if none)."""
+    from learners.router_training import ClassifierTrainer
+    from server.router import RouterService, SentenceEmbedder
+
+    features = embedder if embedder is not None else SentenceEmbedder()
+    trainer = ClassifierTrainer.from_seed(features)
+    return RouterService(features, trainer, trainer.seed_model())
 
 
 def serving_engine(
@@ -147,7 +159,7 @@ def chat_server(
     from server.gate import Gate
     from server.promotion import PromotionListener
     from server.releases import ensure_root_release, load_release
-    from server.router import RouterService, SentenceEmbedder
+    from server.router import RouterService
     from server.turns.rate import MEMORY
     from server.turns.request import ChatLimits
 
@@ -159,7 +171,7 @@ def chat_server(
         engine = serving_engine(settings, folder, step, db)
     if router is None:
         step("training the router from its seed examples")
-        router = RouterService.from_seed(SentenceEmbedder())
+        router = seed_router()
     step("loading the active release")
     store = ArtifactStore(settings.home / "adapters")
     release = ensure_root_release(

