@@ -112,8 +112,9 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
 
 
 def seed_router(embedder: SentenceEmbedder | None = None) -> RouterService:
-    """The router the server starts with: the classifier of the seed examples, retrained by
-    ``learners.router_training``'s trainer on ``embedder``'s features (a fresh one if none)."""
+    """The router the server starts with: the classifier of the seed examples, on
+    ``embedder``'s features (a fresh embedder if none); it retrains with
+    ``learners.router_training``'s trainer."""
     from learners.router_training import ClassifierTrainer
     from server.router import RouterService, SentenceEmbedder
 
