@@ -3,14 +3,15 @@
 Pure: features (a sentence embedding) and the active specialists go in, a decision comes out.
 The classifier is data (a multinomial logistic regression: one weight row and one bias per
 specialist), so a logged decision can be recomputed from its turn and its router version alone.
-This module also turns routing experience (``RoutingLabelled``) into training examples.
+This module also turns routing experience (``RoutingLabelled``) into training examples; reading
+it from the log is the learners' (``learners.router_training``).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from operator import mul
 from typing import Annotated, Literal, Protocol, Self
 from uuid import UUID
@@ -31,7 +32,6 @@ from core.events import (
     RoutingSource,
     SpecialistAdded,
 )
-from core.log import EventLog
 
 SPECIALIST_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 """The specialist part of an adapter name (``coding`` in ``coding@7``)."""
@@ -273,22 +273,6 @@ def added_examples(events: Iterable[SpecialistAdded]) -> dict[str, tuple[str, ..
     """Each specialist added at run time with its example turns (the latest addition of a name
     wins: one added again after its release was refused)."""
     return {event.specialist: event.examples for event in events}
-
-
-def routing_labels(log: EventLog, end: Mapping[int, int] | None = None) -> list[RoutingLabelled]:
-    """The routing labels of ``log`` up to ``end`` (default: its end now)."""
-    events = log.read(key=ROUTING_KEY, end=end, types=["RoutingLabelled"])
-    return [e.payload for e in events if isinstance(e.payload, RoutingLabelled)]
-
-
-def router_fit(log: EventLog, specialists: Sequence[str]) -> RouterFit:
-    """A fit of ``specialists`` with the examples of those added at run time, from ``log``."""
-    events = log.read(key=SPECIALISTS_KEY, types=["SpecialistAdded"])
-    added = added_examples(e.payload for e in events if isinstance(e.payload, SpecialistAdded))
-    return RouterFit(
-        specialists=tuple(specialists),
-        added={name: texts for name, texts in added.items() if name in specialists},
-    )
 
 
 class RouterTrainer(Protocol):

@@ -13,7 +13,7 @@ release naming it (adapters and harness unchanged) and has the serving process p
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, Self
@@ -25,17 +25,19 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.canonical import canonical_json, sha256_hex
 from core.contract import decide_routing
 from core.errors import ContractInvalid, InsufficientTrainingData, RoutingError, UnknownSpecialist
-from core.events import NewEvent, RouterEvaluated, RoutingLabelled
+from core.events import NewEvent, RouterEvaluated, RoutingLabelled, SpecialistAdded
 from core.ids import derived_id
+from core.log import EventLog
 from core.routing import (
     ROUTER_RUNS_KEY,
+    ROUTING_KEY,
+    SPECIALISTS_KEY,
     LabelledTurn,
     RouterFit,
     RouterModel,
+    added_examples,
     decide,
     labels_of,
-    router_fit,
-    routing_labels,
 )
 from infra.jsonl import load_jsonl
 from infra.postgres.promotions import promoted_once, request_promotion, wait_for_request
@@ -57,6 +59,22 @@ SEED_EXAMPLES = Path(__file__).resolve().with_name("routing-seed.jsonl")
 def load_examples(path: Path) -> list[LabelledTurn]:
     """Labelled turns from a JSON-lines file of ``{"text", "specialist"}`` objects."""
     return load_jsonl(path, LabelledTurn, RoutingError)
+
+
+def logged_labels(log: EventLog, end: Mapping[int, int] | None = None) -> list[RoutingLabelled]:
+    """The routing labels of ``log`` up to ``end`` (default: its end now)."""
+    events = log.read(key=ROUTING_KEY, end=end, types=["RoutingLabelled"])
+    return [e.payload for e in events if isinstance(e.payload, RoutingLabelled)]
+
+
+def router_fit(log: EventLog, specialists: Sequence[str]) -> RouterFit:
+    """A fit of ``specialists`` with the examples of those added at run time, from ``log``."""
+    events = log.read(key=SPECIALISTS_KEY, types=["SpecialistAdded"])
+    added = added_examples(e.payload for e in events if isinstance(e.payload, SpecialistAdded))
+    return RouterFit(
+        specialists=tuple(specialists),
+        added={name: texts for name, texts in added.items() if name in specialists},
+    )
 
 
 class TrainingConfig(BaseModel):
@@ -281,7 +299,7 @@ def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
     if not suite:
         raise ContractInvalid(f"{suite_path}: the routing suite has no turns")
     end = {int(p): o for p, o in run["labels_end"].items()}
-    labels = routing_labels(rt.log, end)
+    labels = logged_labels(rt.log, end)
     trainer = rt.router_trainer()
     candidate = trainer.retrain(labels, router_fit(rt.log, parent.specialists))
     judged = trainer.outcomes(candidate, suite), trainer.outcomes(parent, suite)

@@ -32,8 +32,6 @@ from core.routing import (
     SPECIALISTS_KEY,
     RouterFit,
     RouterModel,
-    router_fit,
-    routing_labels,
     specialist_name,
 )
 from infra.identity_adapter import register_identity_adapter, store_identity_adapter
@@ -49,6 +47,7 @@ from infra.postgres.registry import (
     register_harness,
 )
 from infra.postgres.routers import register_router, router_model
+from learners.router_training import logged_labels, router_fit
 from learners.runtime import Runtime
 
 MIN_EXAMPLES = 8
@@ -85,7 +84,7 @@ def _active(rt: Runtime) -> tuple[Release, RouterModel]:
 
 
 def _fitted(rt: Runtime, fit: RouterFit) -> RouterModel:
-    return rt.router_trainer().retrain(routing_labels(rt.log), fit)
+    return rt.router_trainer().retrain(logged_labels(rt.log), fit)
 
 
 def add_specialist(rt: Runtime, name: str, description: str, examples: tuple[str, ...]) -> Release:

@@ -27,7 +27,7 @@ from core.ids import derived_id
 from core.log import EventLog, Positions, RecordedEvent
 from infra.postgres import backfills as store
 from infra.postgres.db import Pool
-from infra.postgres.experience import teaches_now
+from infra.postgres.experience_joins import teaches_now
 from infra.postgres.positions import forget_positions, load_positions, save_positions
 from infra.postgres.replay import copy_tables, drop_schema, search_first
 from streams.experience_rules import ExperienceBuilder

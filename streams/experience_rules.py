@@ -22,9 +22,10 @@ the records out), ``experience-1``:
 A tenant set not to teach (``TenantTrainingSet``) gives no record from then on; a turn the client
 decoded its own way (``TurnReceived.decoding``) teaches routing only.
 Ids are derived from the filter version, the turn and the feedback event, so a redelivery
-re-derives the same events. The join state lives in PostgreSQL (``infra.postgres.experience``).
-The builder derives new traffic under one version (``MACARON_EXPERIENCE_FILTER``); past traffic
-is derived under another by a backfill (``streams.backfill``), with a builder of its own.
+re-derives the same events. The join state lives in PostgreSQL
+(``infra.postgres.experience_joins``). The builder derives new traffic under one version
+(``MACARON_EXPERIENCE_FILTER``); past traffic is derived under another by a backfill
+(``streams.backfill``), with a builder of its own.
 """
 
 from __future__ import annotations
@@ -65,9 +66,9 @@ from core.experience import (
 from core.harness.hcp import HISTORY_TURNS, build_context
 from core.ids import derived_id
 from core.log import RecordedEvent
-from infra.postgres import experience as store
+from infra.postgres import experience_joins as store
 from infra.postgres.db import DictConnection
-from infra.postgres.experience import JoinedTurn
+from infra.postgres.experience_joins import JoinedTurn
 from streams import rollout_records
 from streams.routing_rules import routing_labels
 

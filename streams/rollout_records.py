@@ -30,9 +30,9 @@ from core.experience import (
 )
 from core.ids import derived_id
 from core.log import RecordedEvent
-from infra.postgres import rollouts as store
+from infra.postgres import rollout_joins as store
 from infra.postgres.db import DictConnection
-from infra.postgres.rollouts import ScoredSample
+from infra.postgres.rollout_joins import ScoredSample
 
 _log = logging.getLogger(__name__)
 

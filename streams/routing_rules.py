@@ -27,7 +27,7 @@ from core.events import (
 from core.ids import derived_id
 from core.log import RecordedEvent
 from core.routing import ROUTING_KEY
-from infra.postgres.experience import JoinedTurn
+from infra.postgres.experience_joins import JoinedTurn
 
 ROUTING_RULES = "routing-1"
 

@@ -16,7 +16,7 @@ RoutingSource = Literal["hint", "correction", "kept", "up"]
 
 class RoutingLabelled(EventPayload):
     """Routing experience: the words of a user turn and the specialist that should answer
-    them, derived by the experience builder (``streams.routing``) on key ``routing``.
+    them, derived by the experience builder (``streams.routing_rules``) on key ``routing``.
     ``source`` says what taught it: the user's own pick of a specialist (``hint``), a
     ``reroute`` (``correction``), an answer of another specialist kept after a regenerate
     (``kept``), or a thumbs-up on a turn the classifier routed (``up``)."""

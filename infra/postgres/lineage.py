@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, JsonValue
 
-from core.events.chain import verify_chain
 from core.errors import AdapterInvalid, AdapterNotFound, HarnessNotFound, ReleaseNotFound
 from core.events import Envelope
+from core.events.chain import verify_chain
 from core.harness.artifact import harness_number
 from core.log import EventLog
 from infra.artifacts import ArtifactStore

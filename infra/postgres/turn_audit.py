@@ -17,8 +17,8 @@ from uuid import UUID
 
 from pydantic import BaseModel, JsonValue
 
-from core.events.chain import verify_chain
 from core.errors import TurnNotFound
+from core.events.chain import verify_chain
 from core.experience import snapshot_events
 from core.log import EventLog
 from infra.postgres.db import DictConnection

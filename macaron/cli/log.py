@@ -10,9 +10,9 @@ from uuid import UUID
 import typer
 from rich.table import Table
 
-from core.events.chain import verify_chain
 from core.errors import TurnNotFound
 from core.events import Envelope, TurnReceived
+from core.events.chain import verify_chain
 from infra.artifacts import ArtifactStore
 from infra.postgres.lineage import audit
 from infra.postgres.lookups import conversation_of_turn

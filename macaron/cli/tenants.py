@@ -10,7 +10,7 @@ from rich.table import Table
 
 from core.errors import ConfigError
 from core.events import NewEvent, TenantTrainingSet
-from infra.postgres.experience import tenant_exists, training_consent
+from infra.postgres.experience_joins import tenant_exists, training_consent
 from macaron import wiring
 from macaron.cli.common import console, settings
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-from core.events.chain import verify_chain
 from core.errors import EventIdConflict, InvalidEvent, SequenceConflict
 from core.events import HarnessActionExecuted, HarnessStamp, NewEvent, TurnReceived
+from core.events.chain import verify_chain
 from core.log import EventLog, RecordedEvent
 from tests.factories import raw_envelope, turn
 

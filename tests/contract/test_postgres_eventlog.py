@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from psycopg.types.json import Json
 
-from core.events.chain import verify_chain
 from core.errors import SequenceConflict
+from core.events.chain import verify_chain
 from core.log import EventLog, RecordedEvent
 from infra.postgres.db import Pool
 from infra.postgres.eventlog import PostgresEventLog

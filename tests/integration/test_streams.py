@@ -25,7 +25,7 @@ from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
-from infra.postgres.experience import (
+from infra.postgres.experience_joins import (
     joined_turn,
     record_completion,
     record_response,

@@ -28,7 +28,7 @@ from core.experience import first_step
 from core.harness.artifact import root_version
 from core.harness.hcp import build_context
 from core.log import LogPosition, RecordedEvent
-from infra.postgres.experience import JoinedTurn
+from infra.postgres.experience_joins import JoinedTurn
 from streams.experience_rules import context_messages, experience_from
 from streams.routing_rules import routing_labels
 

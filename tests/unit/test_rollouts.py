@@ -27,7 +27,7 @@ from core.events import (
 )
 from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record
 from core.log import LogPosition, RecordedEvent
-from infra.postgres.rollouts import ScoredSample
+from infra.postgres.rollout_joins import ScoredSample
 from learners.contract_runner import DEFAULT_CONTRACT, load_contract
 from learners.environments import CheckerVerifier, judge, load_environments
 from learners.tasks import BANK_V1, load_bank
