@@ -109,10 +109,11 @@ class ChatService:
         return await self._pipeline.run(principal, request, sink, cancel)
 
     async def check_output(self, asked: RequestedDecoding | None) -> None:
-        """Refuse, before anything is recorded, an output format the engine cannot enforce
-        (``GrammarUnbounded``, ``GrammarInvalid``): the engine checks and compiles it."""
+        """Refuse, before anything is recorded, a client's schema the engine cannot enforce
+        (``GrammarUnbounded``, ``GrammarInvalid``): the engine checks and compiles it. Plain JSON
+        (``json_object``) always can be."""
         constraint = None if asked is None else client_constraint(asked)
-        if constraint is not None:
+        if constraint is not None and constraint.kind == "json_schema":
             await asyncio.to_thread(self.engine.prepare, constraint)
 
     async def feedback(
