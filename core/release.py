@@ -132,6 +132,32 @@ def rebased(candidate: Release, judged_against: Release, active: Release) -> Rel
     )
 
 
+def changed_specialists(
+    parent: tuple[Release, HarnessVersion], candidate: tuple[Release, HarnessVersion]
+) -> frozenset[str] | None:
+    """The specialists whose answers ``candidate`` can change against ``parent``: those whose
+    adapter or harness entry (prompt, exemplars, output, grammar, decoding) differs. A contract
+    task is served by the specialist it names alone, so the others answer as before. ``None``
+    when the change reaches every specialist: another base model, set of specialists, HCP
+    version, GenUI catalogue or tool set."""
+    (old, old_harness), (new, new_harness) = parent, candidate
+    before, after = old_harness.spec, new_harness.spec
+    shared = (before.hcp_version, before.catalogue_version, before.tools)
+    if (
+        old.base_model != new.base_model
+        or old.adapters.keys() != new.adapters.keys()
+        or before.specialists.keys() != after.specialists.keys()
+        or shared != (after.hcp_version, after.catalogue_version, after.tools)
+    ):
+        return None
+    return frozenset(
+        name
+        for name in after.specialists.keys() | new.adapters.keys()
+        if old.adapters.get(name) != new.adapters.get(name)
+        or before.specialists.get(name) != after.specialists.get(name)
+    )
+
+
 def _changes(before: Release, after: Release) -> set[str]:
     """Which parts of ``before`` ``after`` changed: router, adapters, harness, base model."""
     parts = {

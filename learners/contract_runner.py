@@ -1,31 +1,19 @@
 """The contract runner: load a contract version, serve its tasks, and check the answers.
 
 Each task is served exactly as a user turn would be (the HCP context of its specialist, greedy
-decoding) so the score measures what users get. Coding answers are untrusted code: they run in
-a subprocess with no network, no environment, an empty working folder and resource limits, and
-are not run at all where the network cannot be taken away.
+decoding) so the score measures what users get. Coding answers are untrusted code, run only in
+``learners.sandbox``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import functools
-import logging
-import os
 import re
-import resource
-import secrets
-import shutil
-import signal
-import subprocess
-import sys
-import tempfile
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import IO, assert_never
+from typing import assert_never
 
 from pydantic import JsonValue
 
@@ -50,22 +38,16 @@ from core.harness.genui import parse_genui_output
 from core.harness.grammars import output_constraint
 from core.harness.hcp import build_context, tool_call_of
 from learners.files import load_yaml_model
+from learners.sandbox import code_of, python_tests_pass
 from learners.tasks import load_bank
 
 CONTRACT_V1 = Path(__file__).with_name("contract-v1.yaml")
 CONTRACT_V2 = Path(__file__).with_name("contract-v2.yaml")
 DEFAULT_CONTRACT = CONTRACT_V2
 """The contract the loop judges by unless `MACARON_CONTRACT_PATH` names another."""
-PYTHON_TIMEOUT_S = 10.0
-PYTHON_MEMORY_BYTES = 512 * 2**20
-PYTHON_FILE_BYTES = 16 * 2**20
-"""Largest file the tested code may write, its output included."""
 CONCURRENCY = 16
 """Requests in flight at once per contract run (the local engine's batch): the engine batches
 concurrent requests, mixed adapters and all, and the loop runs parent and candidate at once."""
-
-_log = logging.getLogger(__name__)
-
 
 # --- loading --------------------------------------------------------------------------------
 
@@ -186,87 +168,6 @@ def _normalised(value: JsonValue) -> JsonValue:
     return "".join(value.split()).casefold() if isinstance(value, str) else value
 
 
-_PYTHON_FENCE = re.compile(r"```python[ \t]*\n(.*?)```", re.DOTALL)
-
-
-def code_of(output: str) -> str:
-    """The first fenced ```python block of an answer, or the whole answer when it has none."""
-    fenced = _PYTHON_FENCE.search(output)
-    return fenced.group(1) if fenced else output
-
-
-@functools.cache
-def _network_jail() -> tuple[str, ...] | None:
-    """The command prefix that runs a program in a new, empty network namespace, if it works."""
-    unshare = shutil.which("unshare")
-    if unshare is None:
-        return None
-    prefix = (unshare, "--net", "--map-root-user")
-    try:
-        trial = subprocess.run([*prefix, "/bin/true"], capture_output=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return prefix if trial.returncode == 0 else None
-
-
-def python_tests_pass(code: str, tests: str, *, timeout_s: float = PYTHON_TIMEOUT_S) -> bool:
-    """Run ``code`` then ``tests`` as one program in the sandbox; ``True`` when the tests finish.
-
-    The program ends by printing a random token, so code that exits early (``sys.exit(0)``)
-    fails. A timeout, a crash, a resource limit or a failed assertion is ``False``; so is every
-    run where ``unshare`` cannot remove the network, because untrusted code never runs with one.
-    """
-    jail = _network_jail()
-    if jail is None:
-        _log.warning("python_tests checker refused to run: 'unshare --net' is not available")
-        return False
-    token = secrets.token_hex(16)
-    with tempfile.TemporaryDirectory(prefix="macaron-check-") as scratch:
-        workdir, stdout = Path(scratch, "run"), Path(scratch, "stdout")
-        workdir.mkdir()
-        program = workdir / "program.py"
-        program.write_text(f"{code}\n\n{tests}\n\nprint({token!r})\n", encoding="utf-8")
-        command = [*jail, sys.executable, "-I", "-S", program.name]
-        with stdout.open("wb") as out:
-            exited_cleanly = _exits_cleanly(command, workdir, out, timeout_s)
-        return exited_cleanly and stdout.read_bytes().endswith(f"{token}\n".encode())
-
-
-def _exits_cleanly(
-    command: Sequence[str], workdir: Path, stdout: IO[bytes], timeout_s: float
-) -> bool:
-    process = subprocess.Popen(
-        command,
-        cwd=workdir,
-        env={"PATH": "/usr/bin:/bin"},
-        stdin=subprocess.DEVNULL,
-        stdout=stdout,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=functools.partial(_limit_resources, cpu_s=int(timeout_s) + 1),
-        start_new_session=True,
-    )
-    try:
-        return process.wait(timeout=timeout_s) == 0
-    except subprocess.TimeoutExpired:
-        return False
-    finally:
-        _kill_group(process)
-
-
-def _limit_resources(cpu_s: int) -> None:
-    """Runs in the child before ``exec``: the limits hold for the tested code and its children."""
-    resource.setrlimit(resource.RLIMIT_AS, (PYTHON_MEMORY_BYTES, PYTHON_MEMORY_BYTES))
-    resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s))
-    resource.setrlimit(resource.RLIMIT_FSIZE, (PYTHON_FILE_BYTES, PYTHON_FILE_BYTES))
-
-
-def _kill_group(process: subprocess.Popen[bytes]) -> None:
-    """End the tested program and anything it started (its own session and process group)."""
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
-
-
 # --- running --------------------------------------------------------------------------------
 
 
@@ -279,6 +180,9 @@ class ContractRun:
 
     passed: dict[str, list[bool]]
     well_formed: dict[str, list[bool | None]]
+    inherited: dict[str, list[bool]] = field(default_factory=dict, compare=False)
+    """Per suite, per task: whether the outcome is the parent's (``Inheritance``), not run; where
+    an outcome came from, not part of it (two runs with the same outcomes are equal)."""
 
     def scores(self) -> dict[str, float]:
         """Each suite's share of tasks passed."""
@@ -292,6 +196,17 @@ class ContractRun:
             if asked:
                 rates[suite] = sum(asked) / len(asked)
         return rates
+
+
+@dataclass(frozen=True)
+class Inheritance:
+    """What a candidate keeps of its parent: the parent's outcomes on the tasks of every
+    specialist but ``changed``. Each task is served by the specialist it names with greedy
+    decoding, which gives the same tokens alone and in any batch, so those answers cannot
+    differ (``core.release.changed_specialists``)."""
+
+    parent: ContractRun
+    changed: frozenset[str]
 
 
 def well_formed(task: Task, output: str) -> bool | None:
@@ -323,26 +238,51 @@ async def run_contract(
     *,
     harness: HarnessVersion,
     seed: int = 0,
+    inherit: Inheritance | None = None,
 ) -> ContractRun:
     """Outcomes of every suite, each task served with the adapter of the specialist it names,
     the context ``harness`` builds for it, the grammar it enforces and that specialist's answer
-    budget. An engine error fails the whole run: a score with answers missing would mislead."""
+    budget; with ``inherit``, only the tasks of its changed specialists are served, and the
+    rest keep the parent's outcomes (marked inherited). An engine error fails the whole run:
+    a score with answers missing would mislead."""
     missing = sorted(set(contract.specialists()) - adapters.keys())
     if missing:
         raise ValueError(f"no adapter given for specialists: {', '.join(missing)}")
     served = [
-        (task, adapters[task.specialist]) for tasks in contract.suites.values() for task in tasks
+        (suite, index, task)
+        for suite, tasks in contract.suites.items()
+        for index, task in enumerate(tasks)
+        if inherit is None or task.specialist in inherit.changed
     ]
-    outputs = await _answers(engine, contract, served, harness, seed)
-    passed = [check(task, output) for (task, _), output in zip(served, outputs, strict=True)]
-    formed = [well_formed(task, output) for (task, _), output in zip(served, outputs, strict=True)]
-    run = ContractRun({}, {})
-    start = 0
+    outputs = await _answers(
+        engine,
+        contract,
+        [(task, adapters[task.specialist]) for _, _, task in served],
+        harness,
+        seed,
+    )
+    fresh = {
+        (suite, index): (check(task, output), well_formed(task, output))
+        for (suite, index, task), output in zip(served, outputs, strict=True)
+    }
+    outcomes = {} if inherit is None else _outcomes(inherit.parent)
+    outcomes.update(fresh)
+    run = ContractRun({}, {}, {})
     for suite, tasks in contract.suites.items():
-        run.passed[suite] = passed[start : start + len(tasks)]
-        run.well_formed[suite] = formed[start : start + len(tasks)]
-        start += len(tasks)
+        keys = [(suite, index) for index in range(len(tasks))]
+        run.passed[suite] = [outcomes[key][0] for key in keys]
+        run.well_formed[suite] = [outcomes[key][1] for key in keys]
+        run.inherited[suite] = [key not in fresh for key in keys]
     return run
+
+
+def _outcomes(run: ContractRun) -> dict[tuple[str, int], tuple[bool, bool | None]]:
+    """Each task's outcome in ``run``, by suite and place."""
+    return {
+        (suite, index): (passed, run.well_formed[suite][index])
+        for suite, done in run.passed.items()
+        for index, passed in enumerate(done)
+    }
 
 
 async def _answers(

@@ -17,7 +17,7 @@ from core.engine import Engine
 from core.events import ContractEvaluated, NewEvent, PromotionRejected
 from core.harness.artifact import HarnessVersion, harness_name
 from core.ids import derived_id
-from core.release import AdapterRef, Release
+from core.release import AdapterRef, Release, changed_specialists
 from infra.postgres.db import DictConnection, Pool
 from infra.postgres.registry import (
     active_release,
@@ -32,7 +32,7 @@ from infra.postgres.runs import (
     record_release_score,
     training_run,
 )
-from learners.contract_runner import ContractRun, load_contract, run_contract
+from learners.contract_runner import ContractRun, Inheritance, load_contract, run_contract
 from learners.propose import harness_run_id, queue_harness_run
 from learners.runtime import RunFailed, Runtime, step_id
 
@@ -116,6 +116,7 @@ def _evaluation_record(
         "formats": {"candidate": candidate.format_scores(), "parent": parent.format_scores()},
         "outcomes": {"candidate": candidate.passed, "parent": parent.passed},
         "well_formed": {"candidate": candidate.well_formed, "parent": parent.well_formed},
+        "inherited": {"candidate": candidate.inherited},
         "parent_release_id": release.release_id,
         "reasons": decision.reasons,
         "p_value": decision.p_value,
@@ -129,11 +130,17 @@ def _contract_runs(
     candidate: tuple[Release, HarnessVersion],
 ) -> tuple[ContractRun, ContractRun]:
     """The contract's per-task outcomes on the parent release (as an earlier evaluation recorded
-    them, if one did) and on the candidate, each served with its harness. What must run runs on
-    one engine at once, so the parent's and the candidate's tasks share batches; adapters it
-    loaded that the parent (the active release) does not serve are unloaded afterwards."""
+    them, if one did) and on the candidate, each served with its harness. With the parent's
+    outcomes recorded, the candidate runs only the tasks of the specialists its change can
+    touch and inherits the rest; otherwise both run in full. What must run runs on one engine
+    at once, so the parent's and the candidate's tasks share batches; adapters it loaded that
+    the parent (the active release) does not serve are unloaded afterwards."""
     with rt.pool.connection() as conn:
         recorded = recorded_outcomes(conn, parent[0].release_id, contract)
+    changed = changed_specialists(parent, candidate)
+    inherit = None
+    if recorded is not None and changed is not None:
+        inherit = Inheritance(recorded, changed)
     sides = [candidate] if recorded is not None else [parent, candidate]
     engine = rt.contract_engine()
     loaded: set[str] = set()
@@ -153,6 +160,7 @@ def _contract_runs(
                         {name: ref.name for name, ref in release.adapters.items()},
                         contract,
                         harness=harness,
+                        inherit=inherit,  # only set when the candidate runs alone
                     )
                     for release, harness in sides
                 )

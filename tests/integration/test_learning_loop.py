@@ -176,6 +176,9 @@ def assert_outcomes_recorded(
             (promoted.release_id,),
         ).fetchall()
         stored = row["scores"]["outcomes"]
+        inherited = row["scores"]["inherited"]["candidate"]  # a flag per task, by suite
+        sizes = {suite: len(tasks) for suite, tasks in contract.suites.items()}
+        assert {suite: len(flags) for suite, flags in inherited.items()} == sizes
         candidate = recorded_outcomes(conn, promoted.release_id, contract)
         parent = recorded_outcomes(conn, promoted.parent_release_id, contract)
         assert candidate is not None and candidate.passed == stored["candidate"]

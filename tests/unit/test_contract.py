@@ -38,16 +38,16 @@ from core.errors import ContractInvalid, TaskBankInvalid
 from core.harness.artifact import root_version
 from core.harness.hcp import build_context
 from engines.instant import InstantEngine, fixed_reply
-from learners import contract_runner as runner
+from learners import sandbox
 from learners.contract_runner import (
     CONTRACT_V1,
     CONTRACT_V2,
     check,
     load_contract,
-    python_tests_pass,
     run_contract,
     well_formed,
 )
+from learners.sandbox import python_tests_pass
 from learners.tasks import load_bank
 
 CONTRACT = load_contract(CONTRACT_V1)
@@ -496,11 +496,11 @@ def test_without_unshare_the_sandbox_refuses_to_run(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
-    runner._network_jail.cache_clear()
+    sandbox._network_jail.cache_clear()
     try:
         assert not python_tests_pass("pass\n", "")
     finally:
-        runner._network_jail.cache_clear()
+        sandbox._network_jail.cache_clear()
 
 
 # --- loading --------------------------------------------------------------------------------
