@@ -1,6 +1,11 @@
-"""What every command shares: the settings the root command loaded, the consoles, a spinner."""
+"""What every command shares: the settings the root command loaded, the consoles, how a long
+command reports its steps."""
 
 from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import typer
 from rich.console import Console
@@ -29,11 +34,32 @@ def settings(ctx: typer.Context) -> Settings:
     return value
 
 
-def spinner() -> Progress:
+def _spinner() -> Progress:
     """A spinner on stderr with the current step and the time so far."""
     return Progress(
         SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err_console
     )
+
+
+@contextmanager
+def steps(first: str) -> Iterator[Callable[[str], None]]:
+    """How a long command reports its step: on a terminal, a spinner with the current step;
+    elsewhere (a log file, a pipe, CI), one line on stderr per new step with the seconds since
+    the start, so a run that is not watched still says where it is."""
+    if err_console.is_terminal:
+        with _spinner() as progress:
+            task = progress.add_task(first)
+            yield lambda step: progress.update(task, description=step)
+        return
+    started, last = time.monotonic(), [""]
+
+    def report(step: str) -> None:
+        if step != last[0]:
+            last[0] = step
+            err_console.print(f"[{time.monotonic() - started:7.1f} s] {step}", highlight=False)
+
+    report(first)
+    yield report
 
 
 def progress_bar() -> Progress:

@@ -30,7 +30,7 @@ from macaron.cli.common import (
     progress_bar,
     settings,
     specialist_names,
-    spinner,
+    steps,
 )
 from macaron.simulator import (
     DEFAULT_SPECIALISTS,
@@ -217,8 +217,7 @@ def demo(
     cfg = settings(ctx)
     configure_telemetry(cfg, "macaron-demo")
     folder = out or cfg.home / "demo"
-    with spinner() as progress:
-        task = progress.add_task("starting")
+    with steps("starting") as step:
         report = run_demo(
             cfg,
             generations=generations,
@@ -229,7 +228,7 @@ def demo(
             seed=seed,
             mode="self" if mode is DemoMode.self_ else "oracle",
             samples=samples,
-            step=lambda s: progress.update(task, description=s),
+            step=step,
             on_generation=lambda record: console.print(generation_table(record)),
         )
     console.print(demo_table(report))

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from infra.models import make_tiny_model, pull_model, tokenizer_for_tiny, verify_model
-from macaron.cli.common import console, settings, spinner
+from macaron.cli.common import console, settings, steps
 
 model_app = typer.Typer(help="Base models: pull, make a tiny test model.", no_args_is_help=True)
 
@@ -20,11 +20,8 @@ def model_pull(
 ) -> None:
     """Fetch and convert a base model once into MACARON_HOME/models (idempotent)."""
     cfg = settings(ctx)
-    with spinner() as progress:
-        task = progress.add_task(f"{name}: starting")
-        folder, changed = pull_model(
-            cfg.home, name, lambda step: progress.update(task, description=f"{name}: {step}")
-        )
+    with steps(f"{name}: starting") as step:
+        folder, changed = pull_model(cfg.home, name, lambda s: step(f"{name}: {s}"))
     manifest = verify_model(folder)
     state = "pulled" if changed else "already pulled"
     console.print(f"{name} {state}: {folder} (licence {manifest['licence']})")
@@ -38,9 +35,8 @@ def model_tiny(
 ) -> None:
     """Make a tiny random Llama with SmolLM2's tokenizer, in seconds, for tests."""
     cfg = settings(ctx)
-    with spinner() as progress:
-        task = progress.add_task("tokenizer")
-        tokenizer = tokenizer_for_tiny(cfg.home, lambda s: progress.update(task, description=s))
-        progress.update(task, description="writing the model")
+    with steps("tokenizer") as step:
+        tokenizer = tokenizer_for_tiny(cfg.home, step)
+        step("writing the model")
         make_tiny_model(path, tokenizer, seed=seed)
     console.print(f"tiny model written to {path}")

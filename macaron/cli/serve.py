@@ -10,7 +10,7 @@ import uvicorn
 
 from infra.telemetry import configure_telemetry
 from macaron import wiring
-from macaron.cli.common import console, settings, spinner
+from macaron.cli.common import console, settings, steps
 from server.schemas import export as export_schemas
 
 
@@ -24,9 +24,8 @@ def serve(
     the vLLM replicas of MACARON_VLLM_URLS when MACARON_ENGINE=vllm."""
     cfg = settings(ctx)
     configure_telemetry(cfg, "macaron-server")
-    with spinner() as progress:
-        task = progress.add_task("starting")
-        server = wiring.chat_server(cfg, lambda s: progress.update(task, description=s))
+    with steps("starting") as step:
+        server = wiring.chat_server(cfg, step)
     chosen = port or cfg.http_port
     console.print(f"serving on http://{cfg.bind_host}:{chosen}/ (Ctrl-C stops)")
     try:
