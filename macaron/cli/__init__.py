@@ -2,11 +2,13 @@
 
 Each module of this package holds one group of commands; this one reads the settings once for
 every command, lists the commands in the order ``macaron --help`` shows them, and turns a
-``MacaronError`` into its code and exit status."""
+``MacaronError`` into its code and exit status, and SIGINT or SIGTERM into ``Stopped``."""
 
 from __future__ import annotations
 
+import signal
 import sys
+from types import FrameType
 
 import typer
 from pydantic import ValidationError
@@ -79,10 +81,32 @@ app.add_typer(specialists.specialist_app, name="specialist")
 app.add_typer(log.audit_app, name="audit")
 
 
+class Stopped(BaseException):
+    """SIGINT (Ctrl-C) or SIGTERM arrived. Raised in the main thread wherever it is, it unwinds
+    the command so that every ``finally`` stops what the command started; not an ``Exception``
+    (nothing catches it on the way) nor a ``KeyboardInterrupt`` (Click would make that an
+    "Aborted!" exiting 1)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signal = signal.Signals(signum)
+
+
+def _raise_stopped(signum: int, _frame: FrameType | None) -> None:
+    raise Stopped(signum)
+
+
 def main() -> None:
-    """Run the command; a ``MacaronError`` prints its code and exits 2 (settings) or 1."""
+    """Run the command; a ``MacaronError`` prints its code and exits 2 (settings) or 1;
+    SIGINT or SIGTERM says so and exits 128 + the signal's number (130, 143), as a shell
+    reports a process a signal ended."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _raise_stopped)
     try:
         app()
+    except Stopped as stopped:
+        err_console.print(f"stopped by {stopped.signal.name}", highlight=False)
+        sys.exit(128 + stopped.signal.value)
     except MacaronError as exc:
         message = Text.assemble(("error", "bold red"), f"[{exc.code}]: {exc.message}")
         err_console.print(message, soft_wrap=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
 import threading
 from enum import StrEnum
 from typing import Annotated
@@ -59,13 +58,10 @@ def streams_run(
                 handled = catch_up(item)
                 console.print(f"{item.processor.name}: {handled} events")
             return
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
         console.print("following the log (Ctrl-C stops)")
-        try:
-            follow(hosts, stop)
-        except KeyboardInterrupt:
-            stop.set()
+        # Until SIGINT or SIGTERM (macaron.cli.Stopped): a batch cut short is not committed,
+        # and the next start does it again from the saved positions, as after a crash.
+        follow(hosts, threading.Event())
 
 
 def replay(

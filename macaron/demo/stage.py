@@ -1,10 +1,13 @@
 """The running loop of a demo: the chat server (uvicorn on a free port of 127.0.0.1, in a
 thread), the stream processors (in a thread) and a Celery worker (a ``macaron worker``
-subprocess given the same settings as ``MACARON_*`` variables)."""
+subprocess given the same settings as ``MACARON_*`` variables, in a process group of its own
+that the demo stops by its PID when it ends, SIGINT and SIGTERM included)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -27,6 +30,9 @@ from server.turns.request import Router
 from streams.runner import follow
 
 SERVER_START_S = 60.0
+WORKER_STOP_S = 3.0
+"""How long the worker's warm shutdown may take before it is killed: a task cut short is given
+to the next worker (acks late) and repeats nothing (every task is idempotent by its id)."""
 
 Step = Callable[[str], None]
 
@@ -111,11 +117,11 @@ def running_loop(
         stop = threading.Event()
         processors = _Background("stream processors", lambda: follow(hosts, stop))
         parts.callback(_stop_processors, stop, processors)
-        step("starting a Celery worker")
         log_path = out_dir / "worker.log"
         log = parts.enter_context(log_path.open("wb"))
         worker = _start_worker(settings, log)
         parts.callback(_stop_worker, worker)
+        step(f"starting a Celery worker (pid {worker.pid})")
         yield Stage(server, f"ws://127.0.0.1:{port}/v1/ws", worker, log_path, [serving, processors])
 
 
@@ -150,19 +156,27 @@ def _stop_processors(stop: threading.Event, processors: _Background) -> None:
 
 
 def _start_worker(settings: Settings, log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """``macaron worker`` in a session of its own: Ctrl-C on the demo's terminal reaches the
+    demo only, and the demo stops the worker's whole process group."""
     return subprocess.Popen(
         [sys.executable, "-m", "macaron", "worker"],
         env=worker_environment(settings),
+        stdin=subprocess.DEVNULL,
         stdout=log,
         stderr=subprocess.STDOUT,
+        start_new_session=True,
     )
 
 
 def _stop_worker(worker: subprocess.Popen[bytes]) -> None:
-    """Celery's warm shutdown finishes the task at hand; a minute later it is killed."""
-    worker.terminate()
+    """SIGTERM to the worker's group (Celery's warm shutdown finishes the task at hand), then,
+    after ``WORKER_STOP_S`` or at a second signal to the demo, SIGKILL to what is left of it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(worker.pid, signal.SIGTERM)
     try:
-        worker.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        worker.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            worker.wait(timeout=WORKER_STOP_S)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(worker.pid, signal.SIGKILL)
         worker.wait()
