@@ -1,23 +1,25 @@
-"""One generation of the learning loop end to end on SmolLM2-135M, each phase timed.
+"""One generation of the learning loop end to end on SmolLM2-135M, each phase timed, against
+the code before issue 33 in the same run.
 
 The demo's path (`macaron demo --generations 1 --specialists genui`): simulated GenUI users
 whose oracle sends feedback, the trigger, the snapshot, the CPU recipe in a Celery worker, the
-contract (v2, the default; --contract v1 for v1) on the parent and the candidate, promotion or
-rejection; on a fresh local stack (embedded PostgreSQL and Redis on free ports) in a temporary
-MACARON_HOME. Harness proposals are off, so the generation is the one adapter run.
+contract, promotion or rejection; each on a fresh local stack (embedded PostgreSQL and Redis on
+free ports) in a temporary MACARON_HOME. Harness proposals are off, so the generation is the
+one adapter run. Two runs, same seed:
+  baseline  contract v2, every task of the candidate in one look (MACARON_FULL_EVALUATION):
+            what the loop did before issue 33
+  now       contract 2s, the default: only the tasks the change can touch, in four looks,
+            stopping once the verdict is known
 
 Phases, from the timestamps of the run's events in the log:
   trigger   the feedback that completed the trigger's count -> TrainingRequested (snapshot taken)
   train     TrainingRequested -> CandidateTrained
   evaluate  CandidateTrained -> ContractEvaluated
   decide    ContractEvaluated -> ReleasePromoted or PromotionRejected
-Target (issue 18): feedback to promotion <= 10 minutes on this CPU.
+Targets (issue 33): feedback to decision <= 300 s and <= 0.35x the baseline; evaluation of a
+one-specialist candidate <= 120 s; training <= 90 s.
 
-Baseline: the code path before issue 18's work cannot run in the same process; the baseline
-column holds the phases of the demo measured on 2026-11-30 before the shared training prefix
-and the prefix cache (genui, seed 0: train 386 s, evaluate 784 s), labelled so.
-
-Usage: python -m bench.loop [--model PATH] [--contract v1|v2] [--seed N]
+Usage: python -m bench.loop [--model PATH] [--seed N]
 """
 
 from __future__ import annotations
@@ -33,13 +35,12 @@ from core.settings import Settings, default_home
 from infra.local_stack import LocalStack, free_port
 from infra.models import pull_model
 from infra.postgres.migrate import migrate
-from learners.contract_runner import CONTRACT_V1, CONTRACT_V2
+from learners.contract_runner import CONTRACT_V2, DEFAULT_CONTRACT
 from macaron import wiring
 from macaron.demo.generations import run_demo
 from macaron.demo.records import DemoReport
 
 BASE_MODEL = "smollm2-135m-instruct"
-BEFORE = {"train": 386.0, "evaluate": 784.0}  # the stop-24 demo's genui run, seconds
 LOOP = ("TrainingRequested", "CandidateTrained", "ContractEvaluated")
 DECIDED = ("ReleasePromoted", "PromotionRejected")
 
@@ -76,7 +77,7 @@ def phases(settings: Settings) -> dict[str, float]:
 
 
 def run(
-    model_dir: Path, contract: Path, seed: int, home: Path
+    model_dir: Path, contract: Path, seed: int, home: Path, *, full: bool
 ) -> tuple[DemoReport, dict[str, float]]:
     settings = Settings(
         home=home,
@@ -84,6 +85,7 @@ def run(
         postgres_port=free_port(),
         redis_port=free_port(),
         contract_path=contract,
+        full_evaluation=full,
         harness_proposals=False,
     )
     stack = LocalStack(settings)
@@ -109,13 +111,32 @@ def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None)
-    parser.add_argument("--contract", choices=["v1", "v2"], default="v2")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     model_dir = args.model or pull_model(default_home(), BASE_MODEL, print)[0]
-    contract = CONTRACT_V2 if args.contract == "v2" else CONTRACT_V1
-    with tempfile.TemporaryDirectory(prefix="macaron-bench-loop-") as scratch:
-        demo, times = run(model_dir, contract, args.seed, Path(scratch))
+    times = {}
+    for name, contract, full in (("baseline", CONTRACT_V2, True), ("now", DEFAULT_CONTRACT, False)):
+        print(f"== {name}: {contract.name}, {'every task' if full else 'incremental'}")
+        with tempfile.TemporaryDirectory(prefix="macaron-bench-loop-") as scratch:
+            demo, times[name] = run(model_dir, contract, args.seed, Path(scratch), full=full)
+        _print_demo(demo)
+    before, now = times["baseline"], times["now"]
+    targets = {"train": "<= 90 s", "evaluate": "<= 120 s"}
+    rows: list[Row] = [
+        row(f"phase {phase}", now[phase], "s", before[phase], targets.get(phase, "report"))
+        for phase in ("trigger", "train", "evaluate", "decide")
+    ]
+    total = "feedback to decision"
+    rows.append(row(total, now[total], "s", before[total], "<= 300 s"))
+    rows.append(row(f"{total}, over the baseline", now[total], "s", before[total], "<= 0.35x"))
+    rows += [
+        row(f"promoted (1 yes, 0 rejected), {name}", times[name]["promoted"], "", 1.0, "report")
+        for name in ("baseline", "now")
+    ]
+    report("loop", rows)
+
+
+def _print_demo(demo: DemoReport) -> None:
     for generation in demo.generations:
         print(
             f"generation {generation.generation}: {generation.release_id} "
@@ -124,22 +145,6 @@ def main() -> None:
         )
         for record in generation.runs:
             print(f"  run {record.specialist}: {record.outcome}: {'; '.join(record.reasons)}")
-    label = {"train": "train", "evaluate": f"evaluate, contract {args.contract}"}
-    rows: list[Row] = [
-        row(
-            f"phase {label.get(name, name)}"
-            + (" (baseline: stop-24 demo)" if name in BEFORE else ""),
-            times[name],
-            "s",
-            BEFORE.get(name, times[name]),
-            "report",
-        )
-        for name in ("trigger", "train", "evaluate", "decide")
-    ]
-    total = times["feedback to decision"]
-    rows.append(row("feedback to decision", total, "s", sum(BEFORE.values()), "<= 600 s"))
-    rows.append(row("promoted (1 yes, 0 rejected)", times["promoted"], "", 1.0, "report"))
-    report("loop" if args.contract == "v2" else "loop-v1", rows)
 
 
 if __name__ == "__main__":

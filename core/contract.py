@@ -10,13 +10,13 @@ in ``learners.contract_runner``.
 from __future__ import annotations
 
 import functools
-import math
 import re
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from core.routing import SpecialistName
+from core.statistics import SequentialPlan, non_inferiority_p_value, sign_test_p_value
 
 GENERAL_SUITE = "general"
 """The suite of easy tasks across all specialists that detects forgetting."""
@@ -126,17 +126,26 @@ class PromotionRule(_Frozen):
 
     The own suite must gain at least ``min_gain`` with the sign test at ``alpha``. Other suites
     are guarded either by ``max_regression`` (contract v1: no suite may drop more than that) or
-    by ``non_inferiority`` (contract v2: a test, not a threshold); exactly one is given."""
+    by ``non_inferiority`` (contract v2: a test, not a threshold); exactly one is given.
+    ``sequential`` (with a non-inferiority guard, every alpha under 0.5) looks at the outcomes
+    in chunks and stops once the verdict is known (``core.sequential``); without it the rule
+    looks once, at every task."""
 
     min_gain: float = Field(ge=0.0, le=1.0)
     alpha: float = Field(gt=0.0, le=1.0)
     max_regression: float | None = Field(default=None, ge=0.0, le=1.0)
     non_inferiority: NonInferiority | None = None
+    sequential: SequentialPlan | None = None
 
     @model_validator(mode="after")
     def _one_guard(self) -> PromotionRule:
         if (self.max_regression is None) == (self.non_inferiority is None):
             raise ValueError("the rule needs exactly one of max_regression and non_inferiority")
+        if self.sequential is not None:
+            if self.non_inferiority is None:
+                raise ValueError("a sequential plan needs the non_inferiority guard (a test)")
+            if max(self.alpha, self.non_inferiority.alpha) >= 0.5:
+                raise ValueError("a sequential plan needs every alpha under 0.5")
         return self
 
 
@@ -210,40 +219,6 @@ class Decision(_Frozen):
     regressions: dict[str, float]
     reasons: list[str]
     guard_p_values: dict[str, float] = Field(default_factory=dict)
-
-
-def sign_test_p_value(wins: int, losses: int) -> float:
-    """One-sided exact sign test on discordant pairs (McNemar's exact test).
-
-    ``P(X >= wins)`` for ``X ~ Bin(wins + losses, 1/2)``: how likely the candidate wins at least
-    this often if it were no better than its parent. Exact integer arithmetic; 1 without pairs.
-    """
-    if wins < 0 or losses < 0:
-        raise ValueError("wins and losses must not be negative")
-    pairs = wins + losses
-    if pairs == 0:
-        return 1.0
-    return sum(math.comb(pairs, k) for k in range(wins, pairs + 1)) / (1 << pairs)
-
-
-def non_inferiority_p_value(wins: int, losses: int, pairs: int, margin: float) -> float:
-    """One-sided p-value of H0 "the candidate's pass rate is at most the parent's minus
-    ``margin``" from ``pairs`` paired outcomes, ``wins`` of them passed by the candidate only and
-    ``losses`` by the parent only: Tango's (1998) score test for paired proportions. The
-    variance is taken at the restricted maximum-likelihood estimate of the loss-cell probability
-    under H0, so it holds with no discordant pairs at all (where a Wald test cannot be used)."""
-    if min(wins, losses) < 0 or wins + losses > pairs or pairs < 1:
-        raise ValueError("need 0 <= wins, losses and wins + losses <= pairs, pairs >= 1")
-    if not 0.0 < margin < 1.0:
-        raise ValueError("the margin must be in (0, 1)")
-    b, c, n, d0 = wins, losses, pairs, -margin
-    # The loss-cell probability q maximising the likelihood under H0 (win cell q + d0) is the
-    # root of 2n q^2 + B q + C = 0 that keeps both cells in [0, 1].
-    big_b = -(b + c) + (2 * n - b + c) * d0
-    big_c = -c * d0 * (1 - d0)
-    q = (-big_b + math.sqrt(big_b * big_b - 8 * n * big_c)) / (4 * n)
-    z = (b - c - n * d0) / math.sqrt(n * (2 * q + d0 - d0 * d0))
-    return 0.5 * math.erfc(z / math.sqrt(2))
 
 
 def decide(

@@ -93,7 +93,14 @@ class Settings(BaseSettings):
         description="a training run's lease, renewed while it trains; another worker may take "
         "over a run whose lease ran out (its worker died)",
     )
-    contract_path: Path | None = Field(default=None, description="unset means contract v2")
+    contract_path: Path | None = Field(
+        default=None, description="unset means contract 2s (learners/contract-v2s.yaml)"
+    )
+    full_evaluation: bool = Field(
+        default=False,
+        description="serve a candidate every contract task, not only those its change can "
+        "touch (an audit, or the baseline of bench/loop.py)",
+    )
     training_config: Path | None = Field(default=None, description="unset means the default")
     task_bank_path: Path | None = Field(
         default=None,

@@ -1,49 +1,42 @@
-"""The contract runner: load a contract version, serve its tasks, and check the answers.
+"""The contract runner: load a contract version, serve its tasks, check the answers
+(``learners.checkers``), and judge a candidate look by look (``core.sequential``).
 
 Each task is served exactly as a user turn would be (the HCP context of its specialist, greedy
-decoding) so the score measures what users get. Coding answers are untrusted code, run only in
-``learners.sandbox``.
+decoding) so the score measures what users get.
 """
 
 from __future__ import annotations
 
 import asyncio
-import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import assert_never
 
-from pydantic import JsonValue
-
+from core.canonical import canonical_json, sha256_hex
 from core.contract import (
     NEAR_DUPLICATE,
     Contract,
-    ExactChecker,
-    GenUIChecker,
-    PythonTestsChecker,
-    RegexChecker,
+    Decision,
     Task,
     ToolCallChecker,
     prompt_words,
     word_overlap,
 )
-from core.conversation import empty_tool_state
 from core.engine import Engine, GenerationRequest, SamplingParams
 from core.errors import ContractInvalid
-from core.harness.actions import TOOLS, execute
+from core.harness.actions import TOOLS
 from core.harness.artifact import HarnessVersion
-from core.harness.genui import parse_genui_output
 from core.harness.grammars import output_constraint
-from core.harness.hcp import build_context, tool_call_of
+from core.harness.hcp import build_context
+from core.sequential import Key, Stop, decide_at_look, schedule
+from learners.checkers import check, well_formed
 from learners.files import load_yaml_model
-from learners.sandbox import code_of, python_tests_pass
 from learners.tasks import load_bank
 
 CONTRACT_V1 = Path(__file__).with_name("contract-v1.yaml")
 CONTRACT_V2 = Path(__file__).with_name("contract-v2.yaml")
-DEFAULT_CONTRACT = CONTRACT_V2
+CONTRACT_V2S = Path(__file__).with_name("contract-v2s.yaml")
+DEFAULT_CONTRACT = CONTRACT_V2S
 """The contract the loop judges by unless `MACARON_CONTRACT_PATH` names another."""
 CONCURRENCY = 16
 """Requests in flight at once per contract run (the local engine's batch): the engine batches
@@ -94,99 +87,79 @@ def bank_conflict(task: Task, bank: Sequence[Task]) -> str | None:
     return None
 
 
-# --- checkers -------------------------------------------------------------------------------
-
-
-def check(task: Task, output: str) -> bool:
-    """Whether ``output`` is a correct answer to ``task``, by the task's checker."""
-    checker = task.checker
-    if isinstance(checker, ExactChecker):
-        return output.strip() == checker.expected.strip()
-    if isinstance(checker, RegexChecker):
-        return re.search(checker.pattern, output, re.DOTALL) is not None
-    if isinstance(checker, GenUIChecker):
-        return _genui_passes(checker, output)
-    if isinstance(checker, ToolCallChecker):
-        return _tool_call_passes(checker, output)
-    if isinstance(checker, PythonTestsChecker):
-        return python_tests_pass(code_of(output), checker.tests)
-    assert_never(checker)
-
-
-_STRUCTURAL_KEYS = frozenset(("type", "id", "action", "kind"))
-
-
-def _genui_passes(checker: GenUIChecker, output: str) -> bool:
-    """Words are looked for case-insensitively in the tree's text, not in its structure."""
-    result = parse_genui_output(output)
-    if not result.valid or result.tree is None:
-        return False
-    texts = [text.casefold() for text in _texts(result.tree)]
-    return all(any(word.casefold() in text for text in texts) for word in checker.must_contain)
-
-
-def _texts(value: JsonValue) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, list):
-        for item in value:
-            yield from _texts(item)
-    elif isinstance(value, dict):
-        for key, item in value.items():
-            if key not in _STRUCTURAL_KEYS:
-                yield from _texts(item)
-
-
-_STATE_DEPENDENT = frozenset(("note_not_found", "todo_not_found"))
-"""Tool errors that only say the fresh state lacks what a well-formed call refers to."""
-_CHECK_TIME = datetime(2025, 1, 1, tzinfo=UTC)
-
-
-def _tool_call_passes(checker: ToolCallChecker, output: str) -> bool:
-    """The call must run on a fresh state (or fail only for want of an earlier note or todo).
-
-    Expected string arguments match ignoring case and whitespace (``12*7`` is ``12 * 7``).
-    """
-    call = tool_call_of(output)
-    if call is None or call.tool != checker.tool:
-        return False
-    outcome = execute(call, empty_tool_state(), _CHECK_TIME)
-    if not outcome.ok and _error_code(outcome.result) not in _STATE_DEPENDENT:
-        return False
-    return all(
-        key in call.args and _normalised(call.args[key]) == _normalised(expected)
-        for key, expected in checker.args.items()
-    )
-
-
-def _error_code(result: JsonValue) -> JsonValue:
-    error = result.get("error") if isinstance(result, dict) else None
-    return error.get("code") if isinstance(error, dict) else None
-
-
-def _normalised(value: JsonValue) -> JsonValue:
-    return "".join(value.split()).casefold() if isinstance(value, str) else value
-
-
 # --- running --------------------------------------------------------------------------------
+
+
+Outcome = tuple[bool, bool | None]
+"""A task's outcome: whether it passed, and whether it was well-formed (``None``: no form)."""
 
 
 @dataclass(frozen=True)
 class ContractRun:
-    """Per suite, per task: whether the answer passed its checker, and whether it was
-    well-formed (a GenUI tree that validates, a tool call that parses; ``None`` where the task
-    asks for no format). Format and content are apart, so a grammar's gain is never taken for
-    the model's."""
+    """Per suite, per task: whether the answer passed its checker (``None``: not run, the
+    verdict was known first), and whether it was well-formed (a GenUI tree that validates, a
+    tool call that parses; ``None`` where the task asks for no format or did not run). Format
+    and content are apart, so a grammar's gain is never taken for the model's."""
 
-    passed: dict[str, list[bool]]
+    passed: dict[str, list[bool | None]]
     well_formed: dict[str, list[bool | None]]
     inherited: dict[str, list[bool]] = field(default_factory=dict, compare=False)
-    """Per suite, per task: whether the outcome is the parent's (``Inheritance``), not run; where
-    an outcome came from, not part of it (two runs with the same outcomes are equal)."""
+    """Per suite, per task: whether the outcome is the parent's, not run; where an outcome
+    came from, not part of it (two runs with the same outcomes are equal)."""
+
+    @classmethod
+    def of(
+        cls, contract: Contract, outcomes: Mapping[Key, Outcome], inherited: Collection[Key] = ()
+    ) -> ContractRun:
+        """The run with ``outcomes`` known (the rest not run), ``inherited`` of them marked."""
+        run = cls({}, {}, {})
+        for suite, tasks in contract.suites.items():
+            known = [outcomes.get((suite, index)) for index in range(len(tasks))]
+            run.passed[suite] = [None if o is None else o[0] for o in known]
+            run.well_formed[suite] = [None if o is None else o[1] for o in known]
+            run.inherited[suite] = [(suite, index) in inherited for index in range(len(tasks))]
+        return run
+
+    def outcomes(self) -> dict[Key, Outcome]:
+        """Each task's outcome that is known, by suite and place."""
+        return {
+            (suite, index): (passed, self.well_formed[suite][index])
+            for suite, done in self.passed.items()
+            for index, passed in enumerate(done)
+            if passed is not None
+        }
+
+    def missing(self) -> list[Key]:
+        """The tasks not run."""
+        return [
+            (suite, index)
+            for suite, done in self.passed.items()
+            for index, passed in enumerate(done)
+            if passed is None
+        ]
+
+    def complete(self) -> dict[str, list[bool]]:
+        """Every outcome (``ValueError`` when a task has not run)."""
+        if self.missing():
+            raise ValueError(f"{len(self.missing())} tasks have not run")
+        return {suite: [bool(p) for p in done] for suite, done in self.passed.items()}
+
+    def digest(self, contract_version: str) -> str:
+        """What a record stores beside these outcomes, so a changed record is not reused."""
+        return sha256_hex(
+            canonical_json(
+                {"contract": contract_version, "passed": self.passed, "formed": self.well_formed}
+            )
+        )
 
     def scores(self) -> dict[str, float]:
-        """Each suite's share of tasks passed."""
-        return {suite: sum(done) / len(done) for suite, done in self.passed.items() if done}
+        """Each suite's share of tasks passed, over its tasks that ran."""
+        rates = {}
+        for suite, done in self.passed.items():
+            known = [ok for ok in done if ok is not None]
+            if known:
+                rates[suite] = sum(known) / len(known)
+        return rates
 
     def format_scores(self) -> dict[str, float]:
         """Each suite's share of well-formed answers, over its tasks that ask for a format."""
@@ -198,37 +171,30 @@ class ContractRun:
         return rates
 
 
-@dataclass(frozen=True)
-class Inheritance:
-    """What a candidate keeps of its parent: the parent's outcomes on the tasks of every
-    specialist but ``changed``. Each task is served by the specialist it names with greedy
-    decoding, which gives the same tokens alone and in any batch, so those answers cannot
-    differ (``core.release.changed_specialists``)."""
-
-    parent: ContractRun
-    changed: frozenset[str]
-
-
-def well_formed(task: Task, output: str) -> bool | None:
-    """Whether ``output`` has the form ``task`` asks for, right or wrong: a GenUI tree that
-    renders, a tool call that parses, Python code that compiles (``None``: no form asked)."""
-    checker = task.checker
-    if isinstance(checker, GenUIChecker):
-        return parse_genui_output(output).valid
-    if isinstance(checker, ToolCallChecker):
-        return tool_call_of(output) is not None
-    if isinstance(checker, PythonTestsChecker):
-        return _compiles(code_of(output))
-    return None
-
-
-def _compiles(code: str) -> bool:
-    """Whether ``code`` is Python the interpreter accepts (compiled only, never run here)."""
-    try:
-        compile(code, "<answer>", "exec", dont_inherit=True)
-    except (SyntaxError, ValueError):  # ValueError: a NUL byte in the source
-        return False
-    return True
+async def serve(
+    engine: Engine,
+    adapters: Mapping[str, str | None],
+    contract: Contract,
+    keys: Sequence[Key],
+    *,
+    harness: HarnessVersion,
+    seed: int = 0,
+) -> dict[Key, Outcome]:
+    """The outcomes of the tasks ``keys`` names, each served with the adapter of the specialist
+    it names, the context ``harness`` builds for it, the grammar it enforces and that
+    specialist's answer budget. An engine error fails the whole call: a score with answers
+    missing would mislead."""
+    missing = sorted(set(contract.specialists()) - adapters.keys())
+    if missing:
+        raise ValueError(f"no adapter given for specialists: {', '.join(missing)}")
+    tasks = [contract.suites[suite][index] for suite, index in keys]
+    outputs = await _answers(
+        engine, contract, [(task, adapters[task.specialist]) for task in tasks], harness, seed
+    )
+    return {
+        key: (check(task, output), well_formed(task, output))
+        for key, task, output in zip(keys, tasks, outputs, strict=True)
+    }
 
 
 async def run_contract(
@@ -238,51 +204,55 @@ async def run_contract(
     *,
     harness: HarnessVersion,
     seed: int = 0,
-    inherit: Inheritance | None = None,
 ) -> ContractRun:
-    """Outcomes of every suite, each task served with the adapter of the specialist it names,
-    the context ``harness`` builds for it, the grammar it enforces and that specialist's answer
-    budget; with ``inherit``, only the tasks of its changed specialists are served, and the
-    rest keep the parent's outcomes (marked inherited). An engine error fails the whole run:
-    a score with answers missing would mislead."""
-    missing = sorted(set(contract.specialists()) - adapters.keys())
-    if missing:
-        raise ValueError(f"no adapter given for specialists: {', '.join(missing)}")
-    served = [
-        (suite, index, task)
-        for suite, tasks in contract.suites.items()
-        for index, task in enumerate(tasks)
-        if inherit is None or task.specialist in inherit.changed
-    ]
-    outputs = await _answers(
-        engine,
-        contract,
-        [(task, adapters[task.specialist]) for _, _, task in served],
-        harness,
-        seed,
-    )
-    fresh = {
-        (suite, index): (check(task, output), well_formed(task, output))
-        for (suite, index, task), output in zip(served, outputs, strict=True)
-    }
-    outcomes = {} if inherit is None else _outcomes(inherit.parent)
-    outcomes.update(fresh)
-    run = ContractRun({}, {}, {})
-    for suite, tasks in contract.suites.items():
-        keys = [(suite, index) for index in range(len(tasks))]
-        run.passed[suite] = [outcomes[key][0] for key in keys]
-        run.well_formed[suite] = [outcomes[key][1] for key in keys]
-        run.inherited[suite] = [key not in fresh for key in keys]
-    return run
+    """Outcomes of every task of every suite (``serve``)."""
+    keys = [(suite, i) for suite, tasks in contract.suites.items() for i in range(len(tasks))]
+    outcomes = await serve(engine, adapters, contract, keys, harness=harness, seed=seed)
+    return ContractRun.of(contract, outcomes)
 
 
-def _outcomes(run: ContractRun) -> dict[tuple[str, int], tuple[bool, bool | None]]:
-    """Each task's outcome in ``run``, by suite and place."""
-    return {
-        (suite, index): (passed, run.well_formed[suite][index])
-        for suite, done in run.passed.items()
-        for index, passed in enumerate(done)
-    }
+@dataclass(frozen=True)
+class Verdict:
+    """A candidate judged against its parent: its outcomes at the stop, the decision, where
+    it stopped, and how many of the tasks it could have run it ran."""
+
+    run: ContractRun
+    decision: Decision
+    stop: Stop
+    tasks_run: int
+    tasks_planned: int
+
+
+async def judge(
+    engine: Engine,
+    adapters: Mapping[str, str | None],
+    contract: Contract,
+    *,
+    harness: HarnessVersion,
+    parent: ContractRun,
+    changed: frozenset[str] | None,
+    specialist: str,
+    seed: int = 0,
+) -> Verdict:
+    """Serve the candidate the tasks of its ``changed`` specialists (every task for ``None``)
+    look by look (``core.sequential.schedule``) and stop once the rule's verdict is known. The
+    other tasks keep the parent's outcomes (marked inherited): each task is served by the
+    specialist it names with greedy decoding, which gives the same tokens alone and in any
+    batch, so those answers cannot differ (``core.release.changed_specialists``)."""
+    chunks = schedule(contract, changed)
+    planned = {key for chunk in chunks for key in chunk}
+    inherited = {k: o for k, o in parent.outcomes().items() if k not in planned}
+    fresh: dict[Key, Outcome] = {}
+    looks: list[ContractRun] = []
+    for chunk in chunks:
+        fresh |= await serve(engine, adapters, contract, chunk, harness=harness, seed=seed)
+        looks.append(ContractRun.of(contract, inherited | fresh, inherited.keys()))
+        settled = decide_at_look(
+            [look.passed for look in looks], parent.complete(), specialist, contract.rule
+        )
+        if settled is not None:
+            return Verdict(looks[-1], *settled, len(fresh), len(planned))
+    raise AssertionError("decide_at_look settles at the last look")
 
 
 async def _answers(

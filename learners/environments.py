@@ -22,7 +22,8 @@ from typing import Protocol
 from core.contract import Contract, GenUIChecker, Task, ToolCallChecker
 from core.errors import ConfigError, TaskBankInvalid
 from core.events import RolloutStep
-from learners.contract_runner import bank_conflict, check
+from learners.checkers import check
+from learners.contract_runner import bank_conflict
 from learners.files import load_yaml_model
 from learners.tasks import BANK_V1, TaskBank
 

@@ -12,12 +12,13 @@ from uuid import UUID
 
 from pydantic import TypeAdapter, ValidationError
 
-from core.contract import Contract, Decision, decide
+from core.contract import Contract, Decision
 from core.engine import Engine
 from core.events import ContractEvaluated, NewEvent, PromotionRejected
 from core.harness.artifact import HarnessVersion, harness_name
-from core.ids import derived_id
+from core.ids import uuid7
 from core.release import AdapterRef, Release, changed_specialists
+from core.sequential import Key
 from infra.postgres.db import DictConnection, Pool
 from infra.postgres.registry import (
     active_release,
@@ -32,7 +33,14 @@ from infra.postgres.runs import (
     record_release_score,
     training_run,
 )
-from learners.contract_runner import ContractRun, Inheritance, load_contract, run_contract
+from learners.contract_runner import (
+    ContractRun,
+    Outcome,
+    Verdict,
+    judge,
+    load_contract,
+    serve,
+)
 from learners.propose import harness_run_id, queue_harness_run
 from learners.runtime import RunFailed, Runtime, step_id
 
@@ -63,8 +71,8 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
         successor, harness = _candidate(conn, run, release, served)
     contract = load_contract(rt.contract_path)
     specialist = str(run["specialist"])
-    parent, candidate = _contract_runs(rt, contract, (release, served), (successor, harness))
-    decision = decide(candidate.passed, parent.passed, specialist, contract.rule)
+    parent, verdict = _judge(rt, contract, specialist, (release, served), (successor, harness))
+    decision, candidate = verdict.decision, verdict.run
     evaluation_id = step_id(run_id, "evaluated")
     events = _evaluation_events(
         run_id, specialist, evaluation_id, contract, decision, candidate, parent
@@ -76,7 +84,7 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
             run_id=run_id,
             adapter_version_id=run["result_adapter_id"],
             contract_version=contract.version,
-            scores=_evaluation_record(candidate, parent, release, decision),
+            scores=_evaluation_record(contract, verdict, parent, release),
             passed=decision.passed,
         )
         if decision.passed:
@@ -107,72 +115,76 @@ def _candidate(
 
 
 def _evaluation_record(
-    candidate: ContractRun, parent: ContractRun, release: Release, decision: Decision
+    contract: Contract, verdict: Verdict, parent: ContractRun, release: Release
 ) -> dict[str, Any]:
-    """What an evaluation stores: scores (content) and format scores apart, per task too."""
+    """What an evaluation stores: scores (content) and format scores apart, per task too (the
+    candidate's ``None`` where a task did not run), each side's digest, and where the rule
+    stopped."""
+    candidate, decision = verdict.run, verdict.decision
     return {
         "candidate": candidate.scores(),
         "parent": parent.scores(),
         "formats": {"candidate": candidate.format_scores(), "parent": parent.format_scores()},
         "outcomes": {"candidate": candidate.passed, "parent": parent.passed},
         "well_formed": {"candidate": candidate.well_formed, "parent": parent.well_formed},
+        "digests": {
+            "candidate": candidate.digest(contract.version),
+            "parent": parent.digest(contract.version),
+        },
         "inherited": {"candidate": candidate.inherited},
+        "sequential": {
+            **verdict.stop.model_dump(),
+            "tasks_run": verdict.tasks_run,
+            "tasks_planned": verdict.tasks_planned,
+        },
         "parent_release_id": release.release_id,
         "reasons": decision.reasons,
         "p_value": decision.p_value,
+        "guard_p_values": decision.guard_p_values,
     }
 
 
-def _contract_runs(
+def _judge(
     rt: Runtime,
     contract: Contract,
+    specialist: str,
     parent: tuple[Release, HarnessVersion],
     candidate: tuple[Release, HarnessVersion],
-) -> tuple[ContractRun, ContractRun]:
-    """The contract's per-task outcomes on the parent release (as an earlier evaluation recorded
-    them, if one did) and on the candidate, each served with its harness. With the parent's
-    outcomes recorded, the candidate runs only the tasks of the specialists its change can
-    touch and inherits the rest; otherwise both run in full. What must run runs on one engine
-    at once, so the parent's and the candidate's tasks share batches; adapters it loaded that
-    the parent (the active release) does not serve are unloaded afterwards."""
-    with rt.pool.connection() as conn:
-        recorded = recorded_outcomes(conn, parent[0].release_id, contract)
-    changed = changed_specialists(parent, candidate)
-    inherit = None
-    if recorded is not None and changed is not None:
-        inherit = Inheritance(recorded, changed)
-    sides = [candidate] if recorded is not None else [parent, candidate]
+) -> tuple[ContractRun, Verdict]:
+    """The parent release's outcomes (as recorded; the tasks no record holds are run once and
+    recorded), and the candidate judged against them: it runs only the tasks of the
+    specialists its change can touch (every task with ``full_evaluation`` set), look by look,
+    until the verdict is known. Adapters loaded
+    here that the parent (the active release) does not serve are unloaded afterwards."""
     engine = rt.contract_engine()
     loaded: set[str] = set()
     try:
-        for release, _ in sides:
+        for release, _ in (parent, candidate):
             for ref in release.adapters.values():
                 if ref.name not in engine.loaded_adapters():
                     path = rt.store.verified_path(ref.sha256, ref.path)
                     engine.load_adapter(ref.name, str(path))
                     loaded.add(ref.name)
-
-        async def run_all() -> list[ContractRun]:
-            return await asyncio.gather(
-                *(
-                    run_contract(
-                        engine,
-                        {name: ref.name for name, ref in release.adapters.items()},
-                        contract,
-                        harness=harness,
-                        inherit=inherit,  # only set when the candidate runs alone
-                    )
-                    for release, harness in sides
-                )
+        before = release_outcomes(rt.pool, engine, *parent, contract)
+        verdict = asyncio.run(
+            judge(
+                engine,
+                {name: ref.name for name, ref in candidate[0].adapters.items()},
+                contract,
+                harness=candidate[1],
+                parent=before,
+                changed=None
+                if rt.settings.full_evaluation
+                else changed_specialists(parent, candidate),
+                specialist=specialist,
             )
-
-        runs = asyncio.run(run_all())
+        )
     finally:
         serving = {ref.name for ref in parent[0].adapters.values()}
         for name in loaded - serving:  # a shared fleet keeps what the server serves
             engine.unload_adapter(name)
         engine.close()
-    return (recorded if recorded is not None else runs[0], runs[-1])
+    return before, verdict
 
 
 def _evaluation_events(
@@ -224,18 +236,28 @@ def release_outcomes(
     contract: Contract,
 ) -> ContractRun:
     """The contract's per-task outcomes on ``release`` served with ``harness`` (the adapters
-    it names loaded in ``engine``): as recorded, or else run on ``engine`` and recorded, so
-    that the loop's next evaluation with this release as the parent reuses them."""
+    it names loaded in ``engine``): as recorded, with the tasks no record holds run on
+    ``engine``, and then recorded whole, so that a later evaluation with this release as the
+    parent reuses them."""
     with pool.connection() as conn:
         recorded = recorded_outcomes(conn, release.release_id, contract)
-    if recorded is not None:
+    if recorded is not None and not recorded.missing():
         return recorded
+    known = {} if recorded is None else recorded.outcomes()
+    missing = [
+        (suite, i)
+        for suite, tasks in contract.suites.items()
+        for i in range(len(tasks))
+        if (suite, i) not in known
+    ]
     adapters = {name: ref.name for name, ref in release.adapters.items()}
-    outcomes = asyncio.run(run_contract(engine, adapters, contract, harness=harness))
+    known |= asyncio.run(serve(engine, adapters, contract, missing, harness=harness))
+    outcomes = ContractRun.of(contract, known)
+    digest = outcomes.digest(contract.version)
     with pool.connection() as conn:
         record_release_score(
             conn,
-            evaluation_id=derived_id("release-score", release.release_id, contract.version),
+            evaluation_id=uuid7(),  # a record found changed stays, as evidence, beside it
             release_id=release.release_id,
             contract_version=contract.version,
             scores={
@@ -243,37 +265,44 @@ def release_outcomes(
                 "formats": {"release": outcomes.format_scores()},
                 "outcomes": {"release": outcomes.passed},
                 "well_formed": {"release": outcomes.well_formed},
+                "digests": {"release": digest},
             },
         )
     return outcomes
 
 
-_PASSED = TypeAdapter(dict[str, list[bool]])
-_FORMED = TypeAdapter(dict[str, list[bool | None]])
+_KNOWN = TypeAdapter(dict[str, list[bool | None]])
 
 
 def recorded_outcomes(
     conn: DictConnection, release_id: str, contract: Contract
 ) -> ContractRun | None:
-    """The contract's per-task outcomes on a release, from an earlier evaluation under the same
-    contract version (as the candidate of the run that made the release, or as the parent of a
-    run), or ``None``. Greedy decoding with the same seed and budgets gives the same answers, so
-    a release is scored once. A stored record that does not fit the contract is not used."""
+    """The contract's per-task outcomes on a release from every earlier record under the same
+    contract version (as the candidate of the run that made it, possibly stopped early, as the
+    parent of a run, or scored on its own), merged; ``None`` when there is none. Greedy decoding
+    with the same seed and budgets gives the same answers, so a task is run once per release.
+    A record that does not fit the contract, or whose digest does not match its outcomes, is
+    not used."""
     sizes = {suite: len(tasks) for suite, tasks in contract.suites.items()}
+    known: dict[Key, Outcome] = {}
     for stored in evaluated_outcomes(conn, release_id, contract.version):
         try:
             run = ContractRun(
-                _PASSED.validate_python(stored["outcomes"]),
-                _FORMED.validate_python(stored["well_formed"]),
+                _KNOWN.validate_python(stored["outcomes"]),
+                _KNOWN.validate_python(stored["well_formed"]),
             )
         except ValidationError:
             continue
-        if all(
-            {suite: len(done) for suite, done in outcomes.items()} == sizes
-            for outcomes in (run.passed, run.well_formed)
+        shapes = (
+            {suite: len(done) for suite, done in side.items()}
+            for side in (run.passed, run.well_formed)
+        )
+        if any(shape != sizes for shape in shapes) or stored["digest"] != run.digest(
+            contract.version
         ):
-            return run
-    return None
+            continue
+        known = run.outcomes() | known
+    return ContractRun.of(contract, known) if known else None
 
 
 def _adapter(conn: DictConnection, adapter_version_id: int) -> AdapterRef:

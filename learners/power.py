@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import random
 from collections.abc import Callable, Sequence
 
-from core.contract import (
-    Contract,
-    PromotionRule,
-    non_inferiority_p_value,
-    sign_test_p_value,
-)
-from learners.contract_runner import CONTRACT_V1, CONTRACT_V2, load_contract
+from core.contract import Contract, PromotionRule
+from core.sequential import decide_at_look
+from core.statistics import SequentialPlan, non_inferiority_p_value, sign_test_p_value
+from learners.contract_runner import CONTRACT_V1, CONTRACT_V2, CONTRACT_V2S, load_contract
 
 BASE = 0.5
 NOISE = 0.10
@@ -120,6 +118,117 @@ def tables(contracts: Sequence[Contract], *, noise: float, sims: int) -> str:
     return "\n".join(lines)
 
 
+Draw = tuple[float, float]
+"""A suite's chance per task of a win and of a loss for the candidate."""
+Suite = tuple[int, Draw, bool]
+"""A simulated suite: its tasks, their draw, and whether they are run (else inherited: known
+from the first look, as the tasks of the specialists a candidate does not change)."""
+LOOKS = [0.25, 0.5, 0.75, 1.0]
+
+
+def simulate(
+    rule: PromotionRule, own: Suite, guard: Suite, *, sims: int, seed: int
+) -> tuple[float, float]:
+    """The share of ``sims`` simulated candidates ``rule`` passes, and the mean share of the
+    tasks run by its stop: an own suite and one guarded suite, their run tasks served look by
+    look in random order (``core.sequential.decide_at_look``)."""
+    rng = random.Random(seed)  # noqa: S311 (a simulation, not a secret)
+    looks = rule.sequential.looks if rule.sequential else [1.0]
+    passed, run = 0, 0.0
+    for _ in range(sims):
+        suites = {
+            name: _pairs(rng, n, draw) for name, (n, draw, _) in (("own", own), ("guard", guard))
+        }
+        parent = {name: [p for _, p in pairs] for name, pairs in suites.items()}
+        run_by = {"own": own[2], "guard": guard[2]}
+        known = [
+            {
+                name: [
+                    c if not run_by[name] or i < math.ceil(t * len(pairs) - 1e-9) else None
+                    for i, (c, _) in enumerate(pairs)
+                ]
+                for name, pairs in suites.items()
+            }
+            for t in looks
+        ]
+        settled = decide_at_look(known, parent, "own", rule)
+        assert settled is not None
+        decision, stop = settled
+        passed += decision.passed
+        run += looks[stop.look - 1]
+    return passed / sims, run / sims
+
+
+def _pairs(rng: random.Random, n: int, draw: Draw) -> list[tuple[bool, bool]]:
+    """(candidate passed, parent passed) per task: a win, a loss, or a tie (both fail)."""
+    win, loss = draw
+    outcomes = rng.choices(
+        ((True, False), (False, True), (False, False)), (win, loss, 1 - win - loss), k=n
+    )
+    return outcomes
+
+
+def _flips(noise: float, delta: float) -> Draw:
+    return noise / 2 + max(delta, 0.0), noise / 2 + max(-delta, 0.0)
+
+
+def sequential_tables(contract: Contract, *, sims: int) -> str:
+    """The plan of ``contract`` against one look: error rates, power and tasks run."""
+    rule = contract.rule
+    assert rule.sequential is not None and rule.non_inferiority is not None
+    designs = {
+        "one look": rule.model_copy(update={"sequential": None}),
+        **{
+            f"{len(LOOKS)} looks, {spending}": rule.model_copy(
+                update={"sequential": SequentialPlan(looks=LOOKS, spending=spending)}
+            )
+            for spending in ("obrien-fleming", "pocock")
+        },
+    }
+    own, general = _suite_size(contract, "genui"), _suite_size(contract, "general")
+    inherited: Suite = (general, (0.0, 0.0), False)
+    alpha, guard = rule.alpha, rule.non_inferiority
+    lines = [
+        f"Gain test, own suite of {own} tasks run (the general suite inherited, every task a "
+        f"tie): share of candidates passed and share of the tasks run, {sims} simulations each. "
+        "Type-I error: the test alone (no minimum gain) with 30 % of tasks flipping by chance "
+        f"and no true gain; it must stay at most alpha = {alpha}.",
+        "",
+        "| design | type-I error | +0 pts | +10 pts | +20 pts | +30 pts | run at +0 | at +20 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, design in designs.items():
+        alone = design.model_copy(update={"min_gain": 0.0})
+        noisy: Suite = (own, _flips(0.3, 0.0), True)
+        error, _ = simulate(alone, noisy, inherited, sims=sims, seed=3)
+        cells = [
+            simulate(design, (own, _flips(NOISE, g), True), inherited, sims=sims, seed=4)
+            for g in (0.0, 0.1, 0.2, 0.3)
+        ]
+        rates = " | ".join(f"{p:.0%}" for p, _ in cells)
+        lines.append(f"| {name} | {error:.1%} | {rates} | {cells[0][1]:.0%} | {cells[2][1]:.0%} |")
+    margin = guard.margin_for("general")
+    lines += [
+        "",
+        f"Guard, general suite of {general} tasks, every one run (the own suite wins every task): "
+        f"share of candidates let through at a true change, and share of the tasks run. At "
+        f"-{margin * 100:.0f} pts (the margin) it is the type-I error, which must stay at most "
+        f"alpha = {guard.alpha}.",
+        "",
+        f"| design | -{margin * 100:.0f} pts | -10 pts | +0 pts | +5 pts | run at +0 | at -10 |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    wins: Suite = (own, (1.0, 0.0), True)
+    for name, design in designs.items():
+        cells = [
+            simulate(design, wins, (general, _flips(NOISE, d), True), sims=sims, seed=5)
+            for d in (-margin, -0.1, 0.0, 0.05)
+        ]
+        rates = " | ".join(f"{p:.1%}" for p, _ in cells)
+        lines.append(f"| {name} | {rates} | {cells[2][1]:.0%} | {cells[1][1]:.0%} |")
+    return "\n".join(lines)
+
+
 def _guard_text(rule: PromotionRule, suite: str) -> str:
     if rule.non_inferiority is None:
         return f"drop at most {(rule.max_regression or 0.0) * 100:.0f} pts"
@@ -134,6 +243,8 @@ def main() -> None:
     args = parser.parse_args()
     contracts = [load_contract(CONTRACT_V1), load_contract(CONTRACT_V2)]
     print(tables(contracts, noise=args.noise, sims=args.sims))
+    print()
+    print(sequential_tables(load_contract(CONTRACT_V2S), sims=args.sims))
 
 
 if __name__ == "__main__":

@@ -212,18 +212,19 @@ def evaluated_outcomes(
     conn: DictConnection, release_id: str, contract_version: str
 ) -> list[dict[str, Any]]:
     """Every per-task record of ``release_id`` under ``contract_version``, as the candidate of
-    the run that made it, as the parent of a run, or scored on its own: ``outcomes`` (passed)
-    and ``well_formed`` per suite (JSON, not validated)."""
+    the run that made it, as the parent of a run, or scored on its own: ``outcomes`` (passed),
+    ``well_formed`` per suite and the ``digest`` stored with them (JSON, not validated)."""
     rows = conn.execute(
         "SELECT e.scores -> 'outcomes' -> 'candidate' AS outcomes, "
-        "e.scores -> 'well_formed' -> 'candidate' AS well_formed FROM releases r "
+        "e.scores -> 'well_formed' -> 'candidate' AS well_formed, "
+        "e.scores -> 'digests' ->> 'candidate' AS digest FROM releases r "
         "JOIN evaluations e ON e.run_id = r.run_id "
         "WHERE r.release_id = %(release)s AND e.contract_version = %(version)s "
-        "UNION ALL SELECT scores -> 'outcomes' -> 'parent', scores -> 'well_formed' -> 'parent' "
-        "FROM evaluations "
+        "UNION ALL SELECT scores -> 'outcomes' -> 'parent', scores -> 'well_formed' -> 'parent', "
+        "scores -> 'digests' ->> 'parent' FROM evaluations "
         "WHERE scores ->> 'parent_release_id' = %(release)s AND contract_version = %(version)s "
-        "UNION ALL SELECT scores -> 'outcomes' -> 'release', scores -> 'well_formed' -> 'release' "
-        "FROM evaluations "
+        "UNION ALL SELECT scores -> 'outcomes' -> 'release', scores -> 'well_formed' -> 'release', "
+        "scores -> 'digests' ->> 'release' FROM evaluations "
         "WHERE run_id IS NULL AND release_id = %(release)s AND contract_version = %(version)s",
         {"release": release_id, "version": contract_version},
     ).fetchall()

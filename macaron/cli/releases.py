@@ -216,7 +216,7 @@ def contract_run(
     for column in ("suite", "tasks", "well-formed", "passed", "score"):
         table.add_column(column, justify="left" if column == "suite" else "right")
     formats = outcomes.format_scores()
-    for suite, done in outcomes.passed.items():
+    for suite, done in outcomes.complete().items():
         formed = f"{formats[suite]:.1%}" if suite in formats else "-"
         table.add_row(suite, str(len(done)), formed, str(sum(done)), f"{sum(done) / len(done):.1%}")
     console.print(table)

@@ -251,6 +251,17 @@ def test_a_release_is_scored_once_per_contract_version(pool: Pool) -> None:
         assert recorded_outcomes(conn, "scored", other) is None
         [row] = conn.execute("SELECT run_id, release_id, passed FROM evaluations").fetchall()
         assert row == {"run_id": None, "release_id": "scored", "passed": None}
+        # A changed record (one outcome flipped, its digest left) is not reused: the release
+        # is scored again, in full, and the new record holds.
+        conn.execute(
+            "UPDATE evaluations SET scores = jsonb_set(scores, '{outcomes,release,genui,0}', "
+            "to_jsonb(NOT (scores #>> '{outcomes,release,genui,0}')::boolean))"
+        )
+        assert recorded_outcomes(conn, "scored", contract) is None
+    assert release_outcomes(pool, engine, release, harness, contract) == first
+    assert len(answered) == 12
+    with pool.connection() as conn:
+        assert recorded_outcomes(conn, "scored", contract) == first
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute(
                 "INSERT INTO evaluations (evaluation_id, contract_version, scores) "

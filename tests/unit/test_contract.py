@@ -28,25 +28,18 @@ from core.contract import (
     ToolCallChecker,
     decide,
     decide_routing,
-    non_inferiority_p_value,
     prompt_words,
-    sign_test_p_value,
     word_overlap,
 )
 from core.engine import GenerationChunk, GenerationRequest
 from core.errors import ContractInvalid, TaskBankInvalid
 from core.harness.artifact import root_version
 from core.harness.hcp import build_context
+from core.statistics import non_inferiority_p_value, sign_test_p_value
 from engines.instant import InstantEngine, fixed_reply
 from learners import sandbox
-from learners.contract_runner import (
-    CONTRACT_V1,
-    CONTRACT_V2,
-    check,
-    load_contract,
-    run_contract,
-    well_formed,
-)
+from learners.checkers import check, well_formed
+from learners.contract_runner import CONTRACT_V1, CONTRACT_V2, load_contract, run_contract
 from learners.sandbox import python_tests_pass
 from learners.tasks import load_bank
 

@@ -14,7 +14,7 @@ from core.harness.artifact import HarnessSpec, HarnessVersion, root_version
 from core.harness.hcp import build_context
 from core.release import AdapterRef, Release, changed_specialists
 from engines.instant import InstantEngine
-from learners.contract_runner import CONTRACT_V2, Inheritance, load_contract, run_contract
+from learners.contract_runner import CONTRACT_V2, judge, load_contract, run_contract
 from tests.factories import root_release
 
 CONTRACT = load_contract(CONTRACT_V2)
@@ -97,11 +97,18 @@ def test_incremental_and_full_evaluation_agree_on_every_task_and_the_decision() 
     parent = asyncio.run(run_contract(_Answering(), ADAPTERS, CONTRACT, harness=ROOT))
     full = asyncio.run(run_contract(_Answering(), ADAPTERS, CONTRACT, harness=candidate))
     engine = _Answering()
-    incremental = asyncio.run(
-        run_contract(
-            engine, ADAPTERS, CONTRACT, harness=candidate, inherit=Inheritance(parent, changed)
+    verdict = asyncio.run(
+        judge(
+            engine,
+            ADAPTERS,
+            CONTRACT,
+            harness=candidate,
+            parent=parent,
+            changed=changed,
+            specialist="genui",
         )
     )
+    incremental = verdict.run
     assert (incremental.passed, incremental.well_formed) == (full.passed, full.well_formed)
     assert full.passed != parent.passed  # the change shows, so inheriting the wrong task would
     assert any(any(done) for done in parent.passed.values())  # and the parent's outcomes vary
@@ -112,7 +119,5 @@ def test_incremental_and_full_evaluation_agree_on_every_task_and_the_decision() 
     for suite, tasks in CONTRACT.suites.items():
         assert incremental.inherited[suite] == [t.specialist != "genui" for t in tasks]
     assert not any(any(flags) for flags in full.inherited.values())
-    for specialist in ("genui", "chat"):
-        assert decide(incremental.passed, parent.passed, specialist, CONTRACT.rule) == decide(
-            full.passed, parent.passed, specialist, CONTRACT.rule
-        )
+    assert verdict.decision == decide(full.complete(), parent.complete(), "genui", CONTRACT.rule)
+    assert verdict.decision.passed  # genui answers right under the changed prompt only

@@ -1,0 +1,229 @@
+"""Sequential decisions: run a candidate's tasks in chunks and stop once the verdict is known.
+
+A contract whose rule has a ``sequential`` plan looks at the candidate's outcomes after each
+chunk (``schedule``). At each look every test still open (the gain on the own suite, the
+non-inferiority of each other suite) is run at the nominal level its alpha-spending function
+allows at the share of its tasks known by then (``core.statistics.nominal_levels``, one-sided):
+
+- the gain test passes when the sign test reaches the level and the gain so far is at least
+  ``min_gain``; it fails when the loss is as significant the other way, or when winning every
+  task left could not reach ``min_gain``;
+- a guard passes when its non-inferiority test reaches the level, and fails when the test of the
+  opposite hypothesis (the suite dropped by more than the margin) does;
+- at a test's last look (all its tasks known) it passes or fails.
+
+A failed test rejects the candidate at once; when every test has passed it is promoted. The
+stops for failure never promote, so the chance of promoting a candidate that is no better stays
+within each test's alpha (non-binding futility). Task order within a suite is a hash of the
+contract version and the task id: fixed for a contract, unrelated to how its file lists tasks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict
+
+from core.canonical import sha256_hex
+from core.contract import Contract, Decision, NonInferiority, PromotionRule, decide
+from core.statistics import (
+    ONE_LOOK,
+    SequentialPlan,
+    nominal_levels,
+    non_inferiority_p_value,
+    sign_test_p_value,
+)
+
+Key = tuple[str, int]
+"""A task by suite and place in it."""
+Known = Mapping[str, Sequence[bool | None]]
+"""Per suite, per task: the candidate's outcome, or ``None`` while it has not run."""
+
+
+def plan_of(rule: PromotionRule) -> SequentialPlan:
+    return rule.sequential or ONE_LOOK
+
+
+def schedule(contract: Contract, changed: frozenset[str] | None) -> list[list[Key]]:
+    """The tasks to run before each look: those of the ``changed`` specialists (every task
+    for ``None``), each suite's in hash order, each look adding its share of every suite."""
+    chunks: list[list[Key]] = [[] for _ in plan_of(contract.rule).looks]
+    for suite, tasks in contract.suites.items():
+        order = sorted(
+            (i for i, task in enumerate(tasks) if changed is None or task.specialist in changed),
+            key=lambda i: sha256_hex(f"{contract.version}/{tasks[i].id}".encode()),
+        )
+        start = 0
+        for chunk, share in zip(chunks, plan_of(contract.rule).looks, strict=True):
+            end = math.ceil(share * len(order) - 1e-9)
+            chunk += [(suite, i) for i in order[start:end]]
+            start = end
+    return chunks
+
+
+class Stop(BaseModel):
+    """Where a sequential decision stopped: at look ``look`` (from 1) of ``looks``, and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    look: int
+    looks: int
+    why: str
+
+
+@dataclass
+class _Test:
+    """One test of the rule across looks: its fractions so far and its verdict once known."""
+
+    alpha: float
+    fractions: list[float] = field(default_factory=list)
+    verdict: bool | None = None
+    p_value: float = 1.0
+    reason: str = ""
+
+    def level(self, fraction: float, plan: SequentialPlan) -> float | None:
+        """The nominal level at this look, or ``None`` when the test is decided or has nothing
+        new to look at."""
+        if self.verdict is not None or fraction <= (self.fractions or [0.0])[-1]:
+            return None
+        self.fractions.append(fraction)
+        return nominal_levels(plan.spending, self.alpha, tuple(self.fractions))[-1]
+
+
+@dataclass(frozen=True)
+class _Tally:
+    wins: int
+    losses: int
+    known: int
+    size: int
+
+    @property
+    def fraction(self) -> float:
+        return self.known / self.size
+
+
+def _tally(candidate: Sequence[bool | None], parent: Sequence[bool]) -> _Tally:
+    pairs = [(c, p) for c, p in zip(candidate, parent, strict=True) if c is not None]
+    wins = sum(c and not p for c, p in pairs)
+    return _Tally(wins, sum(p and not c for c, p in pairs), len(pairs), len(parent))
+
+
+def decide_at_look(
+    looks: Sequence[Known],
+    parent: Mapping[str, Sequence[bool]],
+    specialist: str,
+    rule: PromotionRule,
+) -> tuple[Decision, Stop] | None:
+    """The decision once the candidate's outcomes known after each look so far (``looks``, in
+    order, each including the earlier ones) settle it, with where it stopped; ``None`` while
+    the verdict is open. At the plan's last look every task is known and the verdict is. A rule
+    without a plan looks once, at every task (``core.contract.decide``)."""
+    if rule.sequential is None:
+        if len(looks) != 1:
+            raise ValueError("a rule without a sequential plan looks once")
+        paired = {suite: list(outcomes) for suite, outcomes in parent.items()}
+        decision = decide(_complete(looks[0]), paired, specialist, rule)
+        return decision, Stop(look=1, looks=1, why="one look at every task")
+    if specialist not in parent:
+        raise ValueError(f"no suite for specialist {specialist!r}")
+    plan, guard = rule.sequential, rule.non_inferiority
+    assert guard is not None  # PromotionRule: a plan needs the non-inferiority guard
+    gain = _Test(rule.alpha)
+    guards = {s: _Test(guard.alpha) for s in sorted(parent) if s != specialist}
+    for number, known in enumerate(looks, start=1):
+        if known.keys() != parent.keys():
+            raise ValueError("candidate and parent outcomes list different suites")
+        _look_gain(gain, _tally(known[specialist], parent[specialist]), rule, plan, specialist)
+        for suite, test in guards.items():
+            _look_guard(test, _tally(known[suite], parent[suite]), guard, plan, suite)
+        tests = [gain, *guards.values()]
+        failed = [t.reason for t in tests if t.verdict is False]
+        if failed or all(t.verdict for t in tests):
+            decision = _decision(known, parent, specialist, gain, guards, failed)
+            why = "; ".join(failed) if failed else "the gain and every guard are shown"
+            return decision, Stop(look=number, looks=len(plan.looks), why=why)
+    if len(looks) >= len(plan.looks):
+        raise ValueError("the last look leaves tasks unknown")
+    return None
+
+
+def _complete(known: Known) -> dict[str, list[bool]]:
+    if any(outcome is None for outcomes in known.values() for outcome in outcomes):
+        raise ValueError("a single look needs every outcome")
+    return {suite: [bool(o) for o in outcomes] for suite, outcomes in known.items()}
+
+
+def _look_gain(
+    test: _Test, tally: _Tally, rule: PromotionRule, plan: SequentialPlan, specialist: str
+) -> None:
+    level = test.level(tally.fraction, plan)
+    if level is None:
+        return
+    wins, losses = tally.wins, tally.losses
+    test.p_value = sign_test_p_value(wins, losses)
+    gain = (wins - losses) / tally.known
+    best = (wins - losses + tally.size - tally.known) / tally.size
+    if test.p_value <= level and gain >= rule.min_gain:
+        test.verdict = True
+    elif best < rule.min_gain:
+        test.verdict = False
+        test.reason = (
+            f"gain on {specialist} cannot reach {_points(rule.min_gain)} points "
+            f"({wins} wins, {losses} losses of {tally.known} of {tally.size} tasks)"
+        )
+    elif tally.fraction >= 1.0 or sign_test_p_value(losses, wins) <= level:
+        test.verdict = False
+        test.reason = (
+            f"gain on {specialist} is not shown: sign test p = {test.p_value:.4f} at level "
+            f"{level:.4f}, gain {_points(gain)} points (at least {_points(rule.min_gain)}; "
+            f"{wins} wins, {losses} losses of {tally.known} of {tally.size} tasks)"
+        )
+
+
+def _look_guard(
+    test: _Test, tally: _Tally, guard: NonInferiority, plan: SequentialPlan, suite: str
+) -> None:
+    level = test.level(tally.fraction, plan)
+    if level is None:
+        return
+    margin = guard.margin_for(suite)
+    test.p_value = non_inferiority_p_value(tally.wins, tally.losses, tally.known, margin)
+    if test.p_value <= level:
+        test.verdict = True
+    elif tally.fraction >= 1.0 or 1 - test.p_value <= level:
+        test.verdict = False
+        test.reason = (
+            f"{suite} is not shown within {_points(margin)} points of the parent: "
+            f"non-inferiority p = {test.p_value:.4f} at level {level:.4f} ({tally.wins} wins, "
+            f"{tally.losses} losses of {tally.known} of {tally.size} tasks)"
+        )
+
+
+def _decision(
+    known: Known,
+    parent: Mapping[str, Sequence[bool]],
+    specialist: str,
+    gain: _Test,
+    guards: dict[str, _Test],
+    failed: list[str],
+) -> Decision:
+    """The decision at the stop; gain and drops are over the tasks known by then."""
+
+    def difference(suite: str) -> float:
+        tally = _tally(known[suite], parent[suite])
+        return (tally.wins - tally.losses) / tally.known if tally.known else 0.0
+
+    return Decision(
+        passed=not failed,
+        gain=difference(specialist),
+        p_value=gain.p_value,
+        regressions={suite: -difference(suite) for suite in guards},
+        reasons=failed,
+        guard_p_values={suite: t.p_value for suite, t in guards.items() if t.fractions},
+    )
+
+
+def _points(fraction: float) -> str:
+    return f"{fraction * 100:.1f}"
