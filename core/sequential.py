@@ -94,20 +94,42 @@ class _Test:
 
 @dataclass(frozen=True)
 class _Tally:
+    """A suite at one look, over its changed tasks (``changed`` of ``size``; the inherited ones
+    are ties by construction): wins and losses among the ``known`` ones, and how many of those
+    still to run the parent failed (the candidate could still win them)."""
+
     wins: int
     losses: int
     known: int
+    changed: int
     size: int
+    winnable: int
 
     @property
     def fraction(self) -> float:
-        return self.known / self.size
+        return self.known / self.changed if self.changed else 1.0
+
+    def projected(self) -> float:
+        """The suite's gain (candidate minus parent, over all its tasks) if the changed tasks
+        still to run went as those known so far."""
+        return (
+            (self.wins - self.losses) / self.known * self.changed / self.size if self.known else 0.0
+        )
 
 
-def _tally(candidate: Sequence[bool | None], parent: Sequence[bool]) -> _Tally:
-    pairs = [(c, p) for c, p in zip(candidate, parent, strict=True) if c is not None]
-    wins = sum(c and not p for c, p in pairs)
-    return _Tally(wins, sum(p and not c for c, p in pairs), len(pairs), len(parent))
+def _tally(
+    candidate: Sequence[bool | None], parent: Sequence[bool], inherited: Sequence[bool]
+) -> _Tally:
+    changed = [(c, p) for c, p, i in zip(candidate, parent, inherited, strict=True) if not i]
+    pairs = [(c, p) for c, p in changed if c is not None]
+    return _Tally(
+        wins=sum(c and not p for c, p in pairs),
+        losses=sum(p and not c for c, p in pairs),
+        known=len(pairs),
+        changed=len(changed),
+        size=len(parent),
+        winnable=sum(c is None and not p for c, p in changed),
+    )
 
 
 def decide_at_look(
@@ -115,11 +137,15 @@ def decide_at_look(
     parent: Mapping[str, Sequence[bool]],
     specialist: str,
     rule: PromotionRule,
+    inherited: Mapping[str, Sequence[bool]] | None = None,
 ) -> tuple[Decision, Stop] | None:
     """The decision once the candidate's outcomes known after each look so far (``looks``, in
     order, each including the earlier ones) settle it, with where it stopped; ``None`` while
-    the verdict is open. At the plan's last look every task is known and the verdict is. A rule
-    without a plan looks once, at every task (``core.contract.decide``)."""
+    the verdict is open. ``inherited`` marks the tasks whose outcome is the parent's (none when
+    not given): the tests count only the others, so a suite's few changed tasks are not
+    diluted by its inherited ties while they run. At the plan's last look every task is known
+    and the verdict is. A rule without a plan looks once, at every task
+    (``core.contract.decide``)."""
     if rule.sequential is None:
         if len(looks) != 1:
             raise ValueError("a rule without a sequential plan looks once")
@@ -130,18 +156,27 @@ def decide_at_look(
         raise ValueError(f"no suite for specialist {specialist!r}")
     plan, guard = rule.sequential, rule.non_inferiority
     assert guard is not None  # PromotionRule: a plan needs the non-inferiority guard
+    marks = inherited or {suite: [False] * len(done) for suite, done in parent.items()}
     gain = _Test(rule.alpha)
     guards = {s: _Test(guard.alpha) for s in sorted(parent) if s != specialist}
     for number, known in enumerate(looks, start=1):
-        if known.keys() != parent.keys():
+        if known.keys() != parent.keys() or marks.keys() != parent.keys():
             raise ValueError("candidate and parent outcomes list different suites")
-        _look_gain(gain, _tally(known[specialist], parent[specialist]), rule, plan, specialist)
+        tallies = {suite: _tally(known[suite], parent[suite], marks[suite]) for suite in parent}
+        _look_gain(gain, tallies[specialist], rule, plan, specialist)
         for suite, test in guards.items():
-            _look_guard(test, _tally(known[suite], parent[suite]), guard, plan, suite)
+            _look_guard(test, tallies[suite], guard, plan, suite)
         tests = [gain, *guards.values()]
         failed = [t.reason for t in tests if t.verdict is False]
         if failed or all(t.verdict for t in tests):
-            decision = _decision(known, parent, specialist, gain, guards, failed)
+            decision = Decision(
+                passed=not failed,
+                gain=tallies[specialist].projected(),
+                p_value=gain.p_value,
+                regressions={suite: -tallies[suite].projected() for suite in guards},
+                reasons=failed,
+                guard_p_values={suite: t.p_value for suite, t in guards.items() if t.fractions},
+            )
             why = "; ".join(failed) if failed else "the gain and every guard are shown"
             return decision, Stop(look=number, looks=len(plan.looks), why=why)
     if len(looks) >= len(plan.looks):
@@ -158,38 +193,48 @@ def _complete(known: Known) -> dict[str, list[bool]]:
 def _look_gain(
     test: _Test, tally: _Tally, rule: PromotionRule, plan: SequentialPlan, specialist: str
 ) -> None:
+    """The sign test needs only the wins and losses; ``min_gain`` is over the whole suite, on
+    the gain projected from the changed tasks known so far."""
     level = test.level(tally.fraction, plan)
     if level is None:
         return
     wins, losses = tally.wins, tally.losses
     test.p_value = sign_test_p_value(wins, losses)
-    gain = (wins - losses) / tally.known
-    best = (wins - losses + tally.size - tally.known) / tally.size
+    gain = tally.projected()
+    best = (wins - losses + tally.winnable) / tally.size
+    counts = f"{wins} wins, {losses} losses of {tally.known} of {tally.changed} changed tasks"
     if test.p_value <= level and gain >= rule.min_gain:
         test.verdict = True
     elif best < rule.min_gain:
         test.verdict = False
         test.reason = (
-            f"gain on {specialist} cannot reach {_points(rule.min_gain)} points "
-            f"({wins} wins, {losses} losses of {tally.known} of {tally.size} tasks)"
+            f"gain on {specialist} cannot reach {_points(rule.min_gain)} points ({counts})"
         )
     elif tally.fraction >= 1.0 or sign_test_p_value(losses, wins) <= level:
         test.verdict = False
         test.reason = (
             f"gain on {specialist} is not shown: sign test p = {test.p_value:.4f} at level "
             f"{level:.4f}, gain {_points(gain)} points (at least {_points(rule.min_gain)}; "
-            f"{wins} wins, {losses} losses of {tally.known} of {tally.size} tasks)"
+            f"{counts})"
         )
 
 
 def _look_guard(
     test: _Test, tally: _Tally, guard: NonInferiority, plan: SequentialPlan, suite: str
 ) -> None:
+    """The margin is over the whole suite; over its changed tasks alone it is ``size / changed``
+    times larger (the inherited ones are ties). A suite whose changed tasks could not lose that
+    much even all together is shown at once."""
+    margin = guard.margin_for(suite)
+    scaled = margin * tally.size / tally.changed if tally.changed else 1.0
+    if scaled >= 1.0:
+        if test.verdict is None:
+            test.verdict, test.p_value, test.fractions = True, 0.0, [1.0]
+        return
     level = test.level(tally.fraction, plan)
     if level is None:
         return
-    margin = guard.margin_for(suite)
-    test.p_value = non_inferiority_p_value(tally.wins, tally.losses, tally.known, margin)
+    test.p_value = non_inferiority_p_value(tally.wins, tally.losses, tally.known, scaled)
     if test.p_value <= level:
         test.verdict = True
     elif tally.fraction >= 1.0 or 1 - test.p_value <= level:
@@ -197,32 +242,9 @@ def _look_guard(
         test.reason = (
             f"{suite} is not shown within {_points(margin)} points of the parent: "
             f"non-inferiority p = {test.p_value:.4f} at level {level:.4f} ({tally.wins} wins, "
-            f"{tally.losses} losses of {tally.known} of {tally.size} tasks)"
+            f"{tally.losses} losses of {tally.known} of {tally.changed} changed tasks, of "
+            f"{tally.size})"
         )
-
-
-def _decision(
-    known: Known,
-    parent: Mapping[str, Sequence[bool]],
-    specialist: str,
-    gain: _Test,
-    guards: dict[str, _Test],
-    failed: list[str],
-) -> Decision:
-    """The decision at the stop; gain and drops are over the tasks known by then."""
-
-    def difference(suite: str) -> float:
-        tally = _tally(known[suite], parent[suite])
-        return (tally.wins - tally.losses) / tally.known if tally.known else 0.0
-
-    return Decision(
-        passed=not failed,
-        gain=difference(specialist),
-        p_value=gain.p_value,
-        regressions={suite: -difference(suite) for suite in guards},
-        reasons=failed,
-        guard_p_values={suite: t.p_value for suite, t in guards.items() if t.fractions},
-    )
 
 
 def _points(fraction: float) -> str:

@@ -102,7 +102,9 @@ _TAIL = 8.0
 
 
 @functools.lru_cache(maxsize=1024)
-def nominal_levels(spending: Spending, alpha: float, fractions: tuple[float, ...]) -> list[float]:
+def nominal_levels(
+    spending: Spending, alpha: float, fractions: tuple[float, ...]
+) -> tuple[float, ...]:
     """The one-sided p-value each look must reach so that, under H0, the chance of crossing at
     look k for the first time is the alpha spent between looks k-1 and k (a standard normal
     statistic on independent increments; Jennison and Turnbull, ch. 19). The path's density on
@@ -118,7 +120,7 @@ def nominal_levels(spending: Spending, alpha: float, fractions: tuple[float, ...
     mass: list[tuple[float, float]] = []  # continuing paths at the last look: (value, mass)
     before, used = 0.0, 0.0
     for t in fractions:
-        budget = spent(spending, alpha, t) - used
+        budget = max(spent(spending, alpha, t) - used, 1e-12)  # an early look spends ~nothing
         if not mass:
             levels.append(budget)  # the first look spends its budget alone
             bound = math.sqrt(t) * _NORMAL.inv_cdf(1 - budget)
@@ -127,7 +129,7 @@ def nominal_levels(spending: Spending, alpha: float, fractions: tuple[float, ...
             levels.append(1 - _NORMAL.cdf(bound / math.sqrt(t)))
         mass = _continuing(mass, t, t - before, bound)
         before, used = t, used + budget
-    return levels
+    return tuple(levels)
 
 
 def _crossing_bound(

@@ -40,7 +40,7 @@ DEFAULT_CONTRACT = CONTRACT_V2S
 """The contract the loop judges by unless `MACARON_CONTRACT_PATH` names another."""
 CONCURRENCY = 16
 """Requests in flight at once per contract run (the local engine's batch): the engine batches
-concurrent requests, mixed adapters and all, and the loop runs parent and candidate at once."""
+concurrent requests, mixed adapters and all."""
 
 # --- loading --------------------------------------------------------------------------------
 
@@ -248,7 +248,11 @@ async def judge(
         fresh |= await serve(engine, adapters, contract, chunk, harness=harness, seed=seed)
         looks.append(ContractRun.of(contract, inherited | fresh, inherited.keys()))
         settled = decide_at_look(
-            [look.passed for look in looks], parent.complete(), specialist, contract.rule
+            [look.passed for look in looks],
+            parent.complete(),
+            specialist,
+            contract.rule,
+            looks[-1].inherited,
         )
         if settled is not None:
             return Verdict(looks[-1], *settled, len(fresh), len(planned))

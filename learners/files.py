@@ -1,11 +1,13 @@
 """Reading the learners' data files: one YAML document validated as a pydantic model.
 
-A document may start from another: ``extends: <file name>`` (a file in the same folder, which
-extends none) takes that file's top-level keys, and the document's own keys replace them.
+A document may start from another: ``extends: <file name>`` (a YAML file in the same folder,
+which extends none) takes that file's top-level keys, and the document's own keys replace them
+(whole: a ``rule`` given replaces the base's rule); it must name its own ``version``.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -22,8 +24,10 @@ def load_yaml_model(path: Path, model: type[_M], error: type[MacaronError]) -> _
     data = _document(path, error)
     if isinstance(data, dict) and "extends" in data:
         base_name = data.pop("extends")
-        if not isinstance(base_name, str) or Path(base_name).name != base_name:
-            raise error(f"{path}: extends names a file in the same folder, not {base_name!r}")
+        if not isinstance(base_name, str) or not re.fullmatch(r"[\w-][\w.-]*\.ya?ml", base_name):
+            raise error(f"{path}: extends names a YAML file in the same folder, not {base_name!r}")
+        if "version" not in data:
+            raise error(f"{path}: a file that extends another names its own version")
         base = _document(path.with_name(base_name), error)
         if not isinstance(base, dict) or "extends" in base:
             raise error(f"{path}: {base_name} must be a mapping that extends no other file")

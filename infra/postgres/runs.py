@@ -233,21 +233,25 @@ def evaluated_outcomes(
 
 def contract_scores(conn: DictConnection) -> list[dict[str, Any]]:
     """Each release's contract scores per contract version (share of tasks passed and share
-    well-formed, per suite), whichever evaluation measured it first (as a run's candidate or
-    parent, or on its own), oldest release first."""
+    well-formed, per suite), whichever evaluation measured every task first (as a run's
+    candidate or parent, or on its own; a candidate's record that stopped early, with tasks
+    not run, only when there is no other), oldest release first."""
     rows = conn.execute(
         "SELECT DISTINCT ON (s.release_id, s.contract_version) s.*, r.created_at AS released "
         "FROM ("
         "  SELECT r.release_id, e.contract_version, e.created_at, e.scores -> 'candidate' AS "
-        "  scores, e.scores -> 'formats' -> 'candidate' AS formats FROM releases r "
+        "  scores, e.scores -> 'formats' -> 'candidate' AS formats, "
+        "  e.scores -> 'outcomes' -> 'candidate' AS outcomes FROM releases r "
         "  JOIN evaluations e ON e.run_id = r.run_id "
         "  UNION ALL SELECT scores ->> 'parent_release_id', contract_version, created_at, "
-        "  scores -> 'parent', scores -> 'formats' -> 'parent' FROM evaluations "
-        "  WHERE scores ? 'parent_release_id' "
+        "  scores -> 'parent', scores -> 'formats' -> 'parent', scores -> 'outcomes' -> 'parent' "
+        "  FROM evaluations WHERE scores ? 'parent_release_id' "
         "  UNION ALL SELECT release_id, contract_version, created_at, scores -> 'release', "
-        "  scores -> 'formats' -> 'release' FROM evaluations WHERE run_id IS NULL"
+        "  scores -> 'formats' -> 'release', scores -> 'outcomes' -> 'release' "
+        "  FROM evaluations WHERE run_id IS NULL"
         ") s JOIN releases r ON r.release_id = s.release_id "
-        "ORDER BY s.release_id, s.contract_version, s.created_at"
+        "ORDER BY s.release_id, s.contract_version, "
+        "COALESCE(s.outcomes::text LIKE '%null%', false), s.created_at"
     ).fetchall()
     found = [
         {

@@ -185,7 +185,7 @@ def contract_run(
         str, typer.Argument(help="The release to evaluate ('active' for the active one).")
     ] = "active",
 ) -> None:
-    """Run the contract (MACARON_CONTRACT_PATH, default contract v2) on a release (its adapters
+    """Run the contract (MACARON_CONTRACT_PATH, default contract 2s) on a release (its adapters
     and its harness, greedy decoding) and print each suite's score and share of well-formed
     answers. The outcomes are recorded: a release is scored once per contract version, and the
     learning loop reuses them when the release is a run's parent."""

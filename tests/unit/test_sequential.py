@@ -29,7 +29,7 @@ HARNESS = root_version()
 ADAPTERS = {name: f"{name}@0" for name in CONTRACT.specialists()}
 
 
-def _z(levels: list[float]) -> list[float]:
+def _z(levels: tuple[float, ...]) -> list[float]:
     return [round(NormalDist().inv_cdf(1 - level), 2) for level in levels]
 
 
@@ -93,6 +93,9 @@ PARENT = {
     suite: [i % 2 == 0 for i in range(len(tasks))] for suite, tasks in CONTRACT.suites.items()
 }
 CHUNKS = schedule(CONTRACT, frozenset({OWN}))
+INHERITED = {
+    suite: [task.specialist != OWN for task in tasks] for suite, tasks in CONTRACT.suites.items()
+}
 
 
 def _looks(candidate: dict[str, list[bool]]) -> list[dict[str, list[bool | None]]]:
@@ -139,8 +142,8 @@ def test_the_changed_tasks_are_run_a_quarter_at_a_time_in_hash_order() -> None:
 @pytest.mark.parametrize(("genui", "passed", "look"), [(True, True, 2), (False, False, 2)])
 def test_a_clear_win_or_loss_stops_early(genui: bool, passed: bool, look: int) -> None:
     looks = _looks(_candidate(genui))
-    assert decide_at_look(looks[:1], PARENT, OWN, RULE) is None
-    settled = decide_at_look(looks[:look], PARENT, OWN, RULE)
+    assert decide_at_look(looks[:1], PARENT, OWN, RULE, INHERITED) is None
+    settled = decide_at_look(looks[:look], PARENT, OWN, RULE, INHERITED)
     assert settled is not None
     decision, stop = settled
     assert (decision.passed, stop.look, stop.looks) == (passed, look, 4)
@@ -150,8 +153,8 @@ def test_a_clear_win_or_loss_stops_early(genui: bool, passed: bool, look: int) -
 
 def test_a_tie_runs_to_the_last_look() -> None:
     looks = _looks(_candidate(None))
-    assert all(decide_at_look(looks[:k], PARENT, OWN, RULE) is None for k in (1, 2, 3))
-    settled = decide_at_look(looks, PARENT, OWN, RULE)
+    assert all(decide_at_look(looks[:k], PARENT, OWN, RULE, INHERITED) is None for k in (1, 2, 3))
+    settled = decide_at_look(looks, PARENT, OWN, RULE, INHERITED)
     assert settled is not None
     decision, stop = settled
     assert not decision.passed and stop.look == 4
@@ -169,17 +172,37 @@ def test_without_a_plan_the_rule_looks_once_as_decide_does() -> None:
 
 def test_the_simulated_type_one_error_stays_within_alpha() -> None:
     """The gain test alone (no minimum gain) with tasks flipping by chance, and the guard at a
-    true drop of exactly its margin: each passes at most its alpha (plus simulation error)."""
+    true drop of exactly its margin, on a suite run whole and on one whose 20 changed tasks of
+    150 carry the drop: each passes at most its alpha (plus simulation error)."""
     alone = RULE.model_copy(update={"min_gain": 0.0})
-    inherited = (150, (0.0, 0.0), False)
-    error, _ = simulate(alone, (44, (0.15, 0.15), True), inherited, sims=1500, seed=11)
+    inherited = (150, (0.0, 0.0), 0)
+    error, _ = simulate(alone, (44, (0.15, 0.15), 44), inherited, sims=1500, seed=11)
     assert error <= RULE.alpha + 0.015
     guard = RULE.non_inferiority
     assert guard is not None
     drop = guard.margin_for("general")
-    at_margin = (150, (0.05, 0.05 + drop), True)
-    error, _ = simulate(RULE, (44, (1.0, 0.0), True), at_margin, sims=1500, seed=12)
-    assert error <= guard.alpha + 0.015
+    for changed in (150, 20):
+        at_margin = (150, (0.05, 0.05 + drop * 150 / changed), changed)
+        error, _ = simulate(RULE, (44, (1.0, 0.0), 44), at_margin, sims=1500, seed=12)
+        assert error <= guard.alpha + 0.015, changed
+
+
+def test_a_few_changed_tasks_that_all_lose_fail_the_guard_however_many_are_inherited() -> None:
+    """The general suite's 20 genui tasks, each passed by the parent and lost by the candidate,
+    are a 13-point drop of the 150-task suite: counted among 130 inherited ties they would look
+    like a small one at the first look; counted alone against the scaled margin they fail."""
+    parent = {suite: [suite != OWN] * len(tasks) for suite, tasks in CONTRACT.suites.items()}
+    candidate = {  # genui's own suite all won, its general tasks all lost, the rest inherited
+        suite: [suite == OWN or task.specialist != OWN for task in tasks]
+        for suite, tasks in CONTRACT.suites.items()
+    }
+    looks = _looks(candidate)
+    settled = next(
+        r for k in range(1, 5) if (r := decide_at_look(looks[:k], parent, OWN, RULE, INHERITED))
+    )
+    decision, stop = settled
+    assert not decision.passed and stop.why.startswith("general is not shown")
+    assert decision.regressions["general"] > 0.13 - 1e-9
 
 
 # --- through the engine ---------------------------------------------------------------------
