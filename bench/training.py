@@ -1,107 +1,165 @@
-"""The CPU recipe's run at the demo's data size: 32 GenUI records (the bank's prompts in the
-contexts `harness@0` builds, their reference answers as targets), SmolLM2-135M, a version-0
-parent, `learners/recipes/lora-cpu.yaml` (30 steps, batch 4, SFT).
+"""The training recipes at the demo's data sizes on SmolLM2-135M, time and peak memory, against
+the code before issue 33's training work in the same run.
 
-Baseline, in the same run: the same training with every row computed whole (the shared prompt
-prefix turned off). Target: the run in <= 90 s, with the same losses (the two paths are the
-same maths; the difference is float rounding).
+- CPU recipe (`lora-cpu.yaml`: 30 steps, batch 4, SFT): 32 GenUI records (the bank's prompts in
+  the contexts `harness@0` builds, their reference answers as targets).
+- Self-mode recipe (`lora-rloo.yaml`: SFT plus RLOO with a KL penalty): the self demo's agent
+  run as a new user met it, 15 verified answers and 32 rollout groups of K = 4, three of them
+  with answers that scored apart (12 policy-gradient samples).
 
-Usage: python -m bench.training [--model PATH] [--records N]
+Each run is a fresh Python process from a version-0 parent, so its peak resident memory
+(`ru_maxrss`) is its own. The baseline is the same run on the code at BASELINE_REF (a git
+worktree of it). Targets (issue 33): a run in <= 90 s; the self-mode run's peak RSS <= 3 GB; the
+losses within 1 % of the baseline's (the same maths; the difference is float rounding).
+
+Usage: python -m bench.training [--model PATH] [--baseline-ref REF]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import subprocess
+import sys
 import tempfile
-import zlib
 from pathlib import Path
+from typing import Any
 
-import torch
-
-from bench.report import report, row
-from core.events import ChatMessage
+from bench.report import Row, report, row
 from core.harness.artifact import root_version
 from core.harness.hcp import build_context
 from core.settings import default_home
-from infra.identity_adapter import write_identity_adapter
 from infra.models import pull_model
-from learners.recipes import losses
-from learners.recipes.config import CPU_CONFIG, SFTExample, TrainingResult, load_config
-from learners.recipes.lora import train_successor_adapter
 from learners.tasks import load_bank
 
 BASE_MODEL = "smollm2-135m-instruct"
+BASELINE_REF = "96d01b0"
+"""main before the training memory work: every loss part's graph alive until one backward,
+logits for every position."""
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = """
+import json, resource, sys, tempfile, time, zlib
+from pathlib import Path
+from infra.identity_adapter import write_identity_adapter
+from learners.recipes.config import RolloutGroup, SFTExample, load_config
+from learners.recipes.lora import train_successor_adapter
+
+job = json.load(sys.stdin)
+with tempfile.TemporaryDirectory() as scratch:
+    parent, out = Path(scratch, "parent"), Path(scratch, "out")
+    write_identity_adapter(Path(job["model"]), parent, base_model=job["base"], rank=16,
+                           seed=zlib.crc32(job["specialist"].encode()))
+    result = train_successor_adapter(
+        Path(job["model"]), parent, out,
+        sft=[SFTExample.model_validate(e) for e in job["sft"]], preferences=[], older=[],
+        config=load_config(Path(job["config"])),
+        groups=[RolloutGroup.model_validate(g) for g in job["groups"]],
+    )
+rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"seconds": result.seconds, "losses": result.losses, "rss_mb": rss,
+                  "samples": result.samples}))
+"""
 
 
-def records(count: int) -> list[SFTExample]:
-    """The first ``count`` GenUI tasks of the bank as the demo's users teach them."""
-    harness = root_version()
-    tasks = [t for t in load_bank() if t.specialist == "genui"][:count]
-    return [
-        SFTExample(
-            messages=[
-                ChatMessage.model_validate(m)
-                for m in build_context(harness, "genui", [], t.prompt).messages()
-            ],
-            target=t.reference,
+def _context(specialist: str, prompt: str) -> list[dict[str, Any]]:
+    return build_context(root_version(), specialist, [], prompt).messages()
+
+
+def jobs() -> dict[str, dict[str, Any]]:
+    """Each recipe's run: its config, SFT examples and rollout groups, as JSON."""
+    bank = load_bank()
+    genui = [t for t in bank if t.specialist == "genui"][:32]
+    agent = [t for t in bank if t.specialist == "agent"]
+    recipes = ROOT / "learners" / "recipes"
+    groups = []
+    for index, task in enumerate(agent[15:47]):
+        wrong = agent[(index + 1) % len(agent)].reference
+        mixed = index % 11 == 0  # three of the 32 groups scored apart
+        groups.append(
+            {
+                "messages": _context("agent", task.prompt),
+                "answers": [task.reference if mixed else wrong, wrong, wrong, wrong],
+                "rewards": [1.0 if mixed else 0.0, 0.0, 0.0, 0.0],
+            }
         )
-        for t in tasks
-    ]
+    return {
+        "CPU recipe (SFT)": {
+            "specialist": "genui",
+            "config": str(recipes / "lora-cpu.yaml"),
+            "sft": [
+                {"messages": _context("genui", t.prompt), "target": t.reference} for t in genui
+            ],
+            "groups": [],
+        },
+        "self-mode recipe (SFT + RLOO)": {
+            "specialist": "agent",
+            "config": str(recipes / "lora-rloo.yaml"),
+            "sft": [
+                {"messages": _context("agent", t.prompt), "target": t.reference} for t in agent[:15]
+            ],
+            "groups": groups,
+        },
+    }
 
 
-def train(model_dir: Path, sft: list[SFTExample], *, shared: bool) -> TrainingResult:
-    """One run of the CPU recipe from a fresh version-0 parent; ``shared`` off computes every
-    row whole."""
-    minimum = losses.SHARED_PREFIX_MIN
-    losses.SHARED_PREFIX_MIN = minimum if shared else 10**9
-    try:
-        with tempfile.TemporaryDirectory() as scratch:
-            parent, out = Path(scratch, "parent"), Path(scratch, "out")
-            write_identity_adapter(
-                model_dir, parent, base_model=BASE_MODEL, rank=16, seed=zlib.crc32(b"genui")
-            )
-            return train_successor_adapter(
-                model_dir,
-                parent,
-                out,
-                sft=sft,
-                preferences=[],
-                older=[],
-                config=load_config(CPU_CONFIG),
-            )
-    finally:
-        losses.SHARED_PREFIX_MIN = minimum
+def run(tree: Path, job: dict[str, Any]) -> dict[str, Any]:
+    """One training run in a fresh process on the code in ``tree``."""
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD],
+        input=json.dumps(job),
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"training in {tree} failed:\n{done.stderr[-3000:]}")
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", type=Path, default=None)
-    parser.add_argument("--records", type=int, default=32)
+    parser.add_argument("--baseline-ref", default=BASELINE_REF)
     args = parser.parse_args()
     model_dir = args.model or pull_model(default_home(), BASE_MODEL, print)[0]
-    sft = records(args.records)
-    print(f"{len(sft)} records, torch threads: {torch.get_num_threads()}")
-    whole = train(model_dir, sft, shared=False)
-    shared = train(model_dir, sft, shared=True)
-    drift = max(abs(a - b) / abs(b) for a, b in zip(shared.losses, whole.losses, strict=True))
-    report(
-        "training",
-        [
-            row(
-                "CPU recipe run, shared prompt prefix",
-                shared.seconds,
-                "s",
-                whole.seconds,
-                "<= 90 s",
-            ),
-            row(
-                "CPU recipe run, rows whole (baseline)", whole.seconds, "s", whole.seconds, "report"
-            ),
-            row("first loss, shared / whole", shared.losses[0], "nats", whole.losses[0], "report"),
-            row("last loss, shared / whole", shared.losses[-1], "nats", whole.losses[-1], "report"),
-            row("largest relative loss difference", 100 * drift, "%", 100 * drift, "<= 0.1 %"),
-        ],
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="macaron-bench-baseline-") as scratch:
+        baseline_tree = Path(scratch, "tree")
+        subprocess.run(
+            ["git", "worktree", "add", "--detach", str(baseline_tree), args.baseline_ref],
+            cwd=ROOT,
+            check=True,
+            capture_output=True,
+        )
+        try:
+            for name, job in jobs().items():
+                job |= {"model": str(model_dir), "base": BASE_MODEL}
+                before, now = run(baseline_tree, job), run(ROOT, job)
+                print(f"{name}: {now['samples']} policy-gradient samples")
+                rows += _rows(name, before, now)
+        finally:
+            subprocess.run(
+                ["git", "worktree", "remove", "--force", str(baseline_tree)],
+                cwd=ROOT,
+                check=False,
+            )
+    report("training", rows)
+
+
+def _rows(name: str, before: dict[str, Any], now: dict[str, Any]) -> list[Row]:
+    drift = max(
+        abs(a - b) / max(abs(b), 1e-9) for a, b in zip(now["losses"], before["losses"], strict=True)
     )
+    memory = "<= 3072 MB" if "RLOO" in name else "report"
+    return [
+        row(f"{name}: run", now["seconds"], "s", before["seconds"], "<= 90 s"),
+        row(f"{name}: peak RSS", now["rss_mb"], "MB", before["rss_mb"], memory),
+        row(f"{name}: last loss", now["losses"][-1], "nats", before["losses"][-1], "report"),
+        row(f"{name}: largest relative loss difference", 100 * drift, "%", 1.0, "<= 1 %"),
+    ]
 
 
 if __name__ == "__main__":

@@ -184,7 +184,11 @@ def train_step(
     """One optimiser step on the SFT batch, the preference pairs and the rollout samples;
     returns the losses."""
     run.optimizer.zero_grad(set_to_none=True)
+    # Each part's backward runs before the next part's forward, so one graph (its activations
+    # and its logits) is alive at a time; the gradients add up to the summed loss's.
     sft = sft_loss(run.model, collate(sft_batch, run.pad_id)) if sft_batch else torch.zeros(())
+    if sft.requires_grad:
+        sft.backward()
     dpo = torch.zeros(())
     if pair_ids:
         pairs = [run.pairs[i] for i in pair_ids]
@@ -194,6 +198,7 @@ def train_step(
         chosen, rejected = logps.chunk(2)
         reference = run.reference[pair_ids]
         dpo = dpo_loss(chosen, rejected, reference[:, 0], reference[:, 1], config.dpo_beta)
+        (config.dpo_weight * dpo).backward()
     pg = torch.zeros(())
     if sample_ids:
         policy = answer_token_logprobs(
@@ -202,8 +207,8 @@ def train_step(
         parent = [run.sample_reference[i] for i in sample_ids]
         advantages = run.advantages[sample_ids]
         pg = pg_loss(policy, parent, advantages, config.pg_clip, config.kl_beta)
-    loss = sft + config.dpo_weight * dpo + config.pg_weight * pg
-    loss.backward()
+        (config.pg_weight * pg).backward()
+    loss = sft.detach() + config.dpo_weight * dpo.detach() + config.pg_weight * pg.detach()
     run.optimizer.step()
     return {
         "loss": loss.item(),

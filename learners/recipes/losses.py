@@ -32,36 +32,47 @@ def shared_prefix(batch: Batch) -> int:
 
 def token_nll(model: Any, batch: Batch) -> torch.Tensor:
     """Negative log-likelihood of each label token given the tokens before it (0 where the
-    label is ``IGNORE``), shape (batch, length - 1 - shared prefix).
+    label is ``IGNORE``), shape (batch, positions): the last ``positions`` label positions, from
+    the first answer token of any row to the end (the positions before carry no loss).
 
     The prompt prefix the rows share (the specialist's system prompt and exemplars: about 400
     of the ~600 tokens of a GenUI example) is computed once, its keys and values repeated for
     every row; its tokens carry no loss, so the result is the full computation's (the same
-    terms; gradients flow through the shared keys and values), with that prefix's positions
-    left out."""
+    terms; gradients flow through the shared keys and values). Logits, a vocabulary wide per
+    position, are computed only where a label follows (``logits_to_keep``)."""
+    rows, width = batch.input_ids.shape
     shared = shared_prefix(batch)
+    keep = width - max(_first_label(batch) - 1, shared)
     if shared:
-        prefix = model(input_ids=batch.input_ids[:1, :shared], use_cache=True)
+        prefix = model(input_ids=batch.input_ids[:1, :shared], use_cache=True, logits_to_keep=1)
         cache = prefix.past_key_values
-        cache.batch_repeat_interleave(batch.input_ids.shape[0])
-        positions = torch.arange(shared, batch.input_ids.shape[1]).expand(
-            batch.input_ids.shape[0], -1
-        )
+        cache.batch_repeat_interleave(rows)
+        positions = torch.arange(shared, width).expand(rows, -1)
         logits = model(
             input_ids=batch.input_ids[:, shared:],
             attention_mask=batch.attention_mask,
             past_key_values=cache,
             position_ids=positions,
+            logits_to_keep=keep,
         ).logits
     else:
-        logits = model(input_ids=batch.input_ids, attention_mask=batch.attention_mask).logits
+        logits = model(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep
+        ).logits
     nll: torch.Tensor = F.cross_entropy(
         logits[:, :-1].transpose(1, 2).float(),
-        batch.labels[:, shared + 1 :],
+        batch.labels[:, width - keep + 1 :],
         ignore_index=IGNORE,
         reduction="none",
     )
     return nll
+
+
+def _first_label(batch: Batch) -> int:
+    """The first position of any row that has a label (the width when none has)."""
+    labelled = batch.labels != IGNORE
+    columns = labelled.any(dim=0).nonzero()
+    return int(columns[0, 0]) if len(columns) else batch.labels.shape[1]
 
 
 def sft_loss(model: Any, batch: Batch) -> torch.Tensor:
