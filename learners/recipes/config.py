@@ -25,7 +25,7 @@ class TrainingConfig(BaseModel):
     batch_size: int = Field(default=8, ge=1)
     learning_rate: float = Field(default=2e-4, gt=0.0)
     seed: int = Field(default=0, ge=0)
-    max_length: int = Field(default=512, ge=2)
+    max_length: int = Field(default=1024, ge=2)
     dpo_beta: float = Field(default=0.1, gt=0.0)
     dpo_weight: float = Field(default=1.0, ge=0.0)
     replay_share: float = Field(default=0.2, ge=0.0, lt=1.0)
