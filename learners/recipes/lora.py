@@ -39,7 +39,13 @@ from learners.recipes.config import (
     TrainingConfig,
     TrainingResult,
 )
-from learners.recipes.losses import answer_logprobs, answer_token_logprobs, dpo_loss, sft_loss
+from learners.recipes.losses import (
+    answer_logprobs,
+    answer_token_logprobs,
+    compute_prefix,
+    dpo_loss,
+    sft_loss,
+)
 from learners.recipes.policy import pg_loss, rloo_advantages
 from learners.recipes.tokens import Shuffled, Tokenized, collate, end_of_turn_ids, tokenize_turn
 
@@ -184,30 +190,35 @@ def train_step(
     """One optimiser step on the SFT batch, the preference pairs and the rollout samples;
     returns the losses."""
     run.optimizer.zero_grad(set_to_none=True)
-    # Each part's backward runs before the next part's forward, so one graph (its activations
-    # and its logits) is alive at a time; the gradients add up to the summed loss's.
-    sft = sft_loss(run.model, collate(sft_batch, run.pad_id)) if sft_batch else torch.zeros(())
-    if sft.requires_grad:
+    pairs = [run.pairs[i] for i in pair_ids]
+    paired = [c for c, _ in pairs] + [r for _, r in pairs]
+    samples = [run.samples[i] for i in sample_ids]
+    # The prompt prefix every row of the step shares (the specialist's system prompt) is
+    # computed once for all parts. Each part's backward runs before the next part's forward,
+    # so one part's graph is alive at a time, and stops at the prefix; the prefix's backward
+    # runs once, last. The gradients are those of the summed loss.
+    rows = sft_batch + paired + samples
+    prefix = compute_prefix(run.model, collate(rows, run.pad_id), detached=True) if rows else None
+    sft = torch.zeros(())
+    if sft_batch:
+        sft = sft_loss(run.model, collate(sft_batch, run.pad_id), prefix)
         sft.backward()
     dpo = torch.zeros(())
-    if pair_ids:
-        pairs = [run.pairs[i] for i in pair_ids]
-        logps = answer_logprobs(
-            run.model, collate([c for c, _ in pairs] + [r for _, r in pairs], run.pad_id)
-        )
+    if pairs:
+        logps = answer_logprobs(run.model, collate(paired, run.pad_id), prefix)
         chosen, rejected = logps.chunk(2)
         reference = run.reference[pair_ids]
         dpo = dpo_loss(chosen, rejected, reference[:, 0], reference[:, 1], config.dpo_beta)
         (config.dpo_weight * dpo).backward()
     pg = torch.zeros(())
-    if sample_ids:
-        policy = answer_token_logprobs(
-            run.model, collate([run.samples[i] for i in sample_ids], run.pad_id)
-        )
+    if samples:
+        policy = answer_token_logprobs(run.model, collate(samples, run.pad_id), prefix)
         parent = [run.sample_reference[i] for i in sample_ids]
         advantages = run.advantages[sample_ids]
         pg = pg_loss(policy, parent, advantages, config.pg_clip, config.kl_beta)
         (config.pg_weight * pg).backward()
+    if prefix is not None:
+        prefix.backward()
     loss = sft.detach() + config.dpo_weight * dpo.detach() + config.pg_weight * pg.detach()
     run.optimizer.step()
     return {

@@ -1,12 +1,14 @@
-"""The recipe's losses: token negative log-likelihoods (the prompt prefix a batch shares
-computed once), SFT cross-entropy, answer log-probabilities and DPO."""
+"""The recipe's losses: token negative log-likelihoods (the prompt prefix a batch, or a
+training step, shares computed once), SFT cross-entropy, answer log-probabilities and DPO."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.nn import functional as F
+from transformers import DynamicCache
 
 from learners.recipes.tokens import IGNORE, Batch
 
@@ -30,29 +32,77 @@ def shared_prefix(batch: Batch) -> int:
     return shared if shared >= SHARED_PREFIX_MIN else 0
 
 
-def token_nll(model: Any, batch: Batch) -> torch.Tensor:
+@dataclass(frozen=True)
+class Prefix:
+    """The prompt prefix the rows share, computed once (one row's worth): its keys and values
+    per layer (``states``, in the graph) and what the rows read (``read``). For the parts of
+    one training step (SFT, DPO, policy gradient) ``read`` is a detached copy, so each part's
+    backward stops there and gathers its gradient on it; ``backward`` then sends the sum
+    through the prefix's graph once, which gives the gradients of the summed loss."""
+
+    length: int
+    states: list[tuple[torch.Tensor, torch.Tensor]]
+    read: list[tuple[torch.Tensor, torch.Tensor]]
+    config: Any
+
+    def cache(self, rows: int) -> DynamicCache:
+        return DynamicCache(
+            [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.read],
+            config=self.config,
+        )
+
+    def backward(self) -> None:
+        """Backpropagate what the parts gathered on ``read`` through the prefix."""
+        pairs = [
+            (state, leaf.grad)
+            for states, leaves in zip(self.states, self.read, strict=True)
+            for state, leaf in zip(states, leaves, strict=True)
+            if leaf.grad is not None
+        ]
+        if pairs:
+            torch.autograd.backward([s for s, _ in pairs], [g for _, g in pairs])
+
+
+def compute_prefix(model: Any, batch: Batch, *, detached: bool = False) -> Prefix | None:
+    """The prefix every row of ``batch`` shares (``shared_prefix``), computed once; ``None``
+    when the rows share too little. ``detached``: for parts that each run their backward (call
+    ``Prefix.backward`` after the last)."""
+    shared = shared_prefix(batch)
+    if not shared:
+        return None
+    out = model(input_ids=batch.input_ids[:1, :shared], use_cache=True, logits_to_keep=1)
+    states = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    read = states
+    if detached:
+        read = [
+            (k.detach().requires_grad_(k.requires_grad), v.detach().requires_grad_(v.requires_grad))
+            for k, v in states
+        ]
+    return Prefix(shared, states, read, model.config)
+
+
+def token_nll(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.Tensor:
     """Negative log-likelihood of each label token given the tokens before it (0 where the
     label is ``IGNORE``), shape (batch, positions): the last ``positions`` label positions, from
     the first answer token of any row to the end (the positions before carry no loss).
 
     The prompt prefix the rows share (the specialist's system prompt and exemplars: about 400
-    of the ~600 tokens of a GenUI example) is computed once, its keys and values repeated for
-    every row; its tokens carry no loss, so the result is the full computation's (the same
-    terms; gradients flow through the shared keys and values). Logits, a vocabulary wide per
-    position, are computed only where a label follows (``logits_to_keep``)."""
+    of the ~600 tokens of a GenUI example) is computed once, its keys and values read by every
+    row: ``prefix`` when the caller computed it for more rows than ``batch`` (a training step's
+    parts), else this batch's own. Its tokens carry no loss, so the result is the full
+    computation's (the same terms; gradients flow through the shared keys and values). Logits,
+    a vocabulary wide per position, are computed only where a label follows
+    (``logits_to_keep``)."""
     rows, width = batch.input_ids.shape
-    shared = shared_prefix(batch)
+    prefix = prefix or compute_prefix(model, batch)
+    shared = prefix.length if prefix else 0
     keep = width - max(_first_label(batch) - 1, shared)
-    if shared:
-        prefix = model(input_ids=batch.input_ids[:1, :shared], use_cache=True, logits_to_keep=1)
-        cache = prefix.past_key_values
-        cache.batch_repeat_interleave(rows)
-        positions = torch.arange(shared, width).expand(rows, -1)
+    if prefix:
         logits = model(
             input_ids=batch.input_ids[:, shared:],
             attention_mask=batch.attention_mask,
-            past_key_values=cache,
-            position_ids=positions,
+            past_key_values=prefix.cache(rows),
+            position_ids=torch.arange(shared, width).expand(rows, -1),
             logits_to_keep=keep,
         ).logits
     else:
@@ -75,20 +125,22 @@ def _first_label(batch: Batch) -> int:
     return int(columns[0, 0]) if len(columns) else batch.labels.shape[1]
 
 
-def sft_loss(model: Any, batch: Batch) -> torch.Tensor:
+def sft_loss(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.Tensor:
     """Mean cross-entropy over the answer tokens of the whole batch."""
     targets = (batch.labels[:, 1:] != IGNORE).sum()
-    return token_nll(model, batch).sum() / targets
+    return token_nll(model, batch, prefix).sum() / targets
 
 
-def answer_logprobs(model: Any, batch: Batch) -> torch.Tensor:
+def answer_logprobs(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.Tensor:
     """Summed log-probability of each row's answer, shape (batch,)."""
-    return -token_nll(model, batch).sum(dim=1)
+    return -token_nll(model, batch, prefix).sum(dim=1)
 
 
-def answer_token_logprobs(model: Any, batch: Batch) -> list[torch.Tensor]:
+def answer_token_logprobs(
+    model: Any, batch: Batch, prefix: Prefix | None = None
+) -> list[torch.Tensor]:
     """Each row's log-probability of every answer token, in order."""
-    nll = token_nll(model, batch)
+    nll = token_nll(model, batch, prefix)
     answer = batch.labels[:, batch.labels.shape[1] - nll.shape[1] :] != IGNORE
     return [-row[mask] for row, mask in zip(nll, answer, strict=True)]
 

@@ -36,6 +36,7 @@ from learners.recipes.lora import batch_shares, group_samples, load_model, train
 from learners.recipes.losses import (
     SHARED_PREFIX_MIN,
     answer_logprobs,
+    compute_prefix,
     dpo_loss,
     sft_loss,
     shared_prefix,
@@ -451,6 +452,23 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_loss_and_gradient
     assert together[0] == pytest.approx(alone[0], rel=1e-5)
     assert len(together[1]) == len(alone[1]) > 0
     for mine, theirs in zip(together[1], alone[1], strict=True):
+        assert torch.allclose(mine, theirs, rtol=1e-3, atol=1e-6)
+
+    # A training step's parts (here one row, then three) read one prefix computed for all of
+    # them, each running its own backward; the prefix's backward runs once, last.
+    model.zero_grad()
+    prefix = compute_prefix(model, batch, detached=True)
+    assert prefix is not None and prefix.length == shared
+    apart = 0.0
+    for part in (items[:1], items[1:]):
+        loss = token_nll(model, collate(part, pad_id=end[-1]), prefix).sum() / targets
+        loss.backward()
+        apart += float(loss.detach())
+    prefix.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+    assert apart == pytest.approx(alone[0], rel=1e-5)
+    assert len(grads) == len(alone[1])
+    for mine, theirs in zip(grads, alone[1], strict=True):
         assert torch.allclose(mine, theirs, rtol=1e-3, atol=1e-6)
 
 
