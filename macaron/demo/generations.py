@@ -170,13 +170,16 @@ class _Demo:
                 name: s.pass_rate for name, s in report.by_specialist().items()
             }
         queued = time.monotonic()
-        update["runs"] = self.settle(n, run_timeout_s)
+        runs, decided_at = self.settle(n, run_timeout_s)
+        update["runs"] = runs
         decided = time.monotonic()
         self.step(f"generation {n}: measuring the contract on the active release")
         measured = self.measure()
+        adapters = max([queued, *(decided_at[r.run_id] for r in runs if r.half == "adapter")])
         update["phase_seconds"] = {
             "traffic": queued - started,
-            "runs": decided - queued,
+            "adapter runs": adapters - queued,
+            "harness proposals": decided - adapters,
             "measure": time.monotonic() - decided,
         }
         return replace(measured, **update)
@@ -253,17 +256,24 @@ class _Demo:
                 )
             time.sleep(POLL_S)
 
-    def settle(self, n: int, timeout_s: float) -> list[RunRecord]:
-        """Wait until every new run is decided; runs queued meanwhile are waited for too."""
+    def settle(self, n: int, timeout_s: float) -> tuple[list[RunRecord], dict[str, float]]:
+        """Wait until every new run is decided; runs queued meanwhile (the harness proposal
+        an adapter run's decision queues) are waited for too. The records, and when each run
+        was seen decided (``time.monotonic``)."""
         deadline = time.monotonic() + timeout_s
+        decided_at: dict[str, float] = {}
         while True:
             self.stage.check()
             runs = self._new_runs()
             outcomes = {run_id: run_outcome(self.stage.server.pool, run_id) for run_id in runs}
+            for run_id, outcome in outcomes.items():
+                if outcome is not None:
+                    decided_at.setdefault(str(run_id), time.monotonic())
             pending = [run_id for run_id, outcome in outcomes.items() if outcome is None]
             if not pending:
                 self.seen.update(runs)
-                return [outcome for outcome in outcomes.values() if outcome is not None]
+                records = [outcome for outcome in outcomes.values() if outcome is not None]
+                return records, decided_at
             if time.monotonic() > deadline:
                 raise DemoFailed(
                     f"run {pending[0]} was not decided in {timeout_s:.0f} s "

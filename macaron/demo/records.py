@@ -44,7 +44,9 @@ class GenerationRecord:
     answers per suite that asks for a form. The traffic was simulated users (``mode`` oracle:
     ``turns``, and ``simulated_pass_rate`` the oracle's verdict on them) or rollouts (``self``:
     ``rollouts`` per specialist, ``learners.rollout_job.RolloutSummary`` summed, with pass@1 and
-    pass@K). ``phase_seconds``: traffic until a run was queued, runs until decided, measure."""
+    pass@K). ``phase_seconds``: traffic until a run was queued; adapter runs until every one
+    was decided (trained, evaluated, promoted or not); harness proposals (queued by those
+    decisions) until every one was decided; measure."""
 
     generation: int
     release_id: str

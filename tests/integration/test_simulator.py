@@ -271,6 +271,8 @@ def test_the_demo_runs_a_generation_and_writes_its_record(
     for decided in first.runs:
         assert decided.outcome in {"promoted", "rejected"}, decided
         assert set(decided.candidate) == set(decided.parent) == {"genui", "general"}
+    # the proposal's time is the generation's: after the adapter runs, before the measure
+    assert first.phase_seconds["harness proposals"] > 0
     promoted = [r for r in first.runs if r.outcome == "promoted"]
     # the active release is scored as its evaluation recorded it, not a second time
     assert first.scores == (promoted[-1].candidate if promoted else base.scores)
