@@ -89,12 +89,14 @@ def token_nll(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.T
     The prompt prefix the rows share (the specialist's system prompt and exemplars: about 400
     of the ~600 tokens of a GenUI example) is computed once, its keys and values read by every
     row: ``prefix`` when the caller computed it for more rows than ``batch`` (a training step's
-    parts), else this batch's own. Its tokens carry no loss, so the result is the full
-    computation's (the same terms; gradients flow through the shared keys and values). Logits,
-    a vocabulary wide per position, are computed only where a label follows
-    (``logits_to_keep``)."""
+    parts) and this batch's rows share no longer one, else this batch's own (one replayed row
+    without the system prompt shortens the step's prefix, not the other parts'). Its tokens
+    carry no loss, so the result is the full computation's (the same terms; gradients flow
+    through the shared keys and values). Logits, a vocabulary wide per position, are computed
+    only where a label follows (``logits_to_keep``)."""
     rows, width = batch.input_ids.shape
-    prefix = prefix or compute_prefix(model, batch)
+    if prefix is None or prefix.length < shared_prefix(batch):
+        prefix = compute_prefix(model, batch)  # this batch's rows share more than the step's
     shared = prefix.length if prefix else 0
     keep = width - max(_first_label(batch) - 1, shared)
     if prefix:

@@ -32,10 +32,18 @@ from learners.recipes.config import (
     TrainingResult,
     load_config,
 )
-from learners.recipes.lora import batch_shares, group_samples, load_model, train_successor_adapter
+from learners.recipes.lora import (
+    batch_shares,
+    group_samples,
+    load_model,
+    setup,
+    train_step,
+    train_successor_adapter,
+)
 from learners.recipes.losses import (
     SHARED_PREFIX_MIN,
     answer_logprobs,
+    answer_token_logprobs,
     compute_prefix,
     dpo_loss,
     sft_loss,
@@ -420,6 +428,7 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_loss_and_gradient
     """A batch whose rows share a long system prompt computes it once; the loss and the LoRA
     gradients are those of computing every row whole (each row alone shares nothing)."""
     model, tokenizer = load_model(tiny_model, parent)
+    _perturb(model)
     end = end_of_turn_ids(tokenizer)
     system = ChatMessage(role="system", content="You design small interfaces. " * 8)
     items = [
@@ -464,12 +473,64 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_loss_and_gradient
         loss = token_nll(model, collate(part, pad_id=end[-1]), prefix).sum() / targets
         loss.backward()
         apart += float(loss.detach())
+    gathered = [leaf.grad for pair in prefix.read for leaf in pair if leaf.grad is not None]
+    assert gathered and all(g.abs().sum() > 0 for g in gathered)  # the parts read the prefix
     prefix.backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
     assert apart == pytest.approx(alone[0], rel=1e-5)
     assert len(grads) == len(alone[1])
     for mine, theirs in zip(grads, alone[1], strict=True):
         assert torch.allclose(mine, theirs, rtol=1e-3, atol=1e-6)
+
+
+def test_a_training_step_has_the_gradients_of_its_parts_computed_whole(
+    tiny_model: Path, parent: Path
+) -> None:
+    """A step with an SFT batch and rollout samples (one prompt prefix computed for both, each
+    part's backward stopping at it) leaves the gradients of the summed loss with every row
+    computed whole, part by part."""
+    config = RLOO.model_copy(update={"batch_size": 3})
+    run = setup(tiny_model, parent, config, SFT[:6], [], [], GROUPS, [])
+    _perturb(run.model)
+    run.model.train()
+    sft_batch, sample_ids = run.sft[:3], [0, 1, 3]
+    rows = collate(sft_batch + [run.samples[i] for i in sample_ids], run.pad_id)
+    assert shared_prefix(rows) >= SHARED_PREFIX_MIN  # the step shares a prefix
+
+    trainable = [p for p in run.model.parameters() if p.requires_grad]
+    run.optimizer = torch.optim.SGD(trainable, lr=0.0)  # the weights stay, the gradients too
+    metrics = train_step(run, config, sft_batch, [], sample_ids)
+    stepped = [p.grad.clone() for p in trainable if p.grad is not None]
+
+    run.model.zero_grad()
+    sft = sft_loss(run.model, collate([item for item in sft_batch], run.pad_id))
+    policy = answer_token_logprobs(
+        run.model, collate([run.samples[i] for i in sample_ids], run.pad_id)
+    )
+    pg = pg_loss(
+        policy,
+        [run.sample_reference[i] for i in sample_ids],
+        run.advantages[sample_ids],
+        config.pg_clip,
+        config.kl_beta,
+    )
+    (sft + config.pg_weight * pg).backward()
+    whole = [p.grad for p in trainable if p.grad is not None]
+    assert metrics["sft_loss"] == pytest.approx(float(sft.detach()), rel=1e-5)
+    assert metrics["pg_loss"] == pytest.approx(float(pg.detach()), rel=1e-5, abs=1e-6)
+    assert len(stepped) == len(whole) == len(trainable)
+    for mine, theirs in zip(stepped, whole, strict=True):
+        assert theirs.abs().sum() > 0
+        assert torch.allclose(mine, theirs, rtol=1e-3, atol=1e-6)
+
+
+def _perturb(model: Any) -> None:
+    """LoRA B weights away from 0 (an identity adapter's), so the A weights get gradients."""
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "lora_B" in name:
+                weight.copy_(torch.randn(weight.shape, generator=generator) * 0.02)
 
 
 def test_replay_share_of_each_batch() -> None:
