@@ -21,7 +21,13 @@ from core.experience import (
 from core.release import AdapterRef
 from infra.postgres.registry import next_adapter_version, register_adapter
 from infra.postgres.runs import finish_run
-from learners.recipes.config import LiveSample, PreferencePair, RolloutGroup, SFTExample
+from learners.recipes.config import (
+    DEFAULT_CONFIG,
+    LiveSample,
+    PreferencePair,
+    RolloutGroup,
+    SFTExample,
+)
 from learners.recipes.lora import train_successor_adapter
 from learners.runtime import Progress, Runtime, step_id
 from learners.snapshots import materialize
@@ -160,5 +166,6 @@ def _record_candidate(
             adapter_version_id=adapter.adapter_version_id,
             config=rt.training.model_dump(),
             metrics=metrics,
+            recipe=(rt.settings.training_config or DEFAULT_CONFIG).stem,
         )
     return adapter

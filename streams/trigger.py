@@ -46,7 +46,10 @@ from infra.postgres.trigger import (
     save_pending,
 )
 
-RECIPE = "lora-sft-dpo-1"
+RECIPE = "lora"
+"""What a queued adapter run is trained with: the successor-adapter recipe
+(``learners/recipes/lora.py``); which of its configs (``lora-cpu``, ``lora-rloo``, ...) is the
+worker's setting, and the run's ``recipe`` names it once trained."""
 
 
 @dataclass(frozen=True)

@@ -154,13 +154,15 @@ def finish_run(
     harness_version: int | None = None,
     config: dict[str, Any],
     metrics: dict[str, float],
+    recipe: str | None = None,
 ) -> None:
-    """Mark the run succeeded with its result: a trained adapter or a proposed harness."""
+    """Mark the run succeeded with its result: a trained adapter or a proposed harness;
+    ``recipe``, when given, names what it was trained with (the training config)."""
     conn.execute(
         "UPDATE training_runs SET status = 'succeeded', result_adapter_id = %s, "
         "result_harness_version = %s, config = %s, metrics = %s, finished_at = now(), "
-        "lease_until = NULL WHERE run_id = %s",
-        (adapter_version_id, harness_version, Jsonb(config), Jsonb(metrics), run_id),
+        "lease_until = NULL, recipe = COALESCE(%s, recipe) WHERE run_id = %s",
+        (adapter_version_id, harness_version, Jsonb(config), Jsonb(metrics), recipe, run_id),
     )
 
 

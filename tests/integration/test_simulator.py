@@ -263,6 +263,7 @@ def test_the_demo_runs_a_generation_and_writes_its_record(
     # the adapter run, then the harness-only successor proposed after it was decided
     run, proposal = first.runs
     assert (run.specialist, run.half) == ("genui", "adapter") and run.training_seconds is not None
+    assert run.recipe == "training"  # the config it was trained with (training.yaml)
     assert (proposal.specialist, proposal.half, proposal.recipe) == (
         "genui",
         "harness",
