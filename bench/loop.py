@@ -8,8 +8,9 @@ free ports) in a temporary MACARON_HOME. Harness proposals are off, so the gener
 one adapter run. Two runs, same seed:
   baseline  contract v2, every task of the candidate in one look (MACARON_FULL_EVALUATION):
             what the loop did before issue 33
-  now       contract 2s, the default: only the tasks the change can touch, in four looks,
-            stopping once the verdict is known
+  now       contract 2s (the baseline's checkers; the default, contract 3, checks content):
+            only the tasks the change can touch, in four looks, stopping once the verdict is
+            known
 
 Phases, from the timestamps of the run's events in the log:
   trigger   the feedback that completed the trigger's count -> TrainingRequested (snapshot taken)
@@ -39,7 +40,7 @@ from core.settings import Settings, default_home
 from infra.local_stack import LocalStack, free_port
 from infra.models import pull_model
 from infra.postgres.migrate import migrate
-from learners.contract_runner import CONTRACT_V2, DEFAULT_CONTRACT
+from learners.contract_runner import CONTRACT_V2, CONTRACT_V2S
 from macaron import wiring
 from macaron.demo.generations import run_demo
 from macaron.demo.records import DemoReport
@@ -112,7 +113,9 @@ def run(
         stack.down()
 
 
-HALVES = {"baseline": (CONTRACT_V2, True), "now": (DEFAULT_CONTRACT, False)}
+HALVES = {"baseline": (CONTRACT_V2, True), "now": (CONTRACT_V2S, False)}
+"""Contract v2 in full against contract 2s: the same tasks and checkers, so the halves differ
+only by how evaluation runs them (incremental and sequential)."""
 
 
 def main() -> None:

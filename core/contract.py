@@ -50,18 +50,26 @@ class RegexChecker(_Frozen):
 
 
 class GenUIChecker(_Frozen):
-    """Passes when the output is a valid GenUI tree whose text contains each of ``must_contain``."""
+    """Passes when the output is a valid GenUI tree whose text contains each of ``must_contain``
+    and which shows each of ``values`` (a number in the tree, or in its text; contract v3 on)."""
 
     kind: Literal["genui"]
     must_contain: list[str] = Field(default_factory=list)
+    values: list[float] = Field(default_factory=list)
 
 
 class ToolCallChecker(_Frozen):
-    """Passes when the output is a valid call of ``tool`` whose arguments include ``args``."""
+    """Passes when the output is a valid call of ``tool`` whose arguments include ``args``, whose
+    string arguments contain the words ``contains`` names, and whose result on a fresh tool
+    state includes ``result`` (a calculator's value: ``250-19`` and ``-19+250`` both pass
+    ``{value: 231}``). The last two came with contract v3, so content is checked, not only the
+    tool's name."""
 
     kind: Literal["tool_call"]
     tool: str = Field(min_length=1)
     args: dict[str, JsonValue] = Field(default_factory=dict)
+    contains: dict[str, list[str]] = Field(default_factory=dict)
+    result: dict[str, JsonValue] = Field(default_factory=dict)
 
 
 class PythonTestsChecker(_Frozen):

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 
 from core.canonical import canonical_json, sha256_hex
 from core.errors import UnknownFilterVersion
-from core.events import ChatMessage, Envelope, ExperienceRecorded, NewEvent
+from core.events import ChatMessage, Envelope, ExperienceRecorded, ExperienceSource, NewEvent
 from core.log import EventLog, RecordedEvent
 
 FILTER_VERSIONS = ("experience-1", "experience-2")
@@ -160,13 +160,25 @@ def snapshot_events(log: EventLog, snapshot: Mapping[str, Any]) -> SnapshotEvent
     return SnapshotEvents(records, older)
 
 
+def source_of(record: ExperienceRecorded) -> ExperienceSource | None:
+    """Where a record's answers came from: its ``source``, or for a record from before sources
+    were recorded what its origin tells (a rollout group's, a live reward's); ``None`` for an
+    older SFT or preference record from a turn, which a thumbs-up and an edit both gave."""
+    if record.source is not None:
+        return record.source
+    if record.rollout_group_id is not None:
+        return "rollout"
+    return "feedback" if record.kind == "trajectory" else None
+
+
 def chain_record(running_hash: str, record: ExperienceRecorded) -> str:
-    """The snapshot hash after one more record. A record from a turn hashes as it did before
-    records could come from rollouts (v1 had no ``rollout_group_id``), so older snapshots still
-    replay to their hash."""
+    """The snapshot hash after one more record. A record hashes as it did under the schema it
+    was written with (v1 had no ``rollout_group_id``, v2 no ``source``), so older snapshots
+    still replay to their hash."""
     data = record.model_dump(mode="json")
-    if data["rollout_group_id"] is None:
-        del data["rollout_group_id"]
+    for added in ("rollout_group_id", "source"):
+        if data[added] is None:
+            del data[added]
     record_hash = sha256_hex(canonical_json(data))
     return sha256_hex(f"{running_hash}{record_hash}".encode())
 

@@ -4,10 +4,12 @@ code, run only in ``learners.sandbox``."""
 
 from __future__ import annotations
 
+import math
 import re
+import types
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from typing import assert_never
+from typing import Any, assert_never
 
 from pydantic import JsonValue
 
@@ -46,24 +48,41 @@ _STRUCTURAL_KEYS = frozenset(("type", "id", "action", "kind"))
 
 
 def _genui_passes(checker: GenUIChecker, output: str) -> bool:
-    """Words are looked for case-insensitively in the tree's text, not in its structure."""
+    """Words are looked for case-insensitively in the tree's text, not in its structure; a value
+    may be a number of the tree (a chart's, a table cell) or a number written in its text."""
     result = parse_genui_output(output)
     if not result.valid or result.tree is None:
         return False
-    texts = [text.casefold() for text in _texts(result.tree)]
-    return all(any(word.casefold() in text for text in texts) for word in checker.must_contain)
+    texts = [text.casefold() for text in _leaves(result.tree, str)]
+    if not all(any(word.casefold() in text for text in texts) for word in checker.must_contain):
+        return False
+    shown = [*_leaves(result.tree, int | float), *(n for t in texts for n in _numbers_in(t))]
+    return all(any(_same_number(value, n) for n in shown) for value in checker.values)
 
 
-def _texts(value: JsonValue) -> Iterator[str]:
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, list):
+def _leaves(value: JsonValue, kind: type | types.UnionType) -> Iterator[Any]:
+    """The tree's leaves of ``kind`` outside its structural keys (never a bool)."""
+    if isinstance(value, list):
         for item in value:
-            yield from _texts(item)
+            yield from _leaves(item, kind)
     elif isinstance(value, dict):
         for key, item in value.items():
             if key not in _STRUCTURAL_KEYS:
-                yield from _texts(item)
+                yield from _leaves(item, kind)
+    elif isinstance(value, kind) and not isinstance(value, bool):
+        yield value
+
+
+def _numbers_in(text: str) -> Iterator[float]:
+    """The numbers written in ``text`` (``1,250`` is 1250)."""
+    for match in re.finditer(r"-?\d[\d,]*(?:\.\d+)?", text):
+        yield float(match.group().replace(",", ""))
+
+
+def _same_number(expected: float, actual: JsonValue) -> bool:
+    if isinstance(actual, bool) or not isinstance(actual, int | float):
+        return False
+    return math.isclose(expected, actual, rel_tol=1e-9, abs_tol=1e-9)
 
 
 _STATE_DEPENDENT = frozenset(("note_not_found", "todo_not_found"))
@@ -74,7 +93,9 @@ _CHECK_TIME = datetime(2025, 1, 1, tzinfo=UTC)
 def _tool_call_passes(checker: ToolCallChecker, output: str) -> bool:
     """The call must run on a fresh state (or fail only for want of an earlier note or todo).
 
-    Expected string arguments match ignoring case and whitespace (``12*7`` is ``12 * 7``).
+    Expected string arguments match ignoring case and whitespace (``12*7`` is ``12 * 7``);
+    contained words are looked for case-insensitively; an expected result's numbers match
+    within rounding (``0.1+0.2`` is ``0.3``).
     """
     call = tool_call_of(output)
     if call is None or call.tool != checker.tool:
@@ -82,10 +103,31 @@ def _tool_call_passes(checker: ToolCallChecker, output: str) -> bool:
     outcome = execute(call, empty_tool_state(), _CHECK_TIME)
     if not outcome.ok and _error_code(outcome.result) not in _STATE_DEPENDENT:
         return False
-    return all(
-        key in call.args and _normalised(call.args[key]) == _normalised(expected)
-        for key, expected in checker.args.items()
+    if checker.result and not (outcome.ok and isinstance(outcome.result, dict)):
+        return False
+    return (
+        all(
+            key in call.args and _normalised(call.args[key]) == _normalised(expected)
+            for key, expected in checker.args.items()
+        )
+        and all(
+            isinstance(call.args.get(key), str)
+            and all(word.casefold() in str(call.args[key]).casefold() for word in words)
+            for key, words in checker.contains.items()
+        )
+        and all(
+            isinstance(outcome.result, dict)
+            and key in outcome.result
+            and _same_result(expected, outcome.result[key])
+            for key, expected in checker.result.items()
+        )
     )
+
+
+def _same_result(expected: JsonValue, actual: JsonValue) -> bool:
+    if isinstance(expected, int | float) and not isinstance(expected, bool):
+        return _same_number(expected, actual)
+    return _normalised(expected) == _normalised(actual)
 
 
 def _error_code(result: JsonValue) -> JsonValue:

@@ -8,6 +8,7 @@ decoding) so the score measures what users get.
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,7 +24,7 @@ from core.contract import (
     word_overlap,
 )
 from core.engine import Engine, GenerationRequest, SamplingParams
-from core.errors import ContractInvalid
+from core.errors import ContractInvalid, TaskBankInvalid
 from core.harness.actions import TOOLS
 from core.harness.artifact import HarnessVersion
 from core.harness.grammars import output_constraint
@@ -31,12 +32,15 @@ from core.harness.hcp import build_context
 from core.sequential import Key, Stop, decide_at_look, schedule
 from learners.checkers import check, well_formed
 from learners.files import load_yaml_model
-from learners.tasks import load_bank
+from learners.tasks import DEFAULT_BANK, TaskBank, load_bank
 
 CONTRACT_V1 = Path(__file__).with_name("contract-v1.yaml")
 CONTRACT_V2 = Path(__file__).with_name("contract-v2.yaml")
 CONTRACT_V2S = Path(__file__).with_name("contract-v2s.yaml")
-DEFAULT_CONTRACT = CONTRACT_V2S
+CONTRACT_V3 = Path(__file__).with_name("contract-v3.yaml")
+CONTRACTS = (CONTRACT_V1, CONTRACT_V2, CONTRACT_V2S, CONTRACT_V3)
+"""Every contract version, oldest first: a bank is held out from all of them."""
+DEFAULT_CONTRACT = CONTRACT_V3
 """The contract the loop judges by unless `MACARON_CONTRACT_PATH` names another."""
 CONCURRENCY = 16
 """Requests in flight at once per contract run (the local engine's batch): the engine batches
@@ -59,6 +63,28 @@ def load_contract(path: Path) -> Contract:
                 )
     _check_held_out(path, contract, load_bank())
     return contract
+
+
+def load_training_bank(path: Path = DEFAULT_BANK, contract: Contract | None = None) -> TaskBank:
+    """The bank at ``path`` to train on (rollouts, simulated users), refused
+    (``TaskBankInvalid``) when it holds (nearly) a task of any contract version or of
+    ``contract``, the one in use: a task trained on cannot tell held-out progress."""
+    bank = load_yaml_model(path, TaskBank, TaskBankInvalid)
+    held_out = [*_known_held_out(), *([] if contract is None else _tasks(contract))]
+    for task in held_out:
+        conflict = bank_conflict(task, bank.tasks)
+        if conflict is not None:
+            raise TaskBankInvalid(f"{path}: contract task {task.id!r} {conflict}")
+    return bank
+
+
+@functools.cache
+def _known_held_out() -> tuple[Task, ...]:
+    return tuple(task for path in CONTRACTS for task in _tasks(load_contract(path)))
+
+
+def _tasks(contract: Contract) -> list[Task]:
+    return [task for tasks in contract.suites.values() for task in tasks]
 
 
 def _check_held_out(path: Path, contract: Contract, bank: Sequence[Task]) -> None:
@@ -180,10 +206,28 @@ async def serve(
     harness: HarnessVersion,
     seed: int = 0,
 ) -> dict[Key, Outcome]:
-    """The outcomes of the tasks ``keys`` names, each served with the adapter of the specialist
+    """The outcomes of the tasks ``keys`` names (``answers``, then their checkers)."""
+    outputs = await answers(engine, adapters, contract, keys, harness=harness, seed=seed)
+    return {
+        key: (check(task, outputs[key]), well_formed(task, outputs[key]))
+        for key, task in ((key, contract.suites[key[0]][key[1]]) for key in keys)
+    }
+
+
+async def answers(
+    engine: Engine,
+    adapters: Mapping[str, str | None],
+    contract: Contract,
+    keys: Sequence[Key],
+    *,
+    harness: HarnessVersion,
+    seed: int = 0,
+) -> dict[Key, str]:
+    """The answers to the tasks ``keys`` names, each served with the adapter of the specialist
     it names, the context ``harness`` builds for it, the grammar it enforces and that
-    specialist's answer budget. An engine error fails the whole call: a score with answers
-    missing would mislead."""
+    specialist's answer budget, greedily and all at once (the engine batches them, mixed
+    adapters and all). An engine error fails the whole call: a score with answers missing
+    would mislead."""
     missing = sorted(set(contract.specialists()) - adapters.keys())
     if missing:
         raise ValueError(f"no adapter given for specialists: {', '.join(missing)}")
@@ -191,10 +235,7 @@ async def serve(
     outputs = await _answers(
         engine, contract, [(task, adapters[task.specialist]) for task in tasks], harness, seed
     )
-    return {
-        key: (check(task, output), well_formed(task, output))
-        for key, task, output in zip(keys, tasks, outputs, strict=True)
-    }
+    return dict(zip(keys, outputs, strict=True))
 
 
 async def run_contract(

@@ -4,11 +4,16 @@ An environment wraps one task of the training bank: its prompt, the action subst
 tool state per episode: the model calls a tool, sees the result, and calls again or answers)
 and a verifier. The verifier here is the contract's checkers (tool call executed and right,
 GenUI tree valid and containing what was asked, Python tests in the sandbox, exact or regex),
-turned into a reward in [0, 1]. A hint, for STaR-style rationalization, is derived from the
-checker, never from the task's reference answer.
+turned into a reward in [0, 1].
 
-The contract's held-out tasks are never an environment: ``environments`` refuses a bank whose
-task is (nearly) a contract task, as loading the contract does.
+Hints, for STaR-style rationalization (a group none of whose samples passed is sampled again
+with a hint after the prompt), are an ablation, off by default (``HintMode``): the only hint
+this bank could give is what its checker expects (the tool to call, the words the tree must
+show), which a system that only has verifiers would not know. ``checker`` hints are reported
+apart, never taken for what the loop learns by itself.
+
+The contract's held-out tasks are never an environment: ``load_environments`` refuses a bank
+whose task is (nearly) a task of any contract version.
 """
 
 from __future__ import annotations
@@ -17,15 +22,17 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 from core.contract import Contract, GenUIChecker, Task, ToolCallChecker
-from core.errors import ConfigError, TaskBankInvalid
 from core.events import RolloutStep
 from learners.checkers import check
-from learners.contract_runner import bank_conflict
-from learners.files import load_yaml_model
-from learners.tasks import BANK_V1, TaskBank
+from learners.contract_runner import load_training_bank
+from learners.tasks import DEFAULT_BANK
+
+HintMode = Literal["none", "checker"]
+"""Which hint a group with no passing sample is sampled again with: ``none`` (the default: it is
+not sampled again) or ``checker`` (the ablation: what the checker expects, said plainly)."""
 
 VERIFIER_VERSION = "verifier-1"
 """The contract's checkers as rewards: 1.0 when the first step passes its checker, else 0.0."""
@@ -70,11 +77,13 @@ class Environment:
     def id(self) -> str:
         return f"{self.bank_version}/{self.task.id}"
 
-    @property
-    def hint(self) -> str | None:
-        """What the checker asks for, said plainly (the tool to call, the words the tree must
-        show); ``None`` when the checker's expectation would be the answer itself."""
+    def hint(self, mode: HintMode) -> str | None:
+        """The hint of ``mode``: with ``checker``, what the checker asks for, said plainly (the
+        tool to call, the words the tree must show; ``None`` when the checker's expectation
+        would be the answer itself)."""
         checker = self.task.checker
+        if mode == "none":
+            return None
         if isinstance(checker, ToolCallChecker):
             return f"Answer with a call of the {checker.tool} tool."
         if isinstance(checker, GenUIChecker) and checker.must_contain:
@@ -95,13 +104,8 @@ def judge(verifier: Verifier, task: Task, steps: Sequence[RolloutStep]) -> Verdi
     return Verdict(reward, reward >= 1.0)
 
 
-def load_environments(contract: Contract, bank_path: Path = BANK_V1) -> dict[str, Environment]:
-    """The tasks of the bank at ``bank_path`` as environments, by task id; ``ConfigError``
-    when a task of ``contract`` is among them."""
-    bank = load_yaml_model(bank_path, TaskBank, TaskBankInvalid)
-    held_out = [task for tasks in contract.suites.values() for task in tasks]
-    for task in held_out:
-        conflict = bank_conflict(task, bank.tasks)
-        if conflict is not None:
-            raise ConfigError(f"contract task {task.id!r} {conflict}: it cannot be an environment")
+def load_environments(contract: Contract, bank_path: Path = DEFAULT_BANK) -> dict[str, Environment]:
+    """The tasks of the bank at ``bank_path`` as environments, by task id; ``TaskBankInvalid``
+    when a task of ``contract`` or of any contract version is among them."""
+    bank = load_training_bank(bank_path, contract)
     return {task.id: Environment(bank.version, task) for task in bank.tasks}

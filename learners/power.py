@@ -259,11 +259,11 @@ def _guard_text(rule: PromotionRule, suite: str) -> str:
     return f"non-inferior within {guard.margin_for(suite) * 100:.0f} pts, alpha {guard.alpha}"
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sims", type=int, default=SIMS)
     parser.add_argument("--noise", type=float, default=NOISE)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     contracts = [load_contract(CONTRACT_V1), load_contract(CONTRACT_V2)]
     print(tables(contracts, noise=args.noise, sims=args.sims))
     print()

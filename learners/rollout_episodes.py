@@ -43,6 +43,11 @@ class Group:
     def any_passed(self) -> bool:
         return any(v.passed for v in self.verdicts)
 
+    @property
+    def has_signal(self) -> bool:
+        """Whether its verified rewards differ (a group scored all alike has no advantage)."""
+        return len({v.reward for v in self.verdicts if v.reward is not None}) > 1
+
 
 @dataclass(frozen=True)
 class Sampler:

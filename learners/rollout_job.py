@@ -7,10 +7,10 @@ group, sampled concurrently through the ``Engine`` port (the engine batches them
 prompt's prefill through its prefix cache), each with its own seed, in the specialist's context
 under the release's harness, its output grammar always enforced (so the reward measures
 content) and, where the verifier judges a tool call, a tool call required as the first step
-(otherwise the base model of an agent answers in prose and no sample can pass). When no sample
-of a group passes and the environment has a hint, K more are sampled with the hint after the
-prompt (STaR-style rationalization); the experience builder trains on what verifies without the
-hint.
+(otherwise the base model of an agent answers in prose and no sample can pass). A job with
+``hints: checker`` (an ablation; ``learners.environments``) samples K more, with the checker's
+hint after the prompt, for each group none of whose samples passed (STaR-style
+rationalization); the experience builder trains on what verifies without the hint.
 
 Ids derive from the job, the environment and the sample, and a group's events are appended in
 one batch, so a redelivered job skips the groups its log already holds and appends nothing
@@ -41,13 +41,14 @@ from learners.contract_runner import CONCURRENCY, load_contract
 from learners.environments import (
     CheckerVerifier,
     Environment,
+    HintMode,
     Verifier,
     judge,
     load_environments,
 )
 from learners.rollout_episodes import Group, Sampler
 from learners.runtime import Runtime
-from learners.tasks import BANK_V1
+from learners.tasks import DEFAULT_BANK
 
 ROLLOUT_TENANT = "system"
 _log = logging.getLogger(__name__)
@@ -70,9 +71,11 @@ class RolloutJob(BaseModel):
     """Bank task ids, each rolled out once (a job of many is better split: its groups are
     recorded as they finish, but a job longer than the task visibility timeout is given to a
     second worker while the first still runs)."""
-    samples: int = Field(default=4, ge=1, le=16)
+    samples: int = Field(default=8, ge=1, le=16)
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     temperature: float = Field(default=0.8, gt=0.0, le=2.0)
+    hints: HintMode = "none"
+    """``checker``: resample unsolved groups with the checker's hint (an ablation)."""
 
     @field_validator("environments")
     @classmethod
@@ -85,7 +88,9 @@ class RolloutJob(BaseModel):
 
 class RolloutSummary(BaseModel):
     """What a job sampled: groups and samples (hinted ones apart), how many passed, how many the
-    verifier could not judge, and pass@1 and pass@K over the unhinted groups."""
+    verifier could not judge, pass@1 and pass@K over the unhinted groups, the groups with
+    signal (verified rewards not all equal: the only ones a policy gradient learns from) and,
+    per bank task, its samples passed and judged (what a curriculum weighs)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -96,9 +101,11 @@ class RolloutSummary(BaseModel):
     failed: int
     pass_at_1: float
     pass_at_k: float
+    signal_groups: int
     hinted_groups: int
     hinted_passed: int
     seconds: float
+    by_task: dict[str, tuple[int, int]]
 
 
 def rollout_key(job_id: UUID) -> str:
@@ -135,7 +142,7 @@ async def sample_groups(
     slots, recording = asyncio.Semaphore(CONCURRENCY), asyncio.Lock()
 
     async def group(environment: Environment) -> Group:
-        hint = environment.hint if hinted else None
+        hint = environment.hint(job.hints) if hinted else None
         episodes = await asyncio.gather(
             *(
                 sampler.episode(environment, hint, sample_seed(job, environment, hinted, k), slots)
@@ -240,7 +247,8 @@ def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None)
         unsolved = [
             env
             for env in environments
-            if env.hint is not None and not recorded.get(group_id_of(job.job_id, env, False), True)
+            if env.hint(job.hints) is not None
+            and not recorded.get(group_id_of(job.job_id, env, False), True)
         ]
         hinted = _roll(rt, sampler, job, unsolved, verifier, release, harness, hinted=True)
     finally:
@@ -249,7 +257,7 @@ def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None)
 
 
 def _environments(rt: Runtime, job: RolloutJob) -> list[Environment]:
-    bank = rt.settings.task_bank_path or BANK_V1
+    bank = rt.settings.task_bank_path or DEFAULT_BANK
     known = load_environments(load_contract(rt.contract_path), bank)
     chosen = []
     for task_id in job.environments:
@@ -321,7 +329,15 @@ def _summary(
         failed=sum(v.failure is not None for v in verdicts),
         pass_at_1=sum(v.passed for v in verdicts) / len(verdicts) if verdicts else 0.0,
         pass_at_k=sum(g.any_passed for g in groups) / len(groups) if groups else 0.0,
+        signal_groups=sum(g.has_signal for g in groups),
         hinted_groups=len(hinted),
         hinted_passed=sum(v.passed for g in hinted for v in g.verdicts),
         seconds=seconds,
+        by_task={
+            g.environment.task.id: (
+                sum(v.passed for v in g.verdicts),
+                sum(v.reward is not None for v in g.verdicts),
+            )
+            for g in groups
+        },
     )

@@ -17,6 +17,7 @@ from core.experience import (
     TrajectoryRecord,
     first_step,
     records_of,
+    source_of,
 )
 from core.release import AdapterRef
 from infra.postgres.registry import next_adapter_version, register_adapter
@@ -27,6 +28,7 @@ from learners.recipes.config import (
     PreferencePair,
     RolloutGroup,
     SFTExample,
+    TrainingConfig,
 )
 from learners.recipes.lora import train_successor_adapter
 from learners.runtime import Progress, Runtime, step_id
@@ -42,9 +44,11 @@ def train_adapter(
 ) -> str:
     """Train, register and announce the run's successor adapter; returns its versioned name."""
     replayed = materialize(rt.log, snapshot)
-    examples = training_examples(
-        replayed.records, replayed.older, f"{parent['specialist']}@{parent['version']}"
+    records, older = (
+        of_sources(replayed.records, rt.training),
+        of_sources(replayed.older, rt.training),
     )
+    examples = training_examples(records, older, f"{parent['specialist']}@{parent['version']}")
     parent_dir = rt.store.verified_path(parent["sha256"], parent["path"])
     with tempfile.TemporaryDirectory() as scratch:
         result = train_successor_adapter(
@@ -67,6 +71,7 @@ def train_adapter(
         "pairs": float(result.pairs),
         "samples": float(result.samples),
         "tenants": float(replayed.tenants),
+        "left_out": float(len(replayed.records) - len(records)),
     }
     adapter = _record_candidate(rt, run, parent, sha, str(stored), metrics)
     rt.log.append(
@@ -87,6 +92,12 @@ def train_adapter(
         ]
     )
     return adapter.name
+
+
+def of_sources(records: list[Any], config: TrainingConfig) -> list[Any]:
+    """The records whose source the config trains on (``TrainingConfig.sources``); the
+    snapshot still hashes every record of its range, so what was left out stays auditable."""
+    return [r for r in records if source_of(r) in config.sources]
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,8 @@ the records out), ``experience-1``:
 - thumbs up: an SFT example (the context, and as target the answer, or for an agent turn that
   used tools its first tool call);
 - edit: an SFT example with the user's edit as target, and a preference pair (edit chosen,
-  the model's answer rejected);
+  the model's answer rejected), both of source ``edit`` (an answer the model did not write;
+  every other record of a turn is ``feedback`` on the model's own answer);
 - live rewards, each a ``trajectory`` record (the context, the turn's actions and answer, and a
   reward in [0, 1]; the policy gradient trains the turn's first step by it, see
   ``learners.train``): a completed agent turn with actions is rewarded the share of its actions
@@ -40,6 +41,7 @@ from core.events import (
     ChatMessage,
     ConversationStarted,
     ExperienceRecorded,
+    ExperienceSource,
     FeedbackGiven,
     GenUIRendered,
     HarnessActionExecuted,
@@ -165,15 +167,18 @@ def experience_from(
     regeneration."""
     payload = event.payload
     derived: list[ExperienceRecord] = []
+    source: ExperienceSource = "feedback"
     if isinstance(payload, TurnCompleted):
         derived = _trajectory(turn)
     elif isinstance(payload, FeedbackGiven):
+        if payload.kind == "edit":
+            source = "edit"
         derived = _from_feedback(turn, payload)
         if payload.kind == "up":
             derived += _kept_regeneration(turn, replaced)
             if version != "experience-1" and turn.response is not None:
                 derived.append(_rewarded(turn, 1.0))
-    return [_record(event, turn, record, version) for record in derived]
+    return [_record(event, turn, record, version, source) for record in derived]
 
 
 def _kept_regeneration(turn: JoinedTurn, replaced: JoinedTurn | None) -> list[ExperienceRecord]:
@@ -249,7 +254,11 @@ def _rewarded(turn: JoinedTurn, reward: float) -> TrajectoryRecord:
 
 
 def _record(
-    event: RecordedEvent, turn: JoinedTurn, record: ExperienceRecord, version: str
+    event: RecordedEvent,
+    turn: JoinedTurn,
+    record: ExperienceRecord,
+    version: str,
+    source: ExperienceSource,
 ) -> NewEvent:
     """The record as an event, caused by ``event``; its id derives from the filter version, the
     turn, the kind and ``event``."""
@@ -261,5 +270,6 @@ def _record(
         turn_id=turn.turn_id,
         filter_version=version,
         record=record.stored(),
+        source=source,
     )
     return experience_event(payload, turn.tenant_id, event.envelope, turn.turn_id)

@@ -135,5 +135,6 @@ def _record(
         rollout_group_id=sample.group_id,
         filter_version=version,
         record=record.stored(),
+        source="rollout",
     )
     return experience_event(payload, sample.tenant_id, event.envelope, sample.group_id)

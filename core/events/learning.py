@@ -12,6 +12,11 @@ from core.events.envelope import HASH_PATTERN, EventPayload
 from core.events.turns import ChatMessage, HarnessStamp
 
 RoutingSource = Literal["hint", "correction", "kept", "up"]
+ExperienceSource = Literal["rollout", "feedback", "edit"]
+"""Where a record's answers came from: the model's own rollouts judged by a verifier
+(``rollout``), the model's own answers judged by the people it served (``feedback``: a thumbs
+up or down, a regenerate, a kept regeneration, a turn's live reward), or an answer someone
+else wrote (``edit``: a person's correction, or the simulator's oracle giving the reference)."""
 
 
 class RoutingLabelled(EventPayload):
@@ -32,10 +37,11 @@ class RoutingLabelled(EventPayload):
 class ExperienceRecorded(EventPayload):
     """v2: a record comes from a turn (``turn_id``) or from a group of rollouts
     (``rollout_group_id``), exactly one of them; kind ``group`` (v2) is a rollout group's
-    answers with their rewards, for policy gradient."""
+    answers with their rewards, for policy gradient. v3: its ``source`` (``None`` on records
+    from before, whose source ``core.experience.source_of`` tells where it can)."""
 
     event_type = "ExperienceRecorded"
-    schema_version = 2
+    schema_version = 3
     experience_id: UUID
     kind: Literal["sft", "preference", "trajectory", "group"]
     specialist: str
@@ -43,11 +49,16 @@ class ExperienceRecorded(EventPayload):
     rollout_group_id: UUID | None = None
     filter_version: str
     record: dict[str, JsonValue]
+    source: ExperienceSource | None
 
     @model_validator(mode="after")
     def _one_source(self) -> ExperienceRecorded:
         if (self.turn_id is None) == (self.rollout_group_id is None):
             raise ValueError("a record comes from exactly one turn or one rollout group")
+        if self.source == "rollout" and self.rollout_group_id is None:
+            raise ValueError("a rollout record comes from a rollout group")
+        if self.source not in (None, "rollout") and self.turn_id is None:
+            raise ValueError(f"a {self.source} record comes from a turn")
         return self
 
 

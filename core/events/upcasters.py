@@ -95,3 +95,11 @@ def _experience_recorded_v1(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 records all came from turns."""
     payload.setdefault("rollout_group_id", None)
     return payload
+
+
+@UPCASTERS.register("ExperienceRecorded", 2)
+def _experience_recorded_v2(payload: dict[str, Any]) -> dict[str, Any]:
+    """v2 records did not say their source (``core.experience.source_of`` tells it where it
+    can)."""
+    payload.setdefault("source", None)
+    return payload

@@ -9,13 +9,17 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from core.errors import ConfigError
-from core.events import ChatMessage
+from core.events import ChatMessage, ExperienceSource
 
 DEFAULT_CONFIG = Path(__file__).with_name("lora-sft-dpo.yaml")
 CPU_CONFIG = Path(__file__).with_name("lora-cpu.yaml")
 """Fewer, smaller steps and no DPO: what ``macaron demo`` trains with unless configured."""
 RLOO_CONFIG = Path(__file__).with_name("lora-rloo.yaml")
 """The CPU recipe with policy gradient on rollout groups beside SFT."""
+
+
+def _every_source() -> list[ExperienceSource]:
+    return ["rollout", "feedback", "edit"]
 
 
 class TrainingConfig(BaseModel):
@@ -36,6 +40,15 @@ class TrainingConfig(BaseModel):
     pg_clip: float = Field(default=0.2, gt=0.0, lt=1.0)
     kl_beta: float = Field(default=0.04, ge=0.0)
     """Weight of the KL penalty to the parent in the policy-gradient loss."""
+    sources: list[ExperienceSource] = Field(default_factory=_every_source, min_length=1)
+    """The records a run trains on and replays, by source (``core.events.ExperienceSource``):
+    the model's own evidence alone is ``[rollout, feedback]``; an older record whose source is
+    not known (a thumbs-up's or an edit's) is then left out too."""
+
+    @property
+    def own_evidence_only(self) -> bool:
+        """Whether no answer someone else wrote is trained on (what self mode asks)."""
+        return "edit" not in self.sources
 
 
 def load_config(path: Path = DEFAULT_CONFIG) -> TrainingConfig:

@@ -16,6 +16,10 @@ from core.errors import TaskBankInvalid
 from learners.files import load_yaml_model
 
 BANK_V1 = Path(__file__).with_name("bank-v1.yaml")
+BANK_V2 = Path(__file__).with_name("bank-v2.yaml")
+DEFAULT_BANK = BANK_V2
+"""The bank rollouts and simulated users draw from unless ``MACARON_TASK_BANK_PATH`` names
+another: v1's prompts with checkers as strict as contract v3's."""
 
 
 class TaskBank(BaseModel):
@@ -36,6 +40,6 @@ class TaskBank(BaseModel):
         return self
 
 
-def load_bank(path: Path = BANK_V1) -> list[Task]:
+def load_bank(path: Path = DEFAULT_BANK) -> list[Task]:
     """The bank's tasks in file order; any problem is ``TaskBankInvalid`` with the reason."""
     return load_yaml_model(path, TaskBank, TaskBankInvalid).tasks

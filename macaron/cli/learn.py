@@ -20,9 +20,10 @@ from infra.postgres.db import Pool
 from infra.postgres.keys import create_key
 from infra.postgres.positions import load_positions
 from infra.telemetry import configure_telemetry, serve_metrics
+from learners.contract_runner import load_training_bank
 from learners.queue import configure as configure_celery
 from learners.queue import enqueue_training
-from learners.tasks import BANK_V1, load_bank
+from learners.tasks import DEFAULT_BANK
 from macaron import wiring
 from macaron.cli.common import (
     console,
@@ -150,7 +151,7 @@ def simulate(
     Each user asks task-bank prompts over the WebSocket; the oracle checks every answer and
     sends feedback: up when it is right, else an edit with the task's reference."""
     cfg = settings(ctx)
-    bank = load_bank(cfg.task_bank_path or BANK_V1)
+    bank = load_training_bank(cfg.task_bank_path or DEFAULT_BANK).tasks
     plan = pick_tasks(bank_tasks(bank, specialist_names(specialists)), turns, seed)
     if key is None:
         with wiring.pool(cfg) as pool, pool.connection() as conn:
@@ -178,6 +179,17 @@ MODE_HELP = (
 )
 
 
+class DemoHints(StrEnum):
+    none = "none"
+    checker = "checker"
+
+
+HINTS_HELP = (
+    "Self mode: none (the default) resamples no group; checker, an ablation, resamples each "
+    "group with no passing sample with what its checker expects (the tool, the words) as a hint."
+)
+
+
 def demo(
     ctx: typer.Context,
     generations: Annotated[int, typer.Option(min=1, help="Generations after the base.")] = 3,
@@ -199,7 +211,8 @@ def demo(
     ] = ",".join(DEFAULT_SPECIALISTS),
     seed: Annotated[int, typer.Option(help="Seed of the play order and of the rollouts.")] = 0,
     mode: Annotated[DemoMode, typer.Option(help=MODE_HELP)] = DemoMode.oracle,
-    samples: Annotated[int, typer.Option(min=1, max=16, help="Self mode: samples per prompt.")] = 4,
+    samples: Annotated[int, typer.Option(min=1, max=16, help="Self mode: samples per prompt.")] = 8,
+    hints: Annotated[DemoHints, typer.Option(help=HINTS_HELP)] = DemoHints.none,
 ) -> None:
     """Run the whole learning loop for --generations generations; write demo.json and demo.png.
 
@@ -228,6 +241,7 @@ def demo(
             seed=seed,
             mode="self" if mode is DemoMode.self_ else "oracle",
             samples=samples,
+            hints=hints.value,
             step=step,
             on_generation=lambda record: console.print(generation_table(record)),
         )

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 from uuid import UUID
 
 from core.contract import Contract, Task
@@ -18,13 +18,15 @@ from core.settings import Settings
 from infra.postgres.keys import create_key
 from infra.postgres.lookups import run_ids_oldest_first
 from infra.postgres.registry import active_release
-from learners.contract_runner import DEFAULT_CONTRACT, load_contract
+from learners.contract_runner import DEFAULT_CONTRACT, load_contract, load_training_bank
+from learners.curriculum import Curriculum
+from learners.environments import HintMode
 from learners.evaluate import release_outcomes
 from learners.queue import app as celery_app
 from learners.queue import enqueue_rollouts
-from learners.recipes.config import CPU_CONFIG, RLOO_CONFIG
+from learners.recipes.config import CPU_CONFIG, DEFAULT_CONFIG, RLOO_CONFIG, load_config
 from learners.rollout_job import RolloutJob, RolloutSummary
-from learners.tasks import BANK_V1, load_bank
+from learners.tasks import DEFAULT_BANK
 from macaron.demo.outcomes import run_outcome, run_progress
 from macaron.demo.output import write_outputs
 from macaron.demo.records import DemoFailed, DemoReport, GenerationRecord, RunRecord
@@ -54,7 +56,9 @@ Mode = Literal["oracle", "self"]
 
 def demo_settings(settings: Settings, mode: Mode = "oracle") -> Settings:
     """Short answers, no rate limit for the simulated users and the CPU recipe (with policy
-    gradient on the rollout groups in self mode), unless the settings chose."""
+    gradient on the rollout groups in self mode), unless the settings chose. Self mode trains
+    on the model's own evidence only: a training config that takes edits is a ``ConfigError``
+    there (on a stack that ever ran oracle traffic it would train on the oracle's answers)."""
     chosen = settings.model_fields_set
     update: dict[str, Any] = {}
     if "training_config" not in chosen:
@@ -63,7 +67,14 @@ def demo_settings(settings: Settings, mode: Mode = "oracle") -> Settings:
         update["max_new_tokens"] = DEMO_MAX_NEW_TOKENS
     if "turns_per_minute" not in chosen:
         update["turns_per_minute"] = DEMO_TURNS_PER_MINUTE
-    return settings.model_copy(update=update)
+    settings = settings.model_copy(update=update)
+    config = settings.training_config or DEFAULT_CONFIG
+    if mode == "self" and not load_config(config).own_evidence_only:
+        raise ConfigError(
+            f"self mode trains on its own evidence only, but training config {config} takes "
+            "edits: give it sources: [rollout, feedback]"
+        )
+    return settings
 
 
 def run_demo(
@@ -80,15 +91,22 @@ def run_demo(
     router: Router | None = None,
     run_timeout_s: float = RUN_TIMEOUT_S,
     mode: Mode = "oracle",
-    samples: int = 4,
+    samples: int = 8,
+    hints: HintMode = "none",
 ) -> DemoReport:
     """Measure the active release, then run ``generations`` generations of the loop; writes
     ``demo.json`` and ``demo.png`` into ``out_dir`` after each generation. The traffic of a
     generation is simulated users whose oracle corrects wrong answers with the reference
     (``oracle``, at most ``turns_per_generation`` turns) or rollout jobs of ``samples`` samples
-    per prompt judged by the verifiers (``self``, at most ``turns_per_generation`` prompts)."""
+    per prompt judged by the verifiers (``self``, at most ``turns_per_generation`` prompts),
+    groups with no passing sample resampled with the checker's hint if ``hints`` is
+    ``checker`` (an ablation)."""
     if min(generations, turns_per_generation, concurrency) < 1:
         raise ConfigError("generations, turns per generation and concurrency must be at least 1")
+    if hints not in get_args(HintMode):
+        raise ConfigError(f"no hint mode {hints!r}; one of {', '.join(get_args(HintMode))}")
+    if hints != "none" and mode != "self":
+        raise ConfigError("hints are given to rollouts: only --mode self takes them")
     settings = demo_settings(settings, mode)
     contract = load_contract(settings.contract_path or DEFAULT_CONTRACT)
     unscored = sorted(set(specialists) - contract.suites.keys())
@@ -97,9 +115,9 @@ def run_demo(
             f"contract {contract.version} has no suite for {', '.join(unscored)}: "
             "their training runs could not be evaluated"
         )
-    plays = task_stream(
-        bank_tasks(load_bank(settings.task_bank_path or BANK_V1), specialists), seed
-    )
+    bank = load_training_bank(settings.task_bank_path or DEFAULT_BANK, contract)
+    tasks = bank_tasks(bank.tasks, specialists)
+    plays = Curriculum(tasks, seed) if mode == "self" else task_stream(tasks, seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = DemoReport(contract.version, [])
 
@@ -110,7 +128,7 @@ def run_demo(
             on_generation(record)
 
     with running_loop(settings, out_dir, step, router=router) as stage:
-        traffic = Traffic(mode, samples, seed)
+        traffic = Traffic(mode, samples, seed, hints)
         demo = _Demo(stage, contract, plays, step, settings.train_threshold, traffic)
         step("generation 0: measuring the contract on the active release")
         keep(demo.measure())
@@ -122,11 +140,12 @@ def run_demo(
 @dataclass(frozen=True)
 class Traffic:
     """A generation's traffic: simulated users (``oracle``), or rollouts (``self``) of
-    ``samples`` samples per prompt seeded from ``seed``."""
+    ``samples`` samples per prompt seeded from ``seed``, hinted as ``hints`` says."""
 
     mode: Mode
     samples: int
     seed: int
+    hints: HintMode
 
 
 class _Demo:
@@ -136,7 +155,7 @@ class _Demo:
         self,
         stage: Stage,
         contract: Contract,
-        plays: Iterator[Task],
+        plays: Curriculum | Iterator[Task],
         step: Step,
         threshold: int,
         traffic: Traffic,
@@ -162,6 +181,7 @@ class _Demo:
         started = time.monotonic()
         update: dict[str, Any] = {"generation": n, "mode": self.traffic.mode}
         if self.traffic.mode == "self":
+            update["hints"] = self.traffic.hints
             update["rollouts"] = self.roll(n, turns, run_timeout_s)
         else:
             report = self.simulate(n, turns, concurrency)
@@ -220,9 +240,13 @@ class _Demo:
                     ),  # a chunk across two rounds of the play order may hold a task twice
                     samples=self.traffic.samples,
                     seed=self.traffic.seed,
+                    hints=self.traffic.hints,
                 )
                 enqueue_rollouts(job)
-                summaries.append(self._await_job(job, n, timeout_s))
+                summary = self._await_job(job, n, timeout_s)
+                if isinstance(self.plays, Curriculum):
+                    self.plays.record(summary.by_task)
+                summaries.append(summary)
                 specialists.append(specialist)
             self.step(f"generation {n}: {rolled} prompts rolled out")
         self.await_trigger(f"rollouts of {rolled} prompts")
@@ -326,7 +350,8 @@ def rollout_stats(
     specialists: Sequence[str], summaries: Sequence[RolloutSummary]
 ) -> dict[str, dict[str, float]]:
     """Per specialist: groups and samples rolled out, samples passed, pass@1 and pass@K, the
-    hinted groups and their passes, samples the verifier failed on, and seconds."""
+    groups with signal and their share, the hinted groups and their passes, samples the
+    verifier failed on, and seconds."""
     stats: dict[str, dict[str, float]] = {}
     for specialist, summary in zip(specialists, summaries, strict=True):
         into = stats.setdefault(specialist, dict.fromkeys(_SUMMED, 0.0) | {"solved": 0.0})
@@ -336,7 +361,17 @@ def rollout_stats(
     for into in stats.values():
         into["pass_at_1"] = into["passed"] / into["samples"] if into["samples"] else 0.0
         into["pass_at_k"] = into.pop("solved") / into["groups"] if into["groups"] else 0.0
+        into["signal_share"] = into["signal_groups"] / into["groups"] if into["groups"] else 0.0
     return stats
 
 
-_SUMMED = ("groups", "samples", "passed", "failed", "hinted_groups", "hinted_passed", "seconds")
+_SUMMED = (
+    "groups",
+    "samples",
+    "passed",
+    "failed",
+    "signal_groups",
+    "hinted_groups",
+    "hinted_passed",
+    "seconds",
+)

@@ -44,9 +44,10 @@ class GenerationRecord:
     answers per suite that asks for a form. The traffic was simulated users (``mode`` oracle:
     ``turns``, and ``simulated_pass_rate`` the oracle's verdict on them) or rollouts (``self``:
     ``rollouts`` per specialist, ``learners.rollout_job.RolloutSummary`` summed, with pass@1 and
-    pass@K). ``phase_seconds``: traffic until a run was queued; adapter runs until every one
-    was decided (trained, evaluated, promoted or not); harness proposals (queued by those
-    decisions) until every one was decided; measure."""
+    pass@K; ``hints`` the hint mode, ``checker`` only in the ablation). ``phase_seconds``:
+    traffic until a run was queued; adapter runs until every one was decided (trained,
+    evaluated, promoted or not); harness proposals (queued by those decisions) until every one
+    was decided; measure."""
 
     generation: int
     release_id: str
@@ -54,6 +55,7 @@ class GenerationRecord:
     scores: dict[str, float]
     formats: dict[str, float] = field(default_factory=dict)
     mode: str = "oracle"
+    hints: str = "none"
     turns: int = 0
     simulated_pass_rate: dict[str, float] = field(default_factory=dict)
     rollouts: dict[str, dict[str, float]] = field(default_factory=dict)

@@ -25,10 +25,12 @@ from core.events import (
     CandidateTrained,
     ExperienceRecorded,
     FeedbackGiven,
+    NewEvent,
     RolloutSampled,
     RolloutScored,
     RolloutStep,
 )
+from core.experience import FILTER_VERSION, experience_key
 from core.harness.hcp import tool_call_of
 from core.log import EventLog
 from core.settings import Settings
@@ -100,7 +102,9 @@ def test_the_self_mode_demo_trains_a_successor_without_any_reference_answer(
     self_settings: Settings, router: RouterService, stored: Stored, tmp_path: Path
 ) -> None:
     """One generation of ``macaron demo --mode self``: rollout jobs through the Celery worker,
-    the trigger, a run, the contract and a promotion."""
+    the trigger, a run, the contract and a promotion, on a stack that already holds an
+    oracle's edits: they fall in the run's snapshot, and it trains on none of them."""
+    edits = hold_oracle_edits(stored, 3)
     report = run_demo(
         self_settings,
         generations=1,
@@ -129,10 +133,45 @@ def test_the_self_mode_demo_trains_a_successor_without_any_reference_answer(
     assert {s.verifier_version for s in scored} == {"verifier-1"}
     assert 0 < rolled["passed"] < rolled["samples"]
     assert 0 < rolled["pass_at_1"] <= rolled["pass_at_k"] <= 1
-    trained_on = snapshot_records(stored, first.release_id)
+    assert 0 < rolled["signal_groups"] <= rolled["groups"]
+    assert rolled["signal_share"] == rolled["signal_groups"] / rolled["groups"]
+    assert (first.hints, rolled["hinted_groups"]) == ("none", 0)
+    snapshot = snapshot_records(stored, first.release_id)
+    assert {e.envelope.event_id for e in snapshot} >= edits  # the edits were there to take
+    [trained] = [e.payload for e in stored.events() if isinstance(e.payload, CandidateTrained)]
+    assert trained.metrics["left_out"] == len(edits)
+    trained_on = [e for e in snapshot if e.envelope.event_id not in edits]
     assert_only_own_samples(stored, trained_on, sampled, scored)
     assert_trained_on_every_kind(stored)
     assert_replay_matches_live(self_settings, stored)
+
+
+def hold_oracle_edits(stored: Stored, count: int) -> set[uuid.UUID]:
+    """GenUI records of source ``edit`` in the log, as an oracle-mode demo leaves them (an SFT
+    example whose target someone else wrote); their ids."""
+    events = [
+        NewEvent(
+            payload=ExperienceRecorded(
+                experience_id=uuid.uuid4(),
+                kind="sft",
+                specialist="genui",
+                turn_id=uuid.uuid4(),
+                filter_version=FILTER_VERSION,
+                source="edit",
+                record={
+                    "messages": [{"role": "user", "content": "Title the page for me."}],
+                    "target": f'{{"type":"Heading","text":"Edited {n}","level":1}}',
+                    "adapter_version": "genui@0",
+                    "release_id": None,
+                },
+            ),
+            tenant_id="simulator",
+            key=experience_key("genui"),
+        )
+        for n in range(count)
+    ]
+    stored.log.append(events)
+    return {event.event_id for event in events}
 
 
 def assert_trained_on_every_kind(stored: Stored) -> None:
@@ -270,11 +309,21 @@ def test_a_crashing_verifier_fails_its_samples_and_a_rerun_appends_nothing(
 
 
 def test_an_unsolved_environment_is_sampled_again_with_its_hint(runtime: Runtime) -> None:
-    """No sample of the tiny model shows the word its checker wants: K more are sampled with
-    the hint after the prompt, recorded as their own group; the context a record would teach
-    in never holds the hint."""
-    job = RolloutJob(
+    """No sample of the tiny model shows the word its checker wants. By default nothing more
+    is sampled; with ``hints: checker`` (the ablation) K more are sampled with the hint after
+    the prompt, recorded as their own group; the context a record would teach in never holds
+    the hint."""
+    unhinted = RolloutJob(
         job_id=uuid.uuid4(), specialist="genui", environments=["self-genui-hint"], samples=2
+    )
+    summary = run_rollouts(runtime, unhinted)
+    assert (summary.groups, summary.passed, summary.hinted_groups) == (1, 0, 0)
+    job = RolloutJob(
+        job_id=uuid.uuid4(),
+        specialist="genui",
+        environments=["self-genui-hint"],
+        samples=2,
+        hints="checker",
     )
     summary = run_rollouts(runtime, job)
     assert (summary.groups, summary.passed, summary.hinted_groups) == (1, 0, 1)

@@ -5,6 +5,7 @@ the contract held out from the bank, loading errors, and scoring through an engi
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import time
 from collections.abc import AsyncGenerator
@@ -39,13 +40,21 @@ from core.statistics import non_inferiority_p_value, sign_test_p_value
 from engines.instant import InstantEngine, fixed_reply
 from learners import sandbox
 from learners.checkers import check, well_formed
-from learners.contract_runner import CONTRACT_V1, CONTRACT_V2, load_contract, run_contract
+from learners.contract_runner import (
+    CONTRACT_V1,
+    CONTRACT_V2,
+    CONTRACT_V3,
+    load_contract,
+    run_contract,
+)
 from learners.sandbox import python_tests_pass
-from learners.tasks import load_bank
+from learners.tasks import BANK_V1, load_bank
 
 CONTRACT = load_contract(CONTRACT_V1)
 V2 = load_contract(CONTRACT_V2)
 V2_TASKS = [task for tasks in V2.suites.values() for task in tasks]
+V3 = load_contract(CONTRACT_V3)
+V3_TASKS = [task for tasks in V3.suites.values() for task in tasks]
 ROOT = root_version()
 BANK = load_bank()
 CONTRACT_TASKS = [task for tasks in CONTRACT.suites.values() for task in tasks]
@@ -293,9 +302,50 @@ def test_the_bank_has_every_specialist() -> None:
     assert counts == {"genui": 120, "agent": 120, "coding": 40, "chat": 40}
 
 
-@pytest.mark.parametrize("case", CONTRACT_TASKS + V2_TASKS + BANK, ids=lambda t: t.id)
+@pytest.mark.parametrize(
+    "case", CONTRACT_TASKS + V2_TASKS + V3_TASKS + BANK + load_bank(BANK_V1), ids=lambda t: t.id
+)
 def test_every_reference_passes_its_checker(case: Task) -> None:
     assert check(case, case.reference)
+
+
+def test_contract_v3_is_v2_with_every_task_checking_content() -> None:
+    """The same prompts and rule as contract 2s; every calculator task checks the result, every
+    notes or todo task the operation and the words it stores, every GenUI task at least as
+    many words as v2 did, and the bank (v2) is as strict."""
+    assert V3.version == "contract-3" and V3.rule.sequential is not None
+    assert [t.prompt for t in V3_TASKS] == [t.prompt for t in V2_TASKS]
+    assert {t.id.replace("c3-", "c2-", 1) for t in V3_TASKS} == {t.id for t in V2_TASKS}
+    for case in V3_TASKS + BANK:
+        checker = case.checker
+        if isinstance(checker, ToolCallChecker) and checker.tool == "calculator":
+            assert set(checker.result) == {"value"} and not checker.args, case.id
+        elif isinstance(checker, ToolCallChecker) and checker.tool in ("notes", "todo"):
+            stores = {"set": "value", "add": "text"}.get(str(checker.args["op"]))
+            assert stores is None or stores in checker.args or stores in checker.contains, case.id
+    strict = {t.id.replace("c3-", "c2-", 1): t.checker for t in V3_TASKS}
+    for case in V2_TASKS:
+        if isinstance(case.checker, GenUIChecker):
+            v3 = strict[case.id]
+            assert isinstance(v3, GenUIChecker) and set(case.checker.must_contain) <= set(
+                v3.must_contain
+            )
+
+
+SUBTRACT = next(t for t in V3_TASKS if t.prompt == "Subtract 19 from 250.")
+
+
+@pytest.mark.parametrize(
+    ("expression", "passes"),
+    [("250-19", True), ("-19 + 250", True), ("2+2", False), ("19-250", False), ("250", False)],
+)
+def test_a_v3_calculator_task_checks_the_result_not_only_the_call(
+    expression: str, passes: bool
+) -> None:
+    call = json.dumps({"tool": "calculator", "args": {"expression": expression}})
+    assert check(SUBTRACT, call) is passes
+    v2 = next(t for t in V2_TASKS if t.prompt == SUBTRACT.prompt)
+    assert check(v2, call)  # v2 took any calculator call
 
 
 def test_the_contract_is_held_out_from_the_bank() -> None:
@@ -386,6 +436,31 @@ def test_genui_accepts_a_valid_tree_with_the_words_in_its_text() -> None:
 )
 def test_genui_rejects_wrong_answers(output: str) -> None:
     assert not check(GENUI, output)
+
+
+def test_genui_values_are_numbers_of_the_tree_or_of_its_text() -> None:
+    chart = task(GenUIChecker(kind="genui", must_contain=["cats"], values=[5, 3.5]), "genui")
+    tree = {"type": "Chart", "kind": "bar", "labels": ["dogs", "cats"]}
+    series = [{"name": "pets", "values": [5, 3.5]}]
+    assert check(chart, json.dumps({**tree, "series": series}))
+    assert not check(chart, json.dumps({**tree, "series": [{"name": "pets", "values": [5, 3]}]}))
+    text = {"type": "Text", "text": "cats: 3.5, dogs: 5"}
+    assert check(chart, json.dumps(text))
+    assert not check(chart, json.dumps({"type": "Text", "text": "cats: 35, dogs: 5"}))
+
+
+def test_tool_call_contains_and_result_check_what_the_call_does() -> None:
+    remember = task(
+        ToolCallChecker(
+            kind="tool_call", tool="notes", args={"op": "set"}, contains={"value": ["Olga"]}
+        ),
+        "agent",
+    )
+    assert check(remember, '{"tool": "notes", "args": {"op": "set", "key": "n", "value": "olga"}}')
+    assert not check(remember, '{"tool": "notes", "args": {"op": "set", "key": "n", "value": "O"}}')
+    half = task(ToolCallChecker(kind="tool_call", tool="calculator", result={"value": 0.3}))
+    assert check(half, '{"tool": "calculator", "args": {"expression": "0.1 + 0.2"}}')
+    assert not check(half, '{"tool": "calculator", "args": {"expression": "1 / 0"}}')
 
 
 def test_genui_words_count_only_in_text_not_in_structure() -> None:

@@ -1,11 +1,15 @@
-"""The power table: simulated pass rates move the right way with the true change, and the
-table names both contracts' guarded suites."""
+"""The power table: simulated pass rates move the right way with the true change, the table
+names both contracts' guarded suites, and the docs show what it prints."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from core.contract import NonInferiority, PromotionRule
 from learners.contract_runner import CONTRACT_V1, CONTRACT_V2, load_contract
-from learners.power import guarded_suite, own_suite, pass_rate, tables
+from learners.power import guarded_suite, main, own_suite, pass_rate, tables
 
 GUARD = PromotionRule(
     min_gain=0.1, alpha=0.1, non_inferiority=NonInferiority(margin=0.07, alpha=0.05)
@@ -26,3 +30,14 @@ def test_the_table_covers_both_contracts() -> None:
     assert "| contract-1 | general (24) | drop at most 2 pts |" in text
     assert "| contract-2 | general (150) | non-inferior within 7 pts, alpha 0.05 |" in text
     assert "| contract-2 | genui (44) |" in text
+
+
+def test_the_tables_in_the_docs_are_what_the_simulation_prints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """docs/learning.md shows ``python -m learners.power`` as it prints today, line for line
+    (seeded, so a change of the rule or the simulation that moves a figure fails here)."""
+    main([])
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "learning.md").read_text()
+    assert printed and [line for line in printed if line not in docs.splitlines()] == []

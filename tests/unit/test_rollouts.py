@@ -3,6 +3,8 @@ the rollout events' validation and decoding, and the environments the bank gives
 
 from __future__ import annotations
 
+import json
+import re
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -14,23 +16,29 @@ import yaml
 from pydantic import ValidationError
 
 from core.canonical import canonical_json, sha256_hex
-from core.contract import Task
-from core.errors import ConfigError, InvalidEvent
+from core.contract import GenUIChecker, Task, ToolCallChecker
+from core.errors import InvalidEvent, TaskBankInvalid
 from core.events import (
     ChatMessage,
     Envelope,
     ExperienceRecorded,
+    ExperienceSource,
     NewEvent,
     RolloutScored,
     RolloutStep,
     decode_payload,
 )
-from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record
+from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record, source_of
 from core.log import LogPosition, RecordedEvent
 from infra.postgres.rollout_joins import ScoredSample
-from learners.contract_runner import DEFAULT_CONTRACT, load_contract
+from learners.contract_runner import (
+    CONTRACT_V1,
+    DEFAULT_CONTRACT,
+    load_contract,
+    load_training_bank,
+)
 from learners.environments import CheckerVerifier, judge, load_environments
-from learners.tasks import BANK_V1, load_bank
+from learners.tasks import BANK_V1, DEFAULT_BANK, load_bank
 from streams.rollout_records import group_records
 from tests.factories import raw_envelope
 
@@ -210,9 +218,11 @@ def test_a_record_has_one_source_and_v1_records_hash_as_before() -> None:
         "record": {"messages": [], "target": "Paris."},
     }
     with pytest.raises(ValidationError):
-        ExperienceRecorded(**fields, turn_id=None)
+        ExperienceRecorded(**fields, turn_id=None, source="rollout")
     with pytest.raises(ValidationError):
-        ExperienceRecorded(**fields, turn_id=uuid.UUID(int=1), rollout_group_id=GROUP)
+        ExperienceRecorded(
+            **fields, turn_id=uuid.UUID(int=1), rollout_group_id=GROUP, source="rollout"
+        )
     v1 = {**fields, "experience_id": str(fields["experience_id"]), "turn_id": str(uuid.UUID(int=1))}
     stored = Envelope.validate(
         raw_envelope(key="experience.chat", type="ExperienceRecorded", schema_version=1, payload=v1)
@@ -224,10 +234,52 @@ def test_a_record_has_one_source_and_v1_records_hash_as_before() -> None:
     assert chain_record(EMPTY_CHAIN, decoded) == sha256_hex(f"{EMPTY_CHAIN}{v1_hash}".encode())
 
 
+def test_a_record_says_its_source_and_v2_records_hash_as_before() -> None:
+    """v3 records carry their source, one that fits their origin; v2 records read back with
+    none, hash as they were written, and tell their source where their origin does."""
+    turn: dict[str, Any] = {"turn_id": uuid.UUID(int=1), "rollout_group_id": None}
+    group: dict[str, Any] = {"turn_id": None, "rollout_group_id": GROUP}
+    fields: dict[str, Any] = {
+        "experience_id": uuid.UUID(int=9),
+        "kind": "sft",
+        "specialist": "chat",
+        "filter_version": "experience-2",
+        "record": {"messages": [], "target": "Paris."},
+    }
+    mismatched: list[tuple[dict[str, Any], ExperienceSource]] = [
+        (turn, "rollout"),
+        (group, "edit"),
+        (group, "feedback"),
+    ]
+    for origin, source in mismatched:
+        with pytest.raises(ValidationError, match="record comes from"):
+            ExperienceRecorded(**fields, **origin, source=source)
+    assert source_of(ExperienceRecorded(**fields, **turn, source="edit")) == "edit"
+    for origin, kind, told in (
+        (turn, "sft", None),  # a thumbs-up's or an edit's: not known
+        (turn, "trajectory", "feedback"),
+        (group, "sft", "rollout"),
+    ):
+        v2 = {**fields, **origin, "kind": kind}
+        v2 = json.loads(json.dumps(v2, default=str))
+        stored = Envelope.validate(
+            raw_envelope(
+                key="experience.chat", type="ExperienceRecorded", schema_version=2, payload=v2
+            )
+        )
+        decoded = decode_payload(stored)
+        assert isinstance(decoded, ExperienceRecorded) and decoded.source is None
+        assert source_of(decoded) == told
+        if origin is turn:
+            del v2["rollout_group_id"]
+        v2_hash = sha256_hex(canonical_json(v2))
+        assert chain_record(EMPTY_CHAIN, decoded) == sha256_hex(f"{EMPTY_CHAIN}{v2_hash}".encode())
+
+
 # --- environments -----------------------------------------------------------------------------
 
 
-def test_no_contract_task_is_an_environment_and_no_hint_is_a_reference() -> None:
+def test_no_contract_task_is_an_environment() -> None:
     contract = load_contract(DEFAULT_CONTRACT)
     environments = load_environments(contract)
     assert len(environments) == len(load_bank())
@@ -235,19 +287,56 @@ def test_no_contract_task_is_an_environment_and_no_hint_is_a_reference() -> None
     prompts = {env.task.prompt for env in environments.values()}
     assert not {task.id for task in held_out} & environments.keys()
     assert not {task.prompt for task in held_out} & prompts
-    for env in environments.values():
-        assert env.hint is None or env.task.reference not in env.hint
-    assert {env.hint is not None for env in environments.values()} == {True, False}
 
 
-def test_a_bank_holding_a_contract_task_gives_no_environments(tmp_path: Path) -> None:
+def expected_values(task: Task) -> list[str]:
+    """What a task's checker expects that a verifier-only system would not know: the tool's
+    name, the argument values, the words and values the tree must show."""
+    checker = task.checker
+    if isinstance(checker, ToolCallChecker):
+        words = [checker.tool, *(str(v) for v in checker.args.values())]
+        words += [w for ws in checker.contains.values() for w in ws]
+        return words + [str(v) for v in checker.result.values()]
+    if isinstance(checker, GenUIChecker):
+        return [*checker.must_contain, *(f"{v:g}" for v in checker.values)]
+    return []
+
+
+def leaked(task: Task, hint: str | None) -> list[str]:
+    """The expected values in ``hint`` that the prompt does not already say."""
+    if hint is None:
+        return []
+    said = task.prompt.casefold()
+    return [
+        word
+        for word in expected_values(task)
+        if re.search(rf"(?<!\w){re.escape(word.casefold())}(?!\w)", hint.casefold())
+        and word.casefold() not in said
+    ]
+
+
+def test_the_default_hint_tells_nothing_the_checker_expects() -> None:
+    """For every bank task (v1's and v2's), the default hint holds no expected tool name,
+    argument value or word the prompt does not already say; the checker hints of the ablation
+    do, for over a third of the agent tasks, so this test can fail."""
     contract = load_contract(DEFAULT_CONTRACT)
-    bank = yaml.safe_load(BANK_V1.read_text())
-    held_out = contract.suites["genui"][0]
+    for bank in (BANK_V1, DEFAULT_BANK):
+        environments = load_environments(contract, bank).values()
+        by_default = {env.id: leaked(env.task, env.hint("none")) for env in environments}
+        assert not {env: words for env, words in by_default.items() if words}
+        agent = [env for env in environments if env.task.specialist == "agent"]
+        told = [env for env in agent if leaked(env.task, env.hint("checker"))]
+        assert len(told) > len(agent) / 3
+
+
+def test_a_bank_holding_a_task_of_any_contract_version_is_refused(tmp_path: Path) -> None:
+    """Held out from every version, not only the one in use, in oracle mode as in self mode."""
+    bank = yaml.safe_load(DEFAULT_BANK.read_text())
+    held_out = load_contract(CONTRACT_V1).suites["genui"][0]
     bank["tasks"].append(held_out.model_dump(mode="json"))
     path = tmp_path / "bank.yaml"
     path.write_text(yaml.safe_dump(bank))
-    with pytest.raises(
-        ConfigError, match=f"contract task '{held_out.id}'.*cannot be an environment"
-    ):
-        load_environments(contract, path)
+    with pytest.raises(TaskBankInvalid, match=f"contract task '{held_out.id}'"):
+        load_environments(load_contract(DEFAULT_CONTRACT), path)
+    with pytest.raises(TaskBankInvalid, match=f"contract task '{held_out.id}'"):
+        load_training_bank(path)

@@ -22,6 +22,7 @@ def record(n: int, kind: str, adapter: str = "agent@1", **body: Any) -> Experien
         specialist="agent",
         turn_id=UUID(int=100 + n),
         filter_version="experience-1",
+        source="feedback",
         record={"messages": MESSAGES, "adapter_version": adapter, "release_id": "r", **body},
     )
 
@@ -46,3 +47,18 @@ def test_live_rewards_of_the_parents_answers_train_each_turns_first_step_once() 
         LiveSample(messages=CHAT, answer="Five.", reward=0.0),
     ]
     assert found.pairs == [] and found.groups == [] and found.older == []
+
+
+def test_a_preference_record_is_a_pair_with_chosen_and_rejected_in_order() -> None:
+    """The better answer stays ``chosen`` on its way from the record to the loss (a swap
+    would train the model toward the worse one and no other test would notice)."""
+    records = [
+        record(1, "preference", chosen="It is 4.", rejected="It is 5."),
+        record(2, "preference", chosen="Four.", rejected="I cannot say."),
+    ]
+    pairs = training_examples(records, [], "agent@1").pairs
+    assert [(p.chosen, p.rejected) for p in pairs] == [
+        ("It is 4.", "It is 5."),
+        ("Four.", "I cannot say."),
+    ]
+    assert all(p.messages == CHAT for p in pairs)

@@ -33,6 +33,7 @@ def record(n: int, specialist: str = "coding") -> ExperienceRecorded:
         specialist=specialist,
         turn_id=TURN,
         filter_version="experience-1",
+        source="feedback",
         record={"messages": [], "target": f"answer {n}"},
     )
 
@@ -45,6 +46,7 @@ def reward(n: int) -> ExperienceRecorded:
         specialist="coding",
         turn_id=TURN,
         filter_version="experience-1",
+        source="feedback",
         record={"messages": [], "actions": [], "answer": f"answer {n}", "reward": 0.0},
     )
 
@@ -102,8 +104,13 @@ def test_a_range_begun_before_live_rewards_were_hashed_goes_on_without_them() ->
 
 
 def test_the_chain_is_pinned() -> None:
-    """Snapshots store this hash and the training run checks the replay against it."""
+    """Snapshots store this hash and the training run checks the replay against it; a record
+    written before sources (v2, read back with none) hashes as it always did."""
     assert counted(fresh(), record(1), 10).running_hash == (
+        "94917d085ee90c5c7cee37c6bf58b16de87fc1bf8686c93002bf5edba6f95f0d"
+    )
+    before_sources = record(1).model_copy(update={"source": None})
+    assert counted(fresh(), before_sources, 10).running_hash == (
         "34ecdedbb0ba0fdbccdebd21d04303a3937f4ad0cdedbd31722f4ba536aa4e07"
     )
 
