@@ -39,6 +39,8 @@ def run_outcome(pool: Pool, run_id: UUID) -> RunRecord | None:
             reasons,
             formats.get("candidate", {}),
             formats.get("parent", {}),
+            scores.get("p_value"),
+            scores.get("guard_p_values", {}),
         )
 
     failure = _task_failure(str(run_id))

@@ -85,6 +85,11 @@ def generation_table(record: GenerationRecord) -> Table:
     for run in record.runs:
         seconds = "-" if run.training_seconds is None else f"{run.training_seconds:.0f}"
         outcome = run.outcome if not run.reasons else f"{run.outcome}: {'; '.join(run.reasons)}"
+        if run.p_value is not None:
+            outcome += f"\ngain p = {run.p_value:.4f}" + "".join(
+                f"; {suite} non-inferior p = {p:.4f}"
+                for suite, p in sorted(run.guard_p_values.items())
+            )
         table.add_row(
             run.run_id,
             _changed(run),

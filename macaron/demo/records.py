@@ -21,7 +21,9 @@ class RunRecord:
     contract), ``promotion refused`` (by the server's canary), or ``training failed``,
     ``evaluation failed``, ``promotion failed`` (the worker's task raised). ``half`` is the half
     of the release the run changes: ``adapter`` (trained) or ``harness`` (proposed; ``recipe``
-    names the change)."""
+    names the change). ``p_value`` is the gain test's and ``guard_p_values`` each guarded
+    suite's non-inferiority p-value, as the evaluation recorded them (``None`` and empty
+    before an evaluation)."""
 
     run_id: str
     specialist: str
@@ -35,6 +37,8 @@ class RunRecord:
     reasons: list[str]
     candidate_formats: dict[str, float] = field(default_factory=dict)
     parent_formats: dict[str, float] = field(default_factory=dict)
+    p_value: float | None = None
+    guard_p_values: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
