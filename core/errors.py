@@ -76,6 +76,25 @@ class ModelUnavailable(MacaronError):
     code = "model_unavailable"
 
 
+class DtypeUnsupported(ConfigError):
+    """A served dtype this machine cannot run natively."""
+
+    code = "dtype_unsupported"
+
+
+class ModelUnsupported(ModelUnavailable):
+    """A base model of an architecture the local engine does not serve."""
+
+    code = "model_unsupported"
+
+
+class ModelInvalid(ModelUnavailable):
+    """A base model folder that is incomplete or inconsistent: missing tensors, a shape that
+    does not match its config, or a tokenizer without a chat template."""
+
+    code = "model_invalid"
+
+
 class EngineOverloaded(MacaronError):
     """The engine's queue is full: try again shortly."""
 
@@ -106,72 +125,6 @@ class AdapterCapacityExceeded(MacaronError):
 
     code = "adapter_capacity"
     retryable = True
-
-
-class RoutingError(MacaronError):
-    """The router cannot decide or train with what it was given."""
-
-    code = "routing_error"
-
-
-class InvalidFeatures(RoutingError):
-    """A feature vector has the wrong dimension for the router, or a value that is not finite."""
-
-    code = "invalid_features"
-
-
-class NoActiveSpecialist(RoutingError):
-    """Every specialist is switched off, so no turn can be routed."""
-
-    code = "no_active_specialist"
-
-
-class UnknownSpecialist(RoutingError):
-    """A specialist is named that the router's classifier does not know."""
-
-    code = "unknown_specialist"
-
-
-class InvalidSpecialistName(RoutingError):
-    """A specialist name that cannot also name an adapter (``coding`` in ``coding@7``)."""
-
-    code = "invalid_specialist_name"
-
-
-class SpecialistExists(RoutingError):
-    """A specialist is added under a name that exists already, or enabled while enabled."""
-
-    code = "specialist_exists"
-
-
-class SpecialistRequired(RoutingError):
-    """A specialist that cannot be disabled: the harness's fallback, or the last one enabled."""
-
-    code = "specialist_required"
-
-
-class ExamplesInvalid(RoutingError):
-    """A specialist's examples file is not JSON lines of ``{"text": ...}`` objects."""
-
-    code = "examples_invalid"
-
-
-class InsufficientTrainingData(RoutingError):
-    """Training the router needs at least one example for every specialist it knows."""
-
-    code = "insufficient_training_data"
-
-
-class RouterNotFound(RoutingError):
-    """A release names a router version the registry does not hold."""
-
-    code = "router_not_found"
-
-
-class RouterInvalid(RoutingError):
-    """A stored router version no longer matches its content hash."""
-
-    code = "router_invalid"
 
 
 class EmbedderUnavailable(MacaronError):

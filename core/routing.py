@@ -4,7 +4,8 @@ Pure: features (a sentence embedding) and the active specialists go in, a decisi
 The classifier is data (a multinomial logistic regression: one weight row and one bias per
 specialist), so a logged decision can be recomputed from its turn and its router version alone.
 This module also turns routing experience (``RoutingLabelled``) into training examples; reading
-it from the log is the learners' (``learners.router_training``).
+it from the log is the learners' (``learners.router_training``). Routing's errors
+(``RoutingError`` and its kinds) live here too.
 """
 
 from __future__ import annotations
@@ -19,12 +20,7 @@ from uuid import UUID
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.canonical import canonical_json, sha256_hex
-from core.errors import (
-    InvalidFeatures,
-    InvalidSpecialistName,
-    NoActiveSpecialist,
-    UnknownSpecialist,
-)
+from core.errors import MacaronError
 from core.events import (
     HarnessStamp,
     RouterDecided,
@@ -32,6 +28,73 @@ from core.events import (
     RoutingSource,
     SpecialistAdded,
 )
+
+
+class RoutingError(MacaronError):
+    """The router cannot decide or train with what it was given."""
+
+    code = "routing_error"
+
+
+class InvalidFeatures(RoutingError):
+    """A feature vector has the wrong dimension for the router, or a value that is not finite."""
+
+    code = "invalid_features"
+
+
+class NoActiveSpecialist(RoutingError):
+    """Every specialist is switched off, so no turn can be routed."""
+
+    code = "no_active_specialist"
+
+
+class UnknownSpecialist(RoutingError):
+    """A specialist is named that the router's classifier does not know."""
+
+    code = "unknown_specialist"
+
+
+class InvalidSpecialistName(RoutingError):
+    """A specialist name that cannot also name an adapter (``coding`` in ``coding@7``)."""
+
+    code = "invalid_specialist_name"
+
+
+class SpecialistExists(RoutingError):
+    """A specialist is added under a name that exists already, or enabled while enabled."""
+
+    code = "specialist_exists"
+
+
+class SpecialistRequired(RoutingError):
+    """A specialist that cannot be disabled: the harness's fallback, or the last one enabled."""
+
+    code = "specialist_required"
+
+
+class ExamplesInvalid(RoutingError):
+    """A specialist's examples file is not JSON lines of ``{"text": ...}`` objects."""
+
+    code = "examples_invalid"
+
+
+class InsufficientTrainingData(RoutingError):
+    """Training the router needs at least one example for every specialist it knows."""
+
+    code = "insufficient_training_data"
+
+
+class RouterNotFound(RoutingError):
+    """A release names a router version the registry does not hold."""
+
+    code = "router_not_found"
+
+
+class RouterInvalid(RoutingError):
+    """A stored router version no longer matches its content hash."""
+
+    code = "router_invalid"
+
 
 SPECIALIST_PATTERN = r"^[a-z][a-z0-9_-]{0,63}$"
 """The specialist part of an adapter name (``coding`` in ``coding@7``)."""

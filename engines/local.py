@@ -2,8 +2,9 @@
 iteration-level batching (every active request advances one token per forward pass, whatever
 adapter it uses; requests without an adapter ride in the same pass).
 
-The batching lives in ``scheduler.py``, the forward pass in ``llama.py``; this module loads the
-model, keeps the adapters within their limits and turns requests into queued generations.
+The batching lives in ``scheduler.py``, the forward pass in ``decoder.py``, loading and checking
+the base model in ``base_model.py``; this module keeps the adapters within their limits and
+turns requests into queued generations.
 """
 
 from __future__ import annotations
@@ -13,10 +14,8 @@ import threading
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from core.engine import ADAPTER_NAME, GenerationChunk, GenerationRequest, OutputConstraint
 from core.errors import (
@@ -25,9 +24,9 @@ from core.errors import (
     ContextLengthExceeded,
     EngineOverloaded,
     EngineUnavailable,
-    ModelUnavailable,
 )
 from engines.adapter_table import AdapterTable
+from engines.base_model import load_base_model
 from engines.detok import IncrementalText
 from engines.grammar import Grammars
 from engines.lora_layers import (
@@ -58,7 +57,9 @@ class EngineLimits:
 
 
 class LocalEngine:
-    """``Engine`` over a Hugging Face Llama-family model folder."""
+    """``Engine`` over a Hugging Face model folder of the Llama, Qwen2 or Mistral family, in
+    ``dtype`` on ``device`` (``cpu``, or ``cuda`` for the GPU benchmark); sampling and grammars
+    run on the CPU."""
 
     def __init__(
         self,
@@ -66,17 +67,12 @@ class LocalEngine:
         *,
         limits: EngineLimits | None = None,
         dtype: torch.dtype = torch.float32,
+        device: str = "cpu",
     ) -> None:
         self.limits = limits or EngineLimits()
-        self.dtype = dtype
-        try:
-            self.tokenizer: Any = AutoTokenizer.from_pretrained(model_dir)
-            self.model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
-        except (OSError, ValueError) as exc:
-            raise ModelUnavailable(f"cannot load the base model from {model_dir}: {exc}") from exc
-        if self.model.config.model_type != "llama":
-            raise ModelUnavailable(f"{self.model.config.model_type} models are not supported")
-        self.model.eval().requires_grad_(False)
+        self.dtype, self.device = dtype, device
+        self.tokenizer, self.model = load_base_model(model_dir, dtype)
+        self.model.to(device)
         batch = BatchAdapters()
         self._shapes = install(self.model, batch)
         self._adapters: AdapterTable[LoRAWeights] = AdapterTable()
@@ -109,7 +105,7 @@ class LocalEngine:
         check_rank(name, config, self.limits.max_rank)
         with self._lock:
             self._make_room(name, self._adapter_bytes(config))
-        weights = read_adapter(name, folder, config, self._shapes, self.dtype)
+        weights = read_adapter(name, folder, config, self._shapes, self.dtype, self.device)
         with self._lock:
             self._make_room(name, weights.nbytes)
             self._adapters.put(name, weights)

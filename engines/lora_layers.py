@@ -103,6 +103,7 @@ def read_adapter(
     config: AdapterConfig,
     shapes: dict[Slot, tuple[int, int]],
     dtype: torch.dtype,
+    device: torch.device | str = "cpu",
 ) -> LoRAWeights:
     """Load the weights and check every pair against the base model's (in, out) shapes."""
     path = folder / "adapter_model.safetensors"
@@ -128,7 +129,7 @@ def read_adapter(
                 f"{path}: {slot} has shapes {tuple(a.shape)}, {tuple(b.shape)}; the base model "
                 f"needs ({config.rank}, {in_features}), ({out_features}, {config.rank})"
             )
-        pairs[slot] = (a.contiguous(), b.contiguous())
+        pairs[slot] = (a.to(device).contiguous(), b.to(device).contiguous())
     if not pairs:
         raise AdapterInvalid(f"{path}: no LoRA weights")
     return LoRAWeights(name, config, pairs)
@@ -188,7 +189,10 @@ class BatchAdapters:
                 continue
             stack = LoRAStack.of([(*w.pairs[slot], w.config.scaling) for w in present])
             position = {w.name: n for n, w in enumerate(present)}
-            idx = torch.tensor([-1 if w is None else position.get(w.name, -1) for w in per_row])
+            idx = torch.tensor(
+                [-1 if w is None else position.get(w.name, -1) for w in per_row],
+                device=stack.a.device,
+            )
             stacks[slot] = (stack, idx)
         return stacks
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.llama import KVCache
+from engines.decoder import KVCache
 from engines.lora_layers import LoRAWeights
 from infra.observe import prefix_cache_evictions, prefix_cache_hits
 

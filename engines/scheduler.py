@@ -19,8 +19,8 @@ import torch
 
 from core.engine import FinishReason
 from core.errors import EngineError, EngineOverloaded, EngineUnavailable, MacaronError
+from engines.decoder import KVCache, forward
 from engines.grammar import constrained, new_bitmask
-from engines.llama import KVCache, forward
 from engines.lora_layers import BatchAdapters, LoRAWeights
 from engines.prefixes import PrefixCache
 from engines.sequence import Generation, eos_ids, prefill_rows, sample

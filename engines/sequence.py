@@ -12,8 +12,8 @@ import torch
 import xgrammar as xgr
 
 from core.engine import FinishReason, GenerationChunk, GenerationRequest, SamplingParams
+from engines.decoder import KVCache
 from engines.detok import IncrementalText
-from engines.llama import KVCache
 from engines.lora_layers import LoRAWeights
 
 

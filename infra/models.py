@@ -188,39 +188,78 @@ def pull_model(home: Path, name: str, progress: Progress) -> tuple[Path, bool]:
     return folder, True
 
 
-def make_tiny_model(out: Path, tokenizer: Any, *, seed: int = 0, hidden_size: int = 64) -> Path:
-    """A tiny random Llama with the given tokenizer: seconds to make, for tests. Four attention
-    heads: ``hidden_size=128`` gives head size 32, the smallest vLLM's CPU backend runs."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+TINY_FAMILIES = ("llama", "qwen2", "mistral")
+TINY_WINDOW = 16  # the tiny Mistral's attention window: short, so tests reach past it
 
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        initializer_range=0.3,  # large enough that greedy output varies token to token
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
+
+def make_tiny_model(
+    out: Path, tokenizer: Any, *, seed: int = 0, hidden_size: int = 64, family: str = "llama"
+) -> Path:
+    """A tiny random model of ``family`` with the given tokenizer: seconds to make, for tests.
+    Four attention heads: ``hidden_size=128`` gives head size 32, the smallest vLLM's CPU
+    backend runs. Qwen2's projections of queries, keys and values carry biases, and its second
+    layer sees only the last ``TINY_WINDOW`` positions; every layer of the tiny Mistral does."""
+    import torch
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
     )
-    model = LlamaForCausalLM(config)
+
+    if family not in TINY_FAMILIES:
+        raise ValueError(f"no tiny {family!r} model; one of {', '.join(TINY_FAMILIES)}")
+    torch.manual_seed(seed)
+    shape = {
+        "vocab_size": len(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 2048,
+        "tie_word_embeddings": True,
+        "initializer_range": 0.3,  # large enough that greedy output varies token to token
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
+    }
+    model: Any
+    if family == "qwen2":
+        config = Qwen2Config(
+            **shape, use_sliding_window=True, sliding_window=TINY_WINDOW, max_window_layers=1
+        )  # its second layer sees a window, its first everything: Qwen2's layer_types
+        model = _random_biases(Qwen2ForCausalLM(config))
+    elif family == "mistral":
+        model = MistralForCausalLM(MistralConfig(**shape, sliding_window=TINY_WINDOW))
+    else:
+        model = LlamaForCausalLM(LlamaConfig(**shape))
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     manifest = {
-        "name": "tiny-random-llama",
-        "source": {"seed": seed},
+        "name": f"tiny-random-{family}",
+        "source": {"seed": seed, "family": family},
         "licence": "Apache-2.0",
         "weights": {p.name: sha256_file(p) for p in _weights(out)},
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return out
+
+
+def _random_biases(model: Any) -> Any:
+    """Random biases on the projections of queries, keys and values (transformers makes them
+    zero), so that an engine dropping them answers otherwise."""
+    import torch
+
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
+                proj.bias.normal_(0.0, 0.3)
+    return model
 
 
 def tokenizer_for_tiny(home: Path, progress: Progress) -> Any:

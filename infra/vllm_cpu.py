@@ -90,6 +90,7 @@ def start_replica(
     max_lora_rank: int = 16,
     max_loras: int = 8,
     kv_cache_gib: int = 1,
+    dtype: str = "float32",
 ) -> VllmReplica:
     """Start one replica on 127.0.0.1 (not yet ready: ``wait_ready``). ``cores`` is vLLM's
     OpenMP binding (``0``, ``0-1``): two replicas on one machine should not share cores."""
@@ -114,7 +115,7 @@ def start_replica(
         "--port",
         str(port),
         "--dtype",
-        "float32",
+        dtype,
         "--enable-lora",
         "--max-lora-rank",
         str(max_lora_rank),

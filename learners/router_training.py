@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from core.canonical import canonical_json, sha256_hex
 from core.contract import decide_routing
-from core.errors import ContractInvalid, InsufficientTrainingData, RoutingError, UnknownSpecialist
+from core.errors import ContractInvalid
 from core.events import NewEvent, RouterEvaluated, RoutingLabelled, SpecialistAdded
 from core.ids import derived_id
 from core.log import EventLog
@@ -32,9 +32,12 @@ from core.routing import (
     ROUTER_RUNS_KEY,
     ROUTING_KEY,
     SPECIALISTS_KEY,
+    InsufficientTrainingData,
     LabelledTurn,
     RouterFit,
     RouterModel,
+    RoutingError,
+    UnknownSpecialist,
     added_examples,
     decide,
     labels_of,

@@ -16,22 +16,19 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from core.errors import (
-    ConfigError,
-    ExamplesInvalid,
-    InsufficientTrainingData,
-    PromotionInProgress,
-    SpecialistExists,
-    SpecialistRequired,
-    UnknownSpecialist,
-)
+from core.errors import ConfigError, PromotionInProgress
 from core.events import NewEvent, SpecialistAdded
 from core.harness.artifact import FALLBACK_SPECIALIST, HarnessSpec, SpecialistHarness
 from core.release import Release
 from core.routing import (
     SPECIALISTS_KEY,
+    ExamplesInvalid,
+    InsufficientTrainingData,
     RouterFit,
     RouterModel,
+    SpecialistExists,
+    SpecialistRequired,
+    UnknownSpecialist,
     specialist_name,
 )
 from infra.identity_adapter import register_identity_adapter, store_identity_adapter

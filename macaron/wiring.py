@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 from uuid import uuid4
 
 from core.engine import Engine
-from core.errors import ModelUnavailable, RouterNotFound
+from core.errors import ModelUnavailable
 from core.log import EventLog
+from core.routing import RouterNotFound
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
 from infra.kafka.eventlog import KafkaEventLog
@@ -79,18 +80,26 @@ class Server:
 
 
 def model_dir(settings: Settings) -> Path:
+    """The base model's folder; for the local engine, checked to be a family it serves with a
+    chat template before anything else starts (``engines.base_model``)."""
     folder = settings.model_dir or models_dir(settings.home) / "smollm2-135m-instruct"
     if not (folder / "config.json").is_file():
         raise ModelUnavailable(
             f"no base model at {folder}: run `macaron model pull` or set MACARON_MODEL_DIR"
         )
+    if settings.engine == "local":
+        from engines.base_model import check_base_model
+
+        check_base_model(folder)
     return folder
 
 
 def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
     """What the learning loop's tasks run with; the contract runs on the kind of engine that
     serves (this process's own, or the vLLM fleet, which the evaluation shares with the
-    server: it unloads the candidates it loaded when it is done)."""
+    server: it unloads the candidates it loaded when it is done). The local contract engine
+    runs float32 whatever the served dtype, so that outcomes recorded for one release compare
+    with another's."""
     from learners.contract_runner import DEFAULT_CONTRACT
     from learners.recipes.config import DEFAULT_CONFIG, load_config
     from learners.router_training import ClassifierTrainer
@@ -106,7 +115,9 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
         model_dir=folder,
         training=load_config(settings.training_config or DEFAULT_CONFIG),
         contract_path=settings.contract_path or DEFAULT_CONTRACT,
-        contract_engine=lambda: serving_engine(settings, folder, lambda _: None, pool),
+        contract_engine=lambda: serving_engine(
+            settings.model_copy(update={"dtype": "float32"}), folder, lambda _: None, pool
+        ),
         router_trainer=lambda: ClassifierTrainer.from_seed(SentenceEmbedder()),
     )
 
@@ -128,6 +139,7 @@ def serving_engine(
 ) -> Engine:
     """The engine ``macaron serve`` answers with: this process's own, or the vLLM fleet (with
     leases on its adapters in ``db``'s registry, when given: other servers may share it)."""
+    from engines.base_model import served_dtype
     from engines.fleet import FleetEngine
     from engines.local import LocalEngine
     from infra.postgres.leases import PostgresAdapterLeases
@@ -141,8 +153,9 @@ def serving_engine(
             max_lora_rank=settings.vllm_max_lora_rank,
             leases=None if db is None else PostgresAdapterLeases(db, holder),
         )
-    step(f"loading the base model from {folder}")
-    return LocalEngine(folder)
+    dtype = served_dtype(settings.dtype)
+    step(f"loading the base model from {folder} ({settings.dtype})")
+    return LocalEngine(folder, dtype=dtype)
 
 
 def chat_server(
@@ -165,6 +178,10 @@ def chat_server(
     from server.turns.request import ChatLimits
 
     folder = model_dir(settings)
+    if engine is None and settings.engine == "local":
+        from engines.base_model import served_dtype
+
+        served_dtype(settings.dtype)  # refused before anything starts
     step("connecting to PostgreSQL")
     db = pool(settings)
     log = log or event_log(settings, db)

@@ -21,6 +21,7 @@ from starlette.websockets import WebSocket
 
 from core import errors
 from core.auth import bearer_key
+from core.routing import UnknownSpecialist
 from infra import observe
 from infra.telemetry import metrics_exposition
 from server import admin, feedback_api
@@ -41,7 +42,7 @@ STATUS: dict[type[errors.MacaronError], int] = {
     errors.ContextLengthExceeded: 400,
     errors.ConversationNotFound: 404,
     errors.TurnNotFound: 404,
-    errors.UnknownSpecialist: 404,
+    UnknownSpecialist: 404,
     errors.TurnInFlight: 409,
     errors.RateLimited: 429,
     errors.TooManyConnections: 429,

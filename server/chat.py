@@ -16,12 +16,12 @@ from uuid import UUID
 from core.auth import Principal
 from core.conversation import Conversation, Turn
 from core.engine import Engine
-from core.errors import HarnessInvalid, RouterInvalid
+from core.errors import HarnessInvalid
 from core.events import RequestedDecoding, utc_now
 from core.harness.artifact import HarnessVersion, harness_number
 from core.log import EventLog
 from core.release import Release
-from core.routing import RouterModel
+from core.routing import RouterInvalid, RouterModel
 from server import protocol as wire
 from server.turns.agent import AgentLoop
 from server.turns.conversations import ConversationStore

@@ -21,9 +21,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from core.auth import Principal, bearer_key
-from core.errors import InvalidFrame, MacaronError, UnknownSpecialist
+from core.errors import InvalidFrame, MacaronError
 from core.events import ChatMessage
 from core.ids import uuid7
+from core.routing import UnknownSpecialist
 from infra import observe
 from server.bodies import read_json
 from server.chat import ChatService

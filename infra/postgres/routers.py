@@ -11,8 +11,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from core.errors import RouterInvalid, RouterNotFound
-from core.routing import RouterModel
+from core.routing import RouterInvalid, RouterModel, RouterNotFound
 from infra.postgres.db import DictConnection
 
 

@@ -4,6 +4,7 @@ examples it trains on, by kind, and what a run reports."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -29,6 +30,8 @@ class TrainingConfig(BaseModel):
     batch_size: int = Field(default=8, ge=1)
     learning_rate: float = Field(default=2e-4, gt=0.0)
     seed: int = Field(default=0, ge=0)
+    device: Literal["cpu", "cuda"] = "cpu"
+    """Where the run trains: the CPU, or a CUDA GPU (``bench/gpu.sh``)."""
     max_length: int = Field(default=1024, ge=2)
     dpo_beta: float = Field(default=0.1, gt=0.0)
     dpo_weight: float = Field(default=1.0, ge=0.0)

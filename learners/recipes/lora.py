@@ -28,7 +28,7 @@ import torch
 from peft import PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from core.errors import NothingToTrain
+from core.errors import ConfigError, NothingToTrain
 from core.events import ChatMessage
 from infra.artifacts import ADAPTER_FILES
 from learners.recipes.config import (
@@ -73,19 +73,27 @@ class Run:
     advantages: torch.Tensor
     sample_reference: list[torch.Tensor]
     """The parent's token log-probabilities of each sample's answer."""
+    device: str = "cpu"
 
 
-def load_model(base_model_dir: Path, parent_adapter_dir: Path) -> tuple[Any, Any]:
-    """The frozen base model with the parent adapter on it, trainable: the successor starts
-    from the parent's weights."""
+def load_model(
+    base_model_dir: Path, parent_adapter_dir: Path, device: str = "cpu"
+) -> tuple[Any, Any]:
+    """The frozen base model with the parent adapter on it, trainable, on ``device``: the
+    successor starts from the parent's weights."""
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
-    base = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+    base: Any = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+    base.to(device)
     model = PeftModel.from_pretrained(base, parent_adapter_dir, is_trainable=True)
     return model, tokenizer
 
 
 def reference_logprobs(
-    model: Any, pairs: list[tuple[Tokenized, Tokenized]], pad_id: int, batch_size: int
+    model: Any,
+    pairs: list[tuple[Tokenized, Tokenized]],
+    pad_id: int,
+    batch_size: int,
+    device: str = "cpu",
 ) -> torch.Tensor:
     """Log-probs of every chosen and rejected answer under the parent, computed once before
     the first update so the reference needs no second copy of the model."""
@@ -94,21 +102,21 @@ def reference_logprobs(
     with torch.no_grad():
         for start in range(0, len(pairs), batch_size):
             chunk = pairs[start : start + batch_size]
-            batch = collate([c for c, _ in chunk] + [r for _, r in chunk], pad_id)
+            batch = collate([c for c, _ in chunk] + [r for _, r in chunk], pad_id, device)
             logps = answer_logprobs(model, batch)
             rows.append(torch.stack(logps.chunk(2), dim=1))
-    return torch.cat(rows) if rows else torch.empty((0, 2))
+    return torch.cat(rows) if rows else torch.empty((0, 2), device=device)
 
 
 def reference_token_logprobs(
-    model: Any, samples: list[Tokenized], pad_id: int, batch_size: int
+    model: Any, samples: list[Tokenized], pad_id: int, batch_size: int, device: str = "cpu"
 ) -> list[torch.Tensor]:
     """Every sample's answer-token log-probabilities under the parent, before any update."""
     model.eval()
     found: list[torch.Tensor] = []
     with torch.no_grad():
         for start in range(0, len(samples), batch_size):
-            batch = collate(samples[start : start + batch_size], pad_id)
+            batch = collate(samples[start : start + batch_size], pad_id, device)
             found += answer_token_logprobs(model, batch)
     return found
 
@@ -139,7 +147,8 @@ def setup(
     groups: list[RolloutGroup],
     live: list[LiveSample],
 ) -> Run:
-    model, tokenizer = load_model(base_model_dir, parent_adapter_dir)
+    device = config.device
+    model, tokenizer = load_model(base_model_dir, parent_adapter_dir, device)
     end = end_of_turn_ids(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end[-1]
 
@@ -149,7 +158,7 @@ def setup(
     # With dpo_weight 0 the pairs would cost forward and backward passes and change nothing.
     used = preferences if config.dpo_weight > 0 else []
     pairs = [(turn(p.messages, p.chosen), turn(p.messages, p.rejected)) for p in used]
-    reference = reference_logprobs(model, pairs, pad_id, config.batch_size)
+    reference = reference_logprobs(model, pairs, pad_id, config.batch_size, device)
     rolled = group_samples(groups, live) if config.pg_weight > 0 else []
     samples = [turn(messages, answer) for messages, answer, _ in rolled]
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -165,8 +174,11 @@ def setup(
         pairs=pairs,
         reference=reference,
         samples=samples,
-        advantages=torch.tensor([advantage for _, _, advantage in rolled]),
-        sample_reference=reference_token_logprobs(model, samples, pad_id, config.batch_size),
+        advantages=torch.tensor([advantage for _, _, advantage in rolled], device=device),
+        sample_reference=reference_token_logprobs(
+            model, samples, pad_id, config.batch_size, device
+        ),
+        device=device,
     )
 
 
@@ -198,21 +210,26 @@ def train_step(
     # so one part's graph is alive at a time, and stops at the prefix; the prefix's backward
     # runs once, last. The gradients are those of the summed loss.
     rows = sft_batch + paired + samples
-    prefix = compute_prefix(run.model, collate(rows, run.pad_id), detached=True) if rows else None
-    sft = torch.zeros(())
+    device = run.device
+    prefix = (
+        compute_prefix(run.model, collate(rows, run.pad_id, device), detached=True)
+        if rows
+        else None
+    )
+    sft = torch.zeros((), device=device)
     if sft_batch:
-        sft = sft_loss(run.model, collate(sft_batch, run.pad_id), prefix)
+        sft = sft_loss(run.model, collate(sft_batch, run.pad_id, device), prefix)
         sft.backward()
-    dpo = torch.zeros(())
+    dpo = torch.zeros((), device=device)
     if pairs:
-        logps = answer_logprobs(run.model, collate(paired, run.pad_id), prefix)
+        logps = answer_logprobs(run.model, collate(paired, run.pad_id, device), prefix)
         chosen, rejected = logps.chunk(2)
         reference = run.reference[pair_ids]
         dpo = dpo_loss(chosen, rejected, reference[:, 0], reference[:, 1], config.dpo_beta)
         (config.dpo_weight * dpo).backward()
-    pg = torch.zeros(())
+    pg = torch.zeros((), device=device)
     if samples:
-        policy = answer_token_logprobs(run.model, collate(samples, run.pad_id), prefix)
+        policy = answer_token_logprobs(run.model, collate(samples, run.pad_id, device), prefix)
         parent = [run.sample_reference[i] for i in sample_ids]
         advantages = run.advantages[sample_ids]
         pg = pg_loss(policy, parent, advantages, config.pg_clip, config.kl_beta)
@@ -288,6 +305,8 @@ def train_successor_adapter(
 ) -> TrainingResult:
     """Train the successor of the adapter in ``parent_adapter_dir`` and write it to
     ``out_dir`` in PEFT format (``adapter_config.json`` and ``adapter_model.safetensors``)."""
+    if config.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("the training config asks for device cuda; this machine has no CUDA")
     started = time.perf_counter()
     torch.manual_seed(config.seed)
     run = setup(

@@ -104,7 +104,9 @@ def token_nll(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.T
             input_ids=batch.input_ids[:, shared:],
             attention_mask=batch.attention_mask,
             past_key_values=prefix.cache(rows),
-            position_ids=torch.arange(shared, width).expand(rows, -1),
+            position_ids=torch.arange(shared, width, device=batch.input_ids.device).expand(
+                rows, -1
+            ),
             logits_to_keep=keep,
         ).logits
     else:

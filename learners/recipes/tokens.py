@@ -69,8 +69,9 @@ def tokenize_turn(
     return Tokenized(ids, labels)
 
 
-def collate(items: list[Tokenized], pad_id: int) -> Batch:
-    """Right-pad to the longest sequence; padding is masked out of attention and loss."""
+def collate(items: list[Tokenized], pad_id: int, device: torch.device | str = "cpu") -> Batch:
+    """Right-pad to the longest sequence; padding is masked out of attention and loss. The
+    batch is built on the CPU and moved to ``device`` whole."""
     width = max(len(item.ids) for item in items)
     ids = torch.full((len(items), width), pad_id, dtype=torch.long)
     labels = torch.full((len(items), width), IGNORE, dtype=torch.long)
@@ -79,7 +80,7 @@ def collate(items: list[Tokenized], pad_id: int) -> Batch:
         ids[row, : len(item.ids)] = torch.tensor(item.ids)
         labels[row, : len(item.labels)] = torch.tensor(item.labels)
         mask[row, : len(item.ids)] = 1
-    return Batch(ids, mask, labels)
+    return Batch(ids.to(device), mask.to(device), labels.to(device))
 
 
 class Shuffled:

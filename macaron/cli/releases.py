@@ -185,10 +185,11 @@ def contract_run(
         str, typer.Argument(help="The release to evaluate ('active' for the active one).")
     ] = "active",
 ) -> None:
-    """Run the contract (MACARON_CONTRACT_PATH, default contract 2s) on a release (its adapters
-    and its harness, greedy decoding) and print each suite's score and share of well-formed
-    answers. The outcomes are recorded: a release is scored once per contract version, and the
-    learning loop reuses them when the release is a run's parent."""
+    """Run the contract (MACARON_CONTRACT_PATH, default contract 3) on a release (its adapters
+    and its harness, greedy decoding, float32 whatever MACARON_DTYPE says) and print each
+    suite's score and share of well-formed answers. The outcomes are recorded: a release is
+    scored once per contract version, and the learning loop reuses them when the release is a
+    run's parent."""
     from engines.local import LocalEngine
     from learners.evaluate import release_outcomes  # the engine and the trainer: torch
 

@@ -11,10 +11,11 @@ from pydantic import JsonValue
 
 from core.auth import Principal
 from core.conversation import Conversation, Turn
-from core.errors import InvalidFrame, TurnNotFound, UnknownSpecialist
+from core.errors import InvalidFrame, TurnNotFound
 from core.events import FeedbackGiven, RoutingCorrected
 from core.harness.genui import interactive_ids
 from core.ids import uuid7
+from core.routing import UnknownSpecialist
 from infra import observe
 from server import protocol as wire
 from server.turns.conversations import ConversationStore

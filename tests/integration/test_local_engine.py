@@ -52,10 +52,17 @@ def engine(tiny_model: Path) -> Iterator[LocalEngine]:
     engine.close()
 
 
-def peft_greedy(base_dir: Path, adapter: Path | None, prompt: list[int], n: int) -> list[int]:
-    model: Any = AutoModelForCausalLM.from_pretrained(base_dir)
+def peft_greedy(
+    base_dir: Path,
+    adapter: Path | None,
+    prompt: list[int],
+    n: int,
+    dtype: torch.dtype = torch.float32,
+) -> list[int]:
+    model: Any = AutoModelForCausalLM.from_pretrained(base_dir, dtype=dtype)
     if adapter is not None:
-        model = PeftModel.from_pretrained(model, adapter)
+        # Adapter weights in the model's dtype too (PEFT would keep them float32).
+        model = PeftModel.from_pretrained(model, adapter).to(dtype)
     model.eval()
     ids = torch.tensor([prompt])
     with torch.inference_mode():

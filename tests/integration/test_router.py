@@ -12,12 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from core.errors import InsufficientTrainingData, RoutingError
 from core.events import RoutingLabelled, RoutingSource
 from core.routing import (
     DEFAULT_SPECIALISTS,
+    InsufficientTrainingData,
     LabelledTurn,
     RouterFit,
+    RoutingError,
 )
 from learners.router_training import SEED_EXAMPLES, load_examples
 from macaron import wiring

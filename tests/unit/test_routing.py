@@ -11,19 +11,17 @@ import uuid
 import pytest
 from pydantic import ValidationError
 
-from core.errors import (
-    InvalidFeatures,
-    InvalidSpecialistName,
-    MacaronError,
-    NoActiveSpecialist,
-    UnknownSpecialist,
-)
+from core.errors import MacaronError
 from core.events import HarnessStamp, NewEvent, RouterDecided, RoutingLabelled, RoutingSource
 from core.routing import (
     DEFAULT_SPECIALISTS,
+    InvalidFeatures,
+    InvalidSpecialistName,
     LabelledTurn,
+    NoActiveSpecialist,
     RouterDecision,
     RouterModel,
+    UnknownSpecialist,
     decide,
     labels_of,
     specialist_name,

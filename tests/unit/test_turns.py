@@ -23,7 +23,6 @@ from core.errors import (
     RateLimited,
     TurnInFlight,
     TurnNotFound,
-    UnknownSpecialist,
 )
 from core.events import (
     ChatMessage,
@@ -47,7 +46,7 @@ from core.harness.artifact import (
 )
 from core.harness.grammars import output_constraint
 from core.release import AdapterRef, Release
-from core.routing import RouterDecision, RouterModel
+from core.routing import RouterDecision, RouterModel, UnknownSpecialist
 from engines.instant import InstantEngine, Script, fixed_reply
 from infra.memory import InMemoryEventLog
 from server import protocol as wire

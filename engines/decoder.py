@@ -1,4 +1,5 @@
-"""The local engine's forward pass over a Hugging Face Llama-family model: linear layers run
+"""The local engine's forward pass over a Hugging Face decoder of the Llama, Qwen2 (biased QKV)
+or Mistral family (a sliding attention window where the config names one): linear layers run
 batched across requests (``MultiLoRALinear`` applies each row's adapter), attention runs per
 request over that request's own KV cache, so no padding enters the maths and each request
 computes what it would compute alone. Rows may carry different numbers of tokens (prompt
@@ -85,21 +86,37 @@ class KVCache:
 def forward(model: Any, caches: list[KVCache], tokens: list[list[int]]) -> torch.Tensor:
     """One pass: ``tokens`` per request (a prompt's chunk, or one answer token), continuing
     and extending each request's cache in place. Rows shorter than the longest are padded;
-    padding never enters a cache or an attention. Returns each row's last token's logits."""
+    padding never enters a cache or an attention. Returns each row's last token's logits, in
+    float32 on the CPU."""
     inner = model.model
     lengths = [len(t) for t in tokens]
     steps = max(lengths)
-    ids = torch.tensor([t + [0] * (steps - len(t)) for t in tokens])
-    positions = torch.tensor([list(range(c.length, c.length + steps)) for c in caches])
+    device = inner.embed_tokens.weight.device
+    ids = torch.tensor([t + [0] * (steps - len(t)) for t in tokens], device=device)
+    positions = torch.tensor(
+        [list(range(c.length, c.length + steps)) for c in caches], device=device
+    )
     hidden = inner.embed_tokens(ids)
     rotary: Rotary = inner.rotary_emb(hidden, positions)
     for index, layer in enumerate(inner.layers):
-        hidden = _decoder_layer(layer, index, hidden, rotary, caches, lengths)
+        window = attention_window(model.config, layer.self_attn)
+        hidden = _decoder_layer(layer, index, hidden, rotary, caches, lengths, window)
     for cache, length in zip(caches, lengths, strict=True):
         cache.advance(length)
     last = hidden[torch.arange(len(tokens)), torch.tensor(lengths) - 1]
     logits: torch.Tensor = model.lm_head(inner.norm(last[:, None, :]))[:, -1, :]
-    return logits
+    # Sampling and grammar masks work on the CPU in float32, whatever the model's device and dtype.
+    return logits.float().cpu()
+
+
+def attention_window(config: Any, attn: Any) -> int | None:
+    """How many positions (itself included) a token of this layer sees, or ``None``: all.
+    Qwen2 sets it per layer on the attention module (its ``layer_types``); Mistral sets one for
+    every layer in its config; Llama has none."""
+    if hasattr(attn, "sliding_window"):
+        window: int | None = attn.sliding_window
+        return window
+    return getattr(config, "sliding_window", None)
 
 
 def _decoder_layer(
@@ -109,6 +126,7 @@ def _decoder_layer(
     rotary: Rotary,
     caches: list[KVCache],
     lengths: list[int],
+    window: int | None,
 ) -> torch.Tensor:
     """Layer ``index``: batched projections and MLP, attention request by request over each
     row's own tokens."""
@@ -126,7 +144,7 @@ def _decoder_layer(
     for row, (cache, n) in enumerate(zip(caches, lengths, strict=True)):
         start = cache.length
         keys, values = cache.extend(index, k[row : row + 1, :, :n], v[row : row + 1, :, :n])
-        out = _attend(attn, q[row : row + 1, :, :n], keys, values, start)
+        out = _attend(attn, q[row : row + 1, :, :n], keys, values, start, window)
         if attended is None:
             outputs.append(out)
         else:
@@ -138,20 +156,31 @@ def _decoder_layer(
 
 
 def _attend(
-    attn: Any, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
+    attn: Any,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    start: int,
+    window: int | None,
 ) -> torch.Tensor:
     """One request's attention: each of ``q``'s positions (after ``start`` cached tokens) sees
-    the cache and itself and the positions before it in this pass."""
+    the cache and itself and the positions before it in this pass; with a ``window``, only the
+    last ``window`` of those (the keys stay cached whole: the window only masks)."""
     steps = q.shape[2]
     mask = None
-    if steps > 1 and start > 0:  # causal, aligned to the end: a prefill after a cached prefix
-        mask = torch.ones(steps, start + steps, dtype=torch.bool).tril(diagonal=start)
+    if window is not None and start + steps > window:
+        query = torch.arange(start, start + steps, device=q.device)[:, None]
+        key = torch.arange(start + steps, device=q.device)[None, :]
+        mask = (key <= query) & (key > query - window)
+    elif steps > 1 and start > 0:  # causal, aligned to the end: a prefill after a cached prefix
+        mask = torch.ones(steps, start + steps, dtype=torch.bool, device=q.device)
+        mask = mask.tril(diagonal=start)
     attended: torch.Tensor = F.scaled_dot_product_attention(
         q,
         keys,
         values,
         attn_mask=mask,
-        is_causal=steps > 1 and start == 0,
+        is_causal=mask is None and steps > 1 and start == 0,
         scale=attn.scaling,
         enable_gqa=True,
     )

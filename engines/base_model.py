@@ -1,0 +1,102 @@
+"""Loading the local engine's base model from a checkpoint folder (``config.json``, safetensors
+weights, a tokenizer with a chat template), checked before anything is served: an architecture
+the engine's forward pass does not cover is ``model_unsupported``; missing tensors, a shape that
+does not match the config, or a tokenizer without a chat template are ``model_invalid``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+from core.errors import DtypeUnsupported, ModelInvalid, ModelUnavailable, ModelUnsupported
+
+FAMILIES = ("llama", "qwen2", "mistral")  # the config's model_type
+BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU flags of native bf16 matrix instructions
+
+
+def served_dtype(
+    name: str, device: str = "cpu", cpuinfo: Path = Path("/proc/cpuinfo")
+) -> torch.dtype:
+    """The torch dtype of ``name`` on ``device``: ``float32`` anywhere; ``bfloat16`` on a GPU
+    that has it, or on a CPU with native bf16 instructions (elsewhere torch emulates it, slower
+    than float32)."""
+    if name == "float32":
+        return torch.float32
+    if name != "bfloat16":
+        raise DtypeUnsupported(f"no served dtype {name!r}; one of float32, bfloat16")
+    if device == "cuda":
+        if not torch.cuda.is_bf16_supported():
+            raise DtypeUnsupported("this GPU has no bfloat16: set MACARON_DTYPE=float32")
+        return torch.bfloat16
+    try:
+        flags = set(cpuinfo.read_text().split())
+    except OSError:
+        flags = set()
+    if not flags & set(BF16_FLAGS):
+        raise DtypeUnsupported(
+            f"this CPU has no native bfloat16 instructions ({' or '.join(BF16_FLAGS)}): "
+            "bfloat16 would run emulated, slower than float32; set MACARON_DTYPE=float32"
+        )
+    return torch.bfloat16
+
+
+def check_base_model(model_dir: Path) -> Any:
+    """``model_dir``'s tokenizer, once its config names a family the engine serves and the
+    tokenizer has a chat template (seconds: no weight is read)."""
+    if not (model_dir / "config.json").is_file():
+        raise ModelUnavailable(f"{model_dir} holds no config.json: not a model folder")
+    try:
+        config = AutoConfig.from_pretrained(model_dir)
+    except Exception as exc:  # transformers raises many types on a bad config
+        if "does not recognize this architecture" in str(exc):
+            raise ModelUnsupported(f"{model_dir}: {_first_line(exc)}") from exc
+        raise ModelInvalid(f"{model_dir}: config.json is invalid ({_first_line(exc)})") from exc
+    if config.model_type not in FAMILIES:
+        raise ModelUnsupported(
+            f"{model_dir} is a {config.model_type} model; the local engine serves the "
+            f"{', '.join(FAMILIES)} families"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    except Exception as exc:  # the tokenizers library raises plain Exception on a bad file
+        raise ModelInvalid(f"{model_dir}: no readable tokenizer ({_first_line(exc)})") from exc
+    if not getattr(tokenizer, "chat_template", None):
+        raise ModelInvalid(
+            f"{model_dir}: the tokenizer has no chat template, so a conversation cannot be "
+            "turned into a prompt; use an instruct checkpoint or add chat_template to "
+            "tokenizer_config.json"
+        )
+    return tokenizer
+
+
+def load_base_model(model_dir: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+    """The tokenizer and the frozen model of ``model_dir``, in ``dtype``, checked."""
+    tokenizer = check_base_model(model_dir)
+    try:  # mismatched shapes are loaded as new tensors and reported, so they can be named
+        loaded: Any = AutoModelForCausalLM.from_pretrained(
+            model_dir, dtype=dtype, output_loading_info=True, ignore_mismatched_sizes=True
+        )
+        model, info = loaded
+    except Exception as exc:  # safetensors, torch and transformers each raise their own
+        raise ModelInvalid(f"{model_dir}: the weights are unreadable ({_first_line(exc)})") from exc
+    mismatched = sorted(info["mismatched_keys"])
+    if mismatched:
+        key, stored, expected = mismatched[0]
+        raise ModelInvalid(
+            f"{model_dir}: {len(mismatched)} tensors do not match config.json, first "
+            f"{key}: {tuple(stored)} stored, {tuple(expected)} expected"
+        )
+    missing = sorted(info["missing_keys"])
+    if missing:
+        raise ModelInvalid(
+            f"{model_dir}: the weights lack {len(missing)} tensors, first {missing[0]}"
+        )
+    model.eval().requires_grad_(False)
+    return tokenizer, model
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
