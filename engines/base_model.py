@@ -5,6 +5,7 @@ does not match the config, or a tokenizer without a chat template are ``model_in
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -46,19 +47,24 @@ def served_dtype(
 def check_base_model(model_dir: Path) -> Any:
     """``model_dir``'s tokenizer, once its config names a family the engine serves and the
     tokenizer has a chat template (seconds: no weight is read)."""
-    if not (model_dir / "config.json").is_file():
+    path = model_dir / "config.json"
+    if not path.is_file():
         raise ModelUnavailable(f"{model_dir} holds no config.json: not a model folder")
-    try:
-        config = AutoConfig.from_pretrained(model_dir)
-    except Exception as exc:  # transformers raises many types on a bad config
-        if "does not recognize this architecture" in str(exc):
-            raise ModelUnsupported(f"{model_dir}: {_first_line(exc)}") from exc
-        raise ModelInvalid(f"{model_dir}: config.json is invalid ({_first_line(exc)})") from exc
-    if config.model_type not in FAMILIES:
+    try:  # the family first, read plainly: transformers may not know it at all
+        model_type = json.loads(path.read_text(encoding="utf-8")).get("model_type")
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ModelInvalid(f"{path} is not a JSON object ({exc})") from exc
+    if not isinstance(model_type, str):
+        raise ModelInvalid(f"{path} names no model_type")
+    if model_type not in FAMILIES:
         raise ModelUnsupported(
-            f"{model_dir} is a {config.model_type} model; the local engine serves the "
+            f"{model_dir} is a {model_type} model; the local engine serves the "
             f"{', '.join(FAMILIES)} families"
         )
+    try:
+        AutoConfig.from_pretrained(model_dir)
+    except Exception as exc:  # transformers raises many types on a bad config
+        raise ModelInvalid(f"{path} is invalid ({_first_line(exc)})") from exc
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
     except Exception as exc:  # the tokenizers library raises plain Exception on a bad file

@@ -144,7 +144,13 @@ def test_an_unsupported_architecture_is_refused(tiny_model: Path, tmp_path: Path
     unknown = broken_copy(tiny_model, tmp_path / "unknown")
     config = json.loads((unknown / "config.json").read_text())
     (unknown / "config.json").write_text(json.dumps({**config, "model_type": "nonsense"}))
-    with pytest.raises(ModelUnsupported, match="nonsense"):
+    with pytest.raises(ModelUnsupported, match="is a nonsense model"):
+        LocalEngine(unknown)
+    (unknown / "config.json").write_text(json.dumps({**config, "model_type": None}))
+    with pytest.raises(ModelInvalid, match="names no model_type"):
+        LocalEngine(unknown)
+    (unknown / "config.json").write_text("[1, 2]")
+    with pytest.raises(ModelInvalid, match="not a JSON object"):
         LocalEngine(unknown)
 
 
