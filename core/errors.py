@@ -77,7 +77,7 @@ class ModelUnavailable(MacaronError):
 
 
 class DtypeUnsupported(ConfigError):
-    """A served dtype this machine cannot run natively."""
+    """A dtype (served, or a training run's precision) this machine cannot run natively."""
 
     code = "dtype_unsupported"
 

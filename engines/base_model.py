@@ -12,36 +12,9 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from core.errors import DtypeUnsupported, ModelInvalid, ModelUnavailable, ModelUnsupported
+from core.errors import ModelInvalid, ModelUnavailable, ModelUnsupported
 
 FAMILIES = ("llama", "qwen2", "mistral")  # the config's model_type
-BF16_FLAGS = ("avx512_bf16", "amx_bf16")  # CPU flags of native bf16 matrix instructions
-
-
-def served_dtype(
-    name: str, device: str = "cpu", cpuinfo: Path = Path("/proc/cpuinfo")
-) -> torch.dtype:
-    """The torch dtype of ``name`` on ``device``: ``float32`` anywhere; ``bfloat16`` on a GPU
-    that has it, or on a CPU with native bf16 instructions (elsewhere torch emulates it, slower
-    than float32)."""
-    if name == "float32":
-        return torch.float32
-    if name != "bfloat16":
-        raise DtypeUnsupported(f"no served dtype {name!r}; one of float32, bfloat16")
-    if device == "cuda":
-        if not torch.cuda.is_bf16_supported():
-            raise DtypeUnsupported("this GPU has no bfloat16: set MACARON_DTYPE=float32")
-        return torch.bfloat16
-    try:
-        flags = set(cpuinfo.read_text().split())
-    except OSError:
-        flags = set()
-    if not flags & set(BF16_FLAGS):
-        raise DtypeUnsupported(
-            f"this CPU has no native bfloat16 instructions ({' or '.join(BF16_FLAGS)}): "
-            "bfloat16 would run emulated, slower than float32; set MACARON_DTYPE=float32"
-        )
-    return torch.bfloat16
 
 
 def check_base_model(model_dir: Path) -> Any:

@@ -139,9 +139,9 @@ def serving_engine(
 ) -> Engine:
     """The engine ``macaron serve`` answers with: this process's own, or the vLLM fleet (with
     leases on its adapters in ``db``'s registry, when given: other servers may share it)."""
-    from engines.base_model import served_dtype
     from engines.fleet import FleetEngine
     from engines.local import LocalEngine
+    from infra.hardware import native_dtype
     from infra.postgres.leases import PostgresAdapterLeases
 
     if settings.engine == "vllm":
@@ -153,7 +153,7 @@ def serving_engine(
             max_lora_rank=settings.vllm_max_lora_rank,
             leases=None if db is None else PostgresAdapterLeases(db, holder),
         )
-    dtype = served_dtype(settings.dtype)
+    dtype = native_dtype(settings.dtype)
     step(f"loading the base model from {folder} ({settings.dtype})")
     return LocalEngine(folder, dtype=dtype)
 
@@ -179,9 +179,9 @@ def chat_server(
 
     folder = model_dir(settings)
     if engine is None and settings.engine == "local":
-        from engines.base_model import served_dtype
+        from infra.hardware import native_dtype
 
-        served_dtype(settings.dtype)  # refused before anything starts
+        native_dtype(settings.dtype)  # refused before anything starts
     step("connecting to PostgreSQL")
     db = pool(settings)
     log = log or event_log(settings, db)

@@ -32,6 +32,11 @@ class TrainingConfig(BaseModel):
     seed: int = Field(default=0, ge=0)
     device: Literal["cpu", "cuda"] = "cpu"
     """Where the run trains: the CPU, or a CUDA GPU (``bench/gpu.sh``)."""
+    precision: Literal["float32", "bfloat16", "auto"] = "float32"
+    """The frozen base weights' dtype and the matrix products' (``bfloat16``: under autocast;
+    the LoRA weights, the optimiser and the losses stay float32). ``bfloat16`` needs a device
+    that runs it natively (else ``dtype_unsupported``); ``auto`` takes it where the device
+    does, else float32."""
     max_length: int = Field(default=1024, ge=2)
     dpo_beta: float = Field(default=0.1, gt=0.0)
     dpo_weight: float = Field(default=1.0, ge=0.0)
@@ -125,3 +130,5 @@ class TrainingResult(BaseModel):
     samples: int = 0
     """Rollout answers and live samples with a non-zero advantage, trained on by policy
     gradient."""
+    precision: Literal["float32", "bfloat16"] = "float32"
+    """What the run computed in (``auto`` resolved on its machine)."""

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from core.errors import ConfigError, NothingToTrain
 from core.events import ChatMessage
 from infra.artifacts import ADAPTER_FILES
+from infra.hardware import has_native_bf16, native_dtype
 from learners.recipes.config import (
     LiveSample,
     PreferencePair,
@@ -74,17 +76,39 @@ class Run:
     sample_reference: list[torch.Tensor]
     """The parent's token log-probabilities of each sample's answer."""
     device: str = "cpu"
+    dtype: torch.dtype = torch.float32
+
+    def autocast(self) -> AbstractContextManager[Any]:
+        """Where the forward passes run: under bf16 autocast when the run computes in bf16."""
+        return compute_in(self.device, self.dtype)
+
+
+def compute_in(device: str, dtype: torch.dtype) -> AbstractContextManager[Any]:
+    """Matrix products in ``dtype`` (autocast) when it is bfloat16; nothing changes else."""
+    return torch.autocast(device, dtype=dtype, enabled=dtype == torch.bfloat16)
+
+
+def run_dtype(config: TrainingConfig) -> torch.dtype:
+    """The dtype ``config.precision`` stands for on ``config.device``."""
+    if config.precision == "auto":
+        return torch.bfloat16 if has_native_bf16(config.device) else torch.float32
+    return native_dtype(config.precision, config.device)
 
 
 def load_model(
-    base_model_dir: Path, parent_adapter_dir: Path, device: str = "cpu"
+    base_model_dir: Path,
+    parent_adapter_dir: Path,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
 ) -> tuple[Any, Any]:
-    """The frozen base model with the parent adapter on it, trainable, on ``device``: the
-    successor starts from the parent's weights."""
+    """The frozen base model in ``dtype`` with the parent adapter on it, trainable and float32
+    (PEFT upcasts it), on ``device``: the successor starts from the parent's weights."""
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
-    base: Any = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=torch.float32)
+    base: Any = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=dtype)
     base.to(device)
-    model = PeftModel.from_pretrained(base, parent_adapter_dir, is_trainable=True)
+    model = PeftModel.from_pretrained(
+        base, parent_adapter_dir, is_trainable=True, autocast_adapter_dtype=True
+    )
     return model, tokenizer
 
 
@@ -147,8 +171,8 @@ def setup(
     groups: list[RolloutGroup],
     live: list[LiveSample],
 ) -> Run:
-    device = config.device
-    model, tokenizer = load_model(base_model_dir, parent_adapter_dir, device)
+    device, dtype = config.device, run_dtype(config)
+    model, tokenizer = load_model(base_model_dir, parent_adapter_dir, device, dtype)
     end = end_of_turn_ids(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else end[-1]
 
@@ -158,9 +182,13 @@ def setup(
     # With dpo_weight 0 the pairs would cost forward and backward passes and change nothing.
     used = preferences if config.dpo_weight > 0 else []
     pairs = [(turn(p.messages, p.chosen), turn(p.messages, p.rejected)) for p in used]
-    reference = reference_logprobs(model, pairs, pad_id, config.batch_size, device)
     rolled = group_samples(groups, live) if config.pg_weight > 0 else []
     samples = [turn(messages, answer) for messages, answer, _ in rolled]
+    with compute_in(device, dtype):
+        reference = reference_logprobs(model, pairs, pad_id, config.batch_size, device)
+        sample_reference = reference_token_logprobs(
+            model, samples, pad_id, config.batch_size, device
+        )
     trainable = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(
         trainable, lr=config.learning_rate, weight_decay=config.weight_decay
@@ -175,10 +203,9 @@ def setup(
         reference=reference,
         samples=samples,
         advantages=torch.tensor([advantage for _, _, advantage in rolled], device=device),
-        sample_reference=reference_token_logprobs(
-            model, samples, pad_id, config.batch_size, device
-        ),
+        sample_reference=sample_reference,
         device=device,
+        dtype=dtype,
     )
 
 
@@ -211,25 +238,28 @@ def train_step(
     # runs once, last. The gradients are those of the summed loss.
     rows = sft_batch + paired + samples
     device = run.device
-    prefix = (
-        compute_prefix(run.model, collate(rows, run.pad_id, device), detached=True)
-        if rows
-        else None
-    )
+    prefix = None
+    if rows:
+        with run.autocast():
+            prefix = compute_prefix(run.model, collate(rows, run.pad_id, device), detached=True)
     sft = torch.zeros((), device=device)
     if sft_batch:
-        sft = sft_loss(run.model, collate(sft_batch, run.pad_id, device), prefix)
+        with run.autocast():
+            sft = sft_loss(run.model, collate(sft_batch, run.pad_id, device), prefix)
         sft.backward()
     dpo = torch.zeros((), device=device)
     if pairs:
-        logps = answer_logprobs(run.model, collate(paired, run.pad_id, device), prefix)
+        with run.autocast():
+            logps = answer_logprobs(run.model, collate(paired, run.pad_id, device), prefix)
         chosen, rejected = logps.chunk(2)
         reference = run.reference[pair_ids]
         dpo = dpo_loss(chosen, rejected, reference[:, 0], reference[:, 1], config.dpo_beta)
         (config.dpo_weight * dpo).backward()
     pg = torch.zeros((), device=device)
     if samples:
-        policy = answer_token_logprobs(run.model, collate(samples, run.pad_id, device), prefix)
+        with run.autocast():
+            batch = collate(samples, run.pad_id, device)
+            policy = answer_token_logprobs(run.model, batch, prefix)
         parent = [run.sample_reference[i] for i in sample_ids]
         advantages = run.advantages[sample_ids]
         pg = pg_loss(policy, parent, advantages, config.pg_clip, config.kl_beta)
@@ -335,4 +365,5 @@ def train_successor_adapter(
         examples=len(sft),
         pairs=len(run.pairs),
         samples=len(run.samples),
+        precision="bfloat16" if run.dtype == torch.bfloat16 else "float32",
     )

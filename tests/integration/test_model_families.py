@@ -18,8 +18,8 @@ from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 from core.engine import GenerationChunk, GenerationRequest, SamplingParams
 from core.errors import DtypeUnsupported, ModelInvalid, ModelUnavailable, ModelUnsupported
-from engines.base_model import served_dtype
 from engines.local import EngineLimits, LocalEngine
+from infra.hardware import native_dtype
 from infra.models import TINY_FAMILIES, TINY_WINDOW, make_tiny_model
 from tests.factories import make_adapter, run_macaron
 from tests.integration.test_local_engine import peft_greedy
@@ -240,12 +240,12 @@ def test_the_served_dtype_is_checked(tmp_path: Path) -> None:
     with_bf16.write_text("flags : fpu sse avx2 avx512f avx512_bf16\n")
     without = tmp_path / "without"
     without.write_text("flags : fpu sse avx2\n")
-    assert served_dtype("float32", cpuinfo=without) is torch.float32
-    assert served_dtype("bfloat16", cpuinfo=with_bf16) is torch.bfloat16
-    with pytest.raises(DtypeUnsupported, match="no native bfloat16 instructions"):
-        served_dtype("bfloat16", cpuinfo=without)
-    with pytest.raises(DtypeUnsupported, match="no served dtype 'float16'"):
-        served_dtype("float16", cpuinfo=with_bf16)
+    assert native_dtype("float32", cpuinfo=without) is torch.float32
+    assert native_dtype("bfloat16", cpuinfo=with_bf16) is torch.bfloat16
+    with pytest.raises(DtypeUnsupported, match="no native bfloat16"):
+        native_dtype("bfloat16", cpuinfo=without)
+    with pytest.raises(DtypeUnsupported, match="no dtype 'float16'"):
+        native_dtype("float16", cpuinfo=with_bf16)
 
 
 def test_serve_refuses_an_unknown_dtype_by_name(tiny_model: Path, tmp_path: Path) -> None:
