@@ -33,6 +33,7 @@ from core.harness.hcp import build_context
 from core.settings import default_home
 from infra.hardware import has_native_bf16
 from infra.models import pull_model
+from learners.recipes.config import load_config
 from learners.tasks import load_bank
 
 BASE_MODEL = "smollm2-135m-instruct"
@@ -45,7 +46,7 @@ CHILD = """
 import json, resource, sys, tempfile, time, zlib
 from pathlib import Path
 from infra.identity_adapter import write_identity_adapter
-from learners.recipes.config import RolloutGroup, SFTExample, load_config
+from learners.recipes.config import RolloutGroup, SFTExample, TrainingConfig
 from learners.recipes.lora import train_successor_adapter
 
 job = json.load(sys.stdin)
@@ -53,13 +54,10 @@ with tempfile.TemporaryDirectory() as scratch:
     parent, out = Path(scratch, "parent"), Path(scratch, "out")
     write_identity_adapter(Path(job["model"]), parent, base_model=job["base"], rank=16,
                            seed=zlib.crc32(job["specialist"].encode()))
-    config = load_config(Path(job["config"]))
-    if "precision" in job:  # never asked of the baseline's code, which has no such field
-        config = config.model_copy(update={"precision": job["precision"]})
     result = train_successor_adapter(
         Path(job["model"]), parent, out,
         sft=[SFTExample.model_validate(e) for e in job["sft"]], preferences=[], older=[],
-        config=config,
+        config=TrainingConfig.model_validate(job["config"]),
         groups=[RolloutGroup.model_validate(g) for g in job["groups"]],
     )
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -70,6 +68,13 @@ print(json.dumps({"seconds": result.seconds, "losses": result.losses, "rss_mb": 
 
 def _context(specialist: str, prompt: str) -> list[dict[str, Any]]:
     return build_context(root_version(), specialist, [], prompt).messages()
+
+
+def _config(path: Path) -> dict[str, Any]:
+    """A recipe's training settings as both codes read them, less those the baseline's lacks:
+    ``sources`` picks a run's records from the log (the bench hands each run its records);
+    ``device`` and ``precision`` keep their defaults, the CPU and float32."""
+    return load_config(path).model_dump(mode="json", exclude={"sources", "device", "precision"})
 
 
 def jobs() -> dict[str, dict[str, Any]]:
@@ -92,7 +97,7 @@ def jobs() -> dict[str, dict[str, Any]]:
     return {
         "CPU recipe (SFT)": {
             "specialist": "genui",
-            "config": str(recipes / "lora-cpu.yaml"),
+            "config": _config(recipes / "lora-cpu.yaml"),
             "sft": [
                 {"messages": _context("genui", t.prompt), "target": t.reference} for t in genui
             ],
@@ -100,7 +105,7 @@ def jobs() -> dict[str, dict[str, Any]]:
         },
         "self-mode recipe (SFT + RLOO)": {
             "specialist": "agent",
-            "config": str(recipes / "lora-rloo.yaml"),
+            "config": _config(recipes / "lora-rloo.yaml"),
             "sft": [
                 {"messages": _context("agent", t.prompt), "target": t.reference} for t in agent[:15]
             ],
@@ -147,7 +152,8 @@ def main() -> None:
                 print(f"{name}: {now['samples']} policy-gradient samples")
                 rows += _rows(name, before, now)
                 if has_native_bf16():
-                    bf16 = run(ROOT, job | {"precision": "bfloat16"})
+                    bf16_config = job["config"] | {"precision": "bfloat16"}
+                    bf16 = run(ROOT, job | {"config": bf16_config})
                     rows += _bf16_rows(name, now, bf16)
         finally:
             subprocess.run(
