@@ -191,15 +191,21 @@ class RouterService:
         return self._serving[1]
 
     def route(
-        self, text: str, hint: str | None = None, within: Collection[str] | None = None
+        self,
+        text: str,
+        hint: str | None = None,
+        within: Collection[str] | None = None,
+        tool_callers: Collection[str] = (),
     ) -> RouterDecision:
         """Choose the specialist for one user turn, with one classifier and the specialists it
         may choose as they were together (one read of a pair replaced whole), among ``within``
         (the specialists the turn's release serves: a router swapped in by a promotion may
-        know one that the release the turn began with lacks)."""
+        know one that the release the turn began with lacks), preferring ``tool_callers`` for
+        a request with client tools (``core.routing.decide``)."""
         features = self._embedder.embed_one(text)
         model, active = self._serving
-        return decide(features, model, active if within is None else active & set(within), hint)
+        chosen = active if within is None else active & set(within)
+        return decide(features, model, chosen, hint, tool_callers)
 
     def serve_model(self, model: RouterModel) -> None:
         """Route with ``model`` from now on (the router version a promoted release names).

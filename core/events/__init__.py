@@ -51,6 +51,7 @@ from core.events.turns import (
     RequestedDecoding,
     RouterDecided,
     RoutingCorrected,
+    RoutingReason,
     TurnCompleted,
     TurnReceived,
 )
@@ -88,6 +89,7 @@ __all__ = [
     "RouterTrainingRequested",
     "RoutingCorrected",
     "RoutingLabelled",
+    "RoutingReason",
     "RoutingSource",
     "Sealed",
     "SpecialistAdded",

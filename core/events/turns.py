@@ -88,14 +88,25 @@ class TurnReceived(EventPayload):
     decoding: RequestedDecoding | None = None
 
 
+RoutingReason = Literal["classifier", "hint", "only_specialist", "client_tools"]
+"""Why the router chose a specialist (``core.routing.decide``)."""
+
+
 class RouterDecided(EventPayload):
+    """v2 added why (``reason``: ``None`` on decisions upcast from v1, which did not record it)
+    and the context the decision used: the specialists that call tools, when the request
+    carried client tools (``tool_callers``), so a replay decides the same."""
+
     event_type = "RouterDecided"
+    schema_version = 2
     turn_id: UUID
     scores: dict[str, float]
     specialist: str
     adapter_version: str
     router_version: str
     harness: HarnessStamp
+    reason: RoutingReason | None = None
+    tool_callers: list[str] = Field(default_factory=list)
 
 
 class HarnessActionExecuted(EventPayload):

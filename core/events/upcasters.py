@@ -103,3 +103,12 @@ def _experience_recorded_v2(payload: dict[str, Any]) -> dict[str, Any]:
     can)."""
     payload.setdefault("source", None)
     return payload
+
+
+@UPCASTERS.register("RouterDecided", 1)
+def _router_decided_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 recorded no reason (unknown) and no context (no request carried client tools then
+    that the router read)."""
+    payload.setdefault("reason", None)
+    payload.setdefault("tool_callers", [])
+    return payload

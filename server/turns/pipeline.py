@@ -142,7 +142,11 @@ class TurnPipeline:
         """The specialist for this turn, and its adapter in the turn's release."""
         with observe.tracer.start_as_current_span("router.decide") as span:
             decision = await asyncio.to_thread(
-                self._router.route, request.content, request.specialist_hint, release.adapters
+                self._router.route,
+                request.content,
+                request.specialist_hint,
+                release.adapters,
+                tool_callers(harness) if request.client_tools else (),
             )
             span.set_attribute("macaron.specialist", decision.specialist)
         observe.router_decisions.add(1, {"specialist": decision.specialist})
@@ -233,4 +237,11 @@ def _received(
         harness=route.harness.stamp,
         regenerates=request.regenerates,
         decoding=request.decoding,
+    )
+
+
+def tool_callers(harness: HarnessVersion) -> tuple[str, ...]:
+    """The specialists whose answers may be tool calls under ``harness``."""
+    return tuple(
+        name for name, spec in harness.spec.specialists.items() if "tool_call" in spec.output
     )

@@ -30,9 +30,14 @@ class Router(Protocol):
         ...
 
     def route(
-        self, text: str, hint: str | None = None, within: Collection[str] | None = None
+        self,
+        text: str,
+        hint: str | None = None,
+        within: Collection[str] | None = None,
+        tool_callers: Collection[str] = (),
     ) -> RouterDecision:
-        """The specialist for one turn, among ``within`` when given."""
+        """The specialist for one turn, among ``within`` when given, preferring
+        ``tool_callers`` (a request with client tools) unless another is clearly meant."""
         ...
 
     def serve_model(self, model: RouterModel) -> None:
@@ -63,6 +68,9 @@ class TurnRequest:
     """The turn this one answers again (a ``regenerate``)."""
     decoding: RequestedDecoding | None = None
     """What the client asked of the decoding (the OpenAI API's parameters)."""
+    client_tools: bool = False
+    """The client offered tools an answer may call: the router prefers a specialist that calls
+    tools."""
 
 
 @dataclass

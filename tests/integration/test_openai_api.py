@@ -21,6 +21,7 @@ from core.events import (
     FeedbackGiven,
     HarnessActionExecuted,
     ModelResponded,
+    RouterDecided,
     RoutingCorrected,
     TurnReceived,
 )
@@ -450,6 +451,52 @@ def test_a_required_tool_call_comes_back_as_openai_tool_calls_and_runs_nothing(
     )
     [only] = named.choices[0].message.tool_calls or []
     assert only.function.name == "get_time"  # type: ignore[union-attr]
+
+
+def test_auto_routes_a_request_with_tools_to_the_specialist_that_calls_them(
+    tooled: Running, router: RouterService
+) -> None:
+    """``model: auto`` with ``tools``: a turn the classifier leans elsewhere on, but not clearly,
+    goes to the agent (the harness's tool caller); a clearly other turn, or the same turn
+    without tools (or with ``tool_choice`` none), is the classifier's. ``RouterDecided`` says
+    why and what context it used."""
+    oa = client(tooled, tooled.key("oa-tools-auto"))
+    unclear, coding = (
+        "What year is it?",
+        "Write a Scala function that counts the words in a string.",
+    )
+    assert router.route(unclear).specialist != "agent"
+
+    def decided(**extra: Any) -> RouterDecided:
+        done = oa.chat.completions.create(
+            model="auto", messages=[{"role": "user", "content": extra.pop("text")}], **extra
+        )
+        events = tooled.events((done.model_extra or {})["macaron"]["conversation_id"])
+        [decision] = [e.payload for e in events if isinstance(e.payload, RouterDecided)]
+        return decision
+
+    tools = decided(text=unclear, tools=[WEATHER, CLOCK], max_tokens=48)
+    assert (tools.specialist, tools.reason, tools.tool_callers) == (
+        "agent",
+        "client_tools",
+        ["agent"],
+    )
+    assert max(tools.scores, key=lambda name: tools.scores[name]) != "agent"
+    plain = decided(text=unclear, max_tokens=4)
+    assert (plain.specialist, plain.reason, plain.tool_callers) == (
+        router.route(unclear).specialist,
+        "classifier",
+        [],
+    )
+    assert plain.scores == pytest.approx(tools.scores)
+    off = decided(text=unclear, tools=[WEATHER], tool_choice="none", max_tokens=4)
+    assert (off.specialist, off.tool_callers) == (plain.specialist, [])
+    clear = decided(text=coding, tools=[WEATHER], max_tokens=48)
+    assert (clear.specialist, clear.reason, clear.tool_callers) == (
+        "coding",
+        "classifier",
+        ["agent"],
+    )
 
 
 def test_a_tool_call_streams_as_one_delta_and_the_conversation_goes_on_with_its_result(

@@ -39,11 +39,15 @@ class GatedRouter:
         self.gate = threading.Event()
 
     def route(
-        self, text: str, hint: str | None = None, within: Collection[str] | None = None
+        self,
+        text: str,
+        hint: str | None = None,
+        within: Collection[str] | None = None,
+        tool_callers: Collection[str] = (),
     ) -> RouterDecision:
         self.entered.set()
         assert self.gate.wait(60), "the test never opened the gate"
-        return self.router.route(text, hint)
+        return self.router.route(text, hint, within, tool_callers)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.router, name)

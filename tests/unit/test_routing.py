@@ -12,8 +12,16 @@ import pytest
 from pydantic import ValidationError
 
 from core.errors import MacaronError
-from core.events import HarnessStamp, NewEvent, RouterDecided, RoutingLabelled, RoutingSource
+from core.events import (
+    UPCASTERS,
+    HarnessStamp,
+    NewEvent,
+    RouterDecided,
+    RoutingLabelled,
+    RoutingSource,
+)
 from core.routing import (
+    CLEARLY_OTHER,
     DEFAULT_SPECIALISTS,
     InvalidFeatures,
     InvalidSpecialistName,
@@ -214,9 +222,58 @@ def test_a_decision_becomes_the_router_decided_payload() -> None:
         specialist="agent",
         adapter_version="agent@3",
         router_version=MODEL.version,
+        reason="classifier",
+        tool_callers=[],
     )
     sealed = NewEvent(payload=payload, tenant_id="tenant-a", key="conv-1").seal(1, None)
     assert sealed.envelope.payload["router_version"] == MODEL.version
+    assert sealed.envelope.schema_version == 2
+
+
+def test_a_v1_decision_reads_back_with_no_reason_and_no_context() -> None:
+    v1 = {
+        "turn_id": str(uuid.uuid4()),
+        "scores": {"chat": 1.0},
+        "specialist": "chat",
+        "adapter_version": "chat@0",
+        "router_version": "r",
+        "harness": {"harness_version": "harness@0", "hcp_version": "hcp-1"},
+    }
+    payload = RouterDecided.model_validate(UPCASTERS.upcast("RouterDecided", 1, v1, 2))
+    assert (payload.reason, payload.tool_callers, payload.specialist) == (None, [], "chat")
+
+
+# --- requests with client tools ----------------------------------------------------------------
+
+UNCLEAR_CHAT = [0.3, 0.0, 0.1, 0.0]  # chat most probable, at 0.49
+
+
+def test_client_tools_send_an_unclear_turn_to_the_specialist_that_calls_tools() -> None:
+    alone = decide(UNCLEAR_CHAT, MODEL, ALL)
+    assert (alone.specialist, alone.reason, alone.tool_callers) == ("chat", "classifier", ())
+    assert alone.scores["chat"] < CLEARLY_OTHER
+    decision = decide(UNCLEAR_CHAT, MODEL, ALL, tool_callers={"agent"})
+    assert (decision.specialist, decision.reason) == ("agent", "client_tools")
+    assert decision.scores == alone.scores and decision.tool_callers == ("agent",)
+    event = decision.to_event(
+        uuid.uuid4(), "agent@0", HarnessStamp(harness_version="h", hcp_version="hcp-1")
+    )
+    assert (event.reason, event.tool_callers) == ("client_tools", ["agent"])
+
+
+def test_client_tools_leave_a_clear_other_specialist_a_hint_and_an_inactive_caller_alone() -> None:
+    clear = decide(towards(2), MODEL, ALL, tool_callers={"agent"})
+    assert clear.scores["coding"] >= CLEARLY_OTHER
+    assert (clear.specialist, clear.reason) == ("coding", "classifier")
+    hinted = decide(UNCLEAR_CHAT, MODEL, ALL, hint="genui", tool_callers={"agent"})
+    assert (hinted.specialist, hinted.reason) == ("genui", "hint")
+    inactive = decide(UNCLEAR_CHAT, MODEL, ALL - {"agent"}, tool_callers={"agent"})
+    assert (inactive.specialist, inactive.reason) == ("chat", "classifier")
+    chosen = decide(towards(1), MODEL, ALL, tool_callers={"agent"})
+    assert (chosen.specialist, chosen.reason) == ("agent", "classifier")
+    # Of two tool callers, the more probable one answers.
+    both = decide([0.3, 0.0, 0.0, 0.25], MODEL, ALL, tool_callers={"agent", "genui"})
+    assert (both.specialist, both.reason) == ("genui", "client_tools")
 
 
 def test_a_decision_must_be_consistent() -> None:

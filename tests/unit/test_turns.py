@@ -97,7 +97,11 @@ class HintRouter:
         raise NotImplementedError("a router without a classifier serves no other version")
 
     def route(
-        self, text: str, hint: str | None = None, within: Collection[str] | None = None
+        self,
+        text: str,
+        hint: str | None = None,
+        within: Collection[str] | None = None,
+        tool_callers: Collection[str] = (),
     ) -> RouterDecision:
         chosen = hint or "chat"
         return RouterDecision(
