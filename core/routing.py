@@ -1,11 +1,10 @@
 """Routing policy: which specialist answers a user turn.
 
-Pure: features (a sentence embedding) and the active specialists go in, a decision comes out.
-The classifier is data (a multinomial logistic regression: one weight row and one bias per
-specialist), so a logged decision can be recomputed from its turn and its router version alone.
-This module also turns routing experience (``RoutingLabelled``) into training examples; reading
-it from the log is the learners' (``learners.router_training``). Routing's errors
-(``RoutingError`` and its kinds) live here too.
+Pure: features (a sentence embedding), the active specialists and the turn's context go in, a
+decision comes out. The classifier is data (one weight row and bias per specialist), so a logged
+decision can be recomputed from its turn, context and router version. This module also turns
+routing experience (``RoutingLabelled``) into training examples (the learners read it from the
+log); routing's errors (``RoutingError`` and its kinds) live here too.
 """
 
 from __future__ import annotations
@@ -107,11 +106,12 @@ SpecialistName = Annotated[str, Field(pattern=SPECIALIST_PATTERN)]
 _SPECIALIST = re.compile(SPECIALIST_PATTERN)
 _SCORE_TOLERANCE = 1e-6
 CLEARLY_OTHER = 0.6
-"""A request with client tools goes to a specialist that calls tools unless the classifier gives
-another at least this probability. The seed router's probabilities are soft (median 0.64-0.76
-on held-out turns it routes right): at 0.6, 116 of the bank's 120 agent prompts go to the agent
-(56 on the classifier alone), and 121 of the 186 held-out turns of other specialists still go
-to theirs (at 0.7: 120 and 82)."""
+"""With client tools, a specialist that calls tools answers unless the classifier gives
+another at least this probability (measured: ``docs/serving.md``, "Client tools")."""
+FOLLOW_UP_WORDS = 6
+FOLLOW_UP_CLEAR = 0.7
+"""A message of at most ``FOLLOW_UP_WORDS`` words stays with the previous turn's specialist
+unless the classifier gives another at least ``FOLLOW_UP_CLEAR`` (measured: the same place)."""
 
 ROUTING_KEY = "routing"
 """The log key of routing labels (``RoutingLabelled``)."""
@@ -218,7 +218,10 @@ class RouterDecision(BaseModel):
     router_version: str = Field(min_length=1)
     tool_callers: tuple[SpecialistName, ...] = ()
     """The context the decision used: the specialists that call tools, when the request
-    carried client tools."""
+    carried client tools..."""
+    previous: SpecialistName | None = None
+    """... and the specialist of the conversation's previous turn, when the message was a short
+    follow-up."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -240,6 +243,7 @@ class RouterDecision(BaseModel):
             router_version=self.router_version,
             reason=self.reason,
             tool_callers=list(self.tool_callers),
+            previous=self.previous,
         )
 
 
@@ -249,19 +253,44 @@ def decide(
     active: Collection[str],
     hint: str | None = None,
     tool_callers: Collection[str] = (),
+    previous: str | None = None,
 ) -> RouterDecision:
     """Choose one of the ``active`` specialists for a turn with these ``features``.
 
     A lone active specialist is chosen outright; otherwise a hint naming an active specialist
-    wins; otherwise the most probable one (ties go to the earlier specialist of the model).
-    A hint naming an inactive or unknown specialist is ignored: clients cannot revive a
-    specialist an operator switched off.
-
-    ``tool_callers``: the specialists that call tools, when the request carries client tools
-    (the OpenAI API's ``tools``). The classifier's choice stands when it is one of them or when
-    it is clearly something else (probability >= ``CLEARLY_OTHER``); otherwise the most probable
-    active tool caller answers (reason ``client_tools``).
+    wins (one naming an inactive or unknown specialist is ignored: clients cannot revive a
+    specialist an operator switched off); otherwise the most probable one (ties go to the
+    earlier specialist of the model), unless it is unclear and the context says otherwise:
+    with client tools (``tool_callers``: the specialists that call tools), the most probable
+    of them, below ``CLEARLY_OTHER``; for a short follow-up (``is_follow_up``), ``previous``
+    (the specialist of the conversation's previous turn), below ``FOLLOW_UP_CLEAR``.
     """
+    _check(features, model, active)
+    candidates = [i for i, name in enumerate(model.specialists) if name in active]
+    logits = [sum(map(mul, model.weights[i], features)) + model.bias[i] for i in candidates]
+    probabilities = _softmax(logits)
+    scores = {model.specialists[i]: p for i, p in zip(candidates, probabilities, strict=True)}
+    callers = tuple(name for name in model.specialists if name in tool_callers)
+
+    reason: RoutingReason
+    if len(candidates) == 1:
+        chosen, reason = model.specialists[candidates[0]], "only_specialist"
+    elif hint is not None and hint in scores:
+        chosen, reason = hint, "hint"
+    else:
+        best = max(range(len(candidates)), key=lambda k: (logits[k], -k))
+        chosen, reason = _in_context(model.specialists[candidates[best]], scores, callers, previous)
+    return RouterDecision(
+        scores=scores,
+        specialist=chosen,
+        reason=reason,
+        router_version=model.version,
+        tool_callers=callers,
+        previous=previous,
+    )
+
+
+def _check(features: Sequence[float], model: RouterModel, active: Collection[str]) -> None:
     if not active:
         raise NoActiveSpecialist("no specialist is active: the router has nothing to choose")
     unknown = sorted(set(active).difference(model.specialists))
@@ -277,29 +306,22 @@ def decide(
     if not all(math.isfinite(x) for x in features):
         raise InvalidFeatures("feature vector holds a value that is not a finite number")
 
-    candidates = [i for i, name in enumerate(model.specialists) if name in active]
-    logits = [sum(map(mul, model.weights[i], features)) + model.bias[i] for i in candidates]
-    probabilities = _softmax(logits)
-    scores = {model.specialists[i]: p for i, p in zip(candidates, probabilities, strict=True)}
 
-    reason: RoutingReason
-    if len(candidates) == 1:
-        chosen, reason = model.specialists[candidates[0]], "only_specialist"
-    elif hint is not None and hint in scores:
-        chosen, reason = hint, "hint"
-    else:
-        best = max(range(len(candidates)), key=lambda k: (logits[k], -k))
-        chosen, reason = model.specialists[candidates[best]], "classifier"
-        callers = [name for name in model.specialists if name in scores and name in tool_callers]
-        if callers and chosen not in callers and scores[chosen] < CLEARLY_OTHER:
-            chosen, reason = max(callers, key=lambda name: scores[name]), "client_tools"
-    return RouterDecision(
-        scores=scores,
-        specialist=chosen,
-        reason=reason,
-        router_version=model.version,
-        tool_callers=tuple(name for name in model.specialists if name in tool_callers),
-    )
+def _in_context(
+    best: str, scores: dict[str, float], callers: tuple[str, ...], previous: str | None
+) -> tuple[str, RoutingReason]:
+    """The classifier's ``best``, unless it is unclear and the context says otherwise."""
+    active_callers = [name for name in callers if name in scores]
+    if active_callers and best not in active_callers and scores[best] < CLEARLY_OTHER:
+        return max(active_callers, key=lambda name: scores[name]), "client_tools"
+    if previous in scores and previous != best and scores[best] < FOLLOW_UP_CLEAR:
+        return previous, "follow_up"
+    return best, "classifier"
+
+
+def is_follow_up(text: str) -> bool:
+    """Whether a message is short enough to read as a follow-up of the previous turn."""
+    return len(text.split()) <= FOLLOW_UP_WORDS
 
 
 def _softmax(logits: Sequence[float]) -> list[float]:

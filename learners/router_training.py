@@ -37,6 +37,7 @@ from core.routing import (
     RouterFit,
     RouterModel,
     RoutingError,
+    SpecialistName,
     UnknownSpecialist,
     added_examples,
     decide,
@@ -57,11 +58,24 @@ from learners.runtime import RunBusy, RunFailed, Runtime
 
 EMBEDDER_NAME = "sentence-transformers/all-MiniLM-L6-v2, int8 linear layers"  # every fit's features
 SEED_EXAMPLES = Path(__file__).resolve().with_name("routing-seed.jsonl")
+FOLLOW_UPS = SEED_EXAMPLES.with_name("routing-followups.jsonl")
 
 
 def load_examples(path: Path) -> list[LabelledTurn]:
     """Labelled turns from a JSON-lines file of ``{"text", "specialist"}`` objects."""
     return load_jsonl(path, LabelledTurn, RoutingError)
+
+
+class FollowUp(LabelledTurn):
+    """A message after a turn that ``previous`` answered (``previous_text`` said), and where it
+    belongs: with ``previous`` (a follow-up) or elsewhere (a change of subject)."""
+
+    previous: SpecialistName
+    previous_text: str = Field(min_length=1)
+
+
+def load_follow_ups(path: Path = FOLLOW_UPS) -> list[FollowUp]:
+    return load_jsonl(path, FollowUp, RoutingError)
 
 
 def logged_labels(log: EventLog, end: Mapping[int, int] | None = None) -> list[RoutingLabelled]:

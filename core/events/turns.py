@@ -88,14 +88,16 @@ class TurnReceived(EventPayload):
     decoding: RequestedDecoding | None = None
 
 
-RoutingReason = Literal["classifier", "hint", "only_specialist", "client_tools"]
+RoutingReason = Literal["classifier", "hint", "only_specialist", "client_tools", "follow_up"]
 """Why the router chose a specialist (``core.routing.decide``)."""
 
 
 class RouterDecided(EventPayload):
     """v2 added why (``reason``: ``None`` on decisions upcast from v1, which did not record it)
     and the context the decision used: the specialists that call tools, when the request
-    carried client tools (``tool_callers``), so a replay decides the same."""
+    carried client tools (``tool_callers``), and the specialist of the conversation's previous
+    turn, when the message was a short follow-up (``previous``), so a replay decides the
+    same."""
 
     event_type = "RouterDecided"
     schema_version = 2
@@ -107,6 +109,7 @@ class RouterDecided(EventPayload):
     harness: HarnessStamp
     reason: RoutingReason | None = None
     tool_callers: list[str] = Field(default_factory=list)
+    previous: str | None = None
 
 
 class HarnessActionExecuted(EventPayload):

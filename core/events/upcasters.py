@@ -107,8 +107,8 @@ def _experience_recorded_v2(payload: dict[str, Any]) -> dict[str, Any]:
 
 @UPCASTERS.register("RouterDecided", 1)
 def _router_decided_v1(payload: dict[str, Any]) -> dict[str, Any]:
-    """v1 recorded no reason (unknown) and no context (no request carried client tools then
-    that the router read)."""
+    """v1 recorded no reason (unknown) and no context (the router read the message alone)."""
     payload.setdefault("reason", None)
     payload.setdefault("tool_callers", [])
+    payload.setdefault("previous", None)
     return payload

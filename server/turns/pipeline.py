@@ -98,7 +98,7 @@ class TurnPipeline:
         earlier = conversation.by_client_msg.get(request.client_msg_id)
         if earlier is not None and conversation.turns[earlier].completed is not None:
             return await resend(conversation, conversation.turns[earlier], call.sink)
-        route = await self._route(request, release, harness)
+        route = await self._route(request, release, harness, previous_specialist(conversation))
         turn_id = earlier if earlier is not None else uuid7()
         trace.get_current_span().set_attributes(
             {
@@ -137,9 +137,14 @@ class TurnPipeline:
         return outcome
 
     async def _route(
-        self, request: TurnRequest, release: Release, harness: HarnessVersion
+        self,
+        request: TurnRequest,
+        release: Release,
+        harness: HarnessVersion,
+        previous: str | None,
     ) -> Route:
-        """The specialist for this turn, and its adapter in the turn's release."""
+        """The specialist for this turn, and its adapter in the turn's release; ``previous``
+        answered the conversation's last completed turn."""
         with observe.tracer.start_as_current_span("router.decide") as span:
             decision = await asyncio.to_thread(
                 self._router.route,
@@ -147,6 +152,7 @@ class TurnPipeline:
                 request.specialist_hint,
                 release.adapters,
                 tool_callers(harness) if request.client_tools else (),
+                previous,
             )
             span.set_attribute("macaron.specialist", decision.specialist)
         observe.router_decisions.add(1, {"specialist": decision.specialist})
@@ -245,3 +251,9 @@ def tool_callers(harness: HarnessVersion) -> tuple[str, ...]:
     return tuple(
         name for name, spec in harness.spec.specialists.items() if "tool_call" in spec.output
     )
+
+
+def previous_specialist(conversation: Conversation) -> str | None:
+    """The specialist that answered the conversation's last completed turn (``None``: none)."""
+    done = [t for t in conversation.turns.values() if t.completed is not None]
+    return done[-1].specialist if done else None

@@ -35,9 +35,11 @@ class Router(Protocol):
         hint: str | None = None,
         within: Collection[str] | None = None,
         tool_callers: Collection[str] = (),
+        previous: str | None = None,
     ) -> RouterDecision:
         """The specialist for one turn, among ``within`` when given, preferring
-        ``tool_callers`` (a request with client tools) unless another is clearly meant."""
+        ``tool_callers`` (a request with client tools) or, for a short follow-up, ``previous``
+        (the conversation's previous turn's) unless another is clearly meant."""
         ...
 
     def serve_model(self, model: RouterModel) -> None:

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
+from core.events import RouterDecided
 from infra.local_stack import LocalStack
 from server.router import RouterService
 from tests.serving import Running, frames_until, send, serving
@@ -64,6 +65,29 @@ def test_a_turn_streams_tokens_and_every_step_is_in_the_log(served: Running) -> 
             "harness_version": "harness@0",
             "hcp_version": "hcp-1",
         }
+
+
+def test_a_short_follow_up_stays_with_the_specialist_that_answered(
+    served: Running, router: RouterService
+) -> None:
+    """ "can you give an example?" alone reads as chat; after a coding turn it stays with
+    coding, and ``RouterDecided`` records the previous specialist it read."""
+    follow_up = "can you give an example?"
+    assert router.route(follow_up).specialist != "coding"
+    key = served.key(tenant())
+    with served.connect(key) as ws:
+        frames_until(ws, "ready")
+        send(ws, type="user_turn", client_msg_id="m1", content="write a python function")
+        first = frames_until(ws, "turn_completed")
+        send(ws, type="user_turn", client_msg_id="m2", content=follow_up)
+        second = frames_until(ws, "turn_completed")
+    assert first[0]["specialist"] == second[0]["specialist"] == "coding"
+    events = served.events(first[0]["conversation_id"])
+    decided = [e.payload for e in events if isinstance(e.payload, RouterDecided)]
+    assert [(d.reason, d.previous) for d in decided] == [
+        ("classifier", None),
+        ("follow_up", "coding"),
+    ]
 
 
 def test_the_key_may_come_in_a_hello_frame(served: Running) -> None:

@@ -44,10 +44,11 @@ class GatedRouter:
         hint: str | None = None,
         within: Collection[str] | None = None,
         tool_callers: Collection[str] = (),
+        previous: str | None = None,
     ) -> RouterDecision:
         self.entered.set()
         assert self.gate.wait(60), "the test never opened the gate"
-        return self.router.route(text, hint, within, tool_callers)
+        return self.router.route(text, hint, within, tool_callers, previous)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.router, name)

@@ -23,6 +23,7 @@ from core.events import (
 from core.routing import (
     CLEARLY_OTHER,
     DEFAULT_SPECIALISTS,
+    FOLLOW_UP_CLEAR,
     InvalidFeatures,
     InvalidSpecialistName,
     LabelledTurn,
@@ -31,6 +32,7 @@ from core.routing import (
     RouterModel,
     UnknownSpecialist,
     decide,
+    is_follow_up,
     labels_of,
     specialist_name,
 )
@@ -317,3 +319,39 @@ def test_the_latest_label_of_a_turn_wins_and_corrections_weigh_more() -> None:
         LabelledTurn(text="turn 2", specialist="genui", weight=3.0),
     ]
     assert labels_of([]) == []
+
+
+# --- follow-ups ----------------------------------------------------------------------------------
+
+
+def test_an_unclear_follow_up_stays_with_the_previous_turns_specialist() -> None:
+    decision = decide(UNCLEAR_CHAT, MODEL, ALL, previous="coding")
+    assert decision.scores["chat"] < FOLLOW_UP_CLEAR
+    assert (decision.specialist, decision.reason, decision.previous) == (
+        "coding",
+        "follow_up",
+        "coding",
+    )
+    event = decision.to_event(
+        uuid.uuid4(), "coding@0", HarnessStamp(harness_version="h", hcp_version="hcp-1")
+    )
+    assert (event.reason, event.previous) == ("follow_up", "coding")
+
+
+def test_a_clear_change_of_subject_a_hint_client_tools_and_an_inactive_previous_win() -> None:
+    clear = decide(towards(3), MODEL, ALL, previous="coding")
+    assert clear.scores["genui"] >= FOLLOW_UP_CLEAR
+    assert (clear.specialist, clear.reason) == ("genui", "classifier")
+    hinted = decide(UNCLEAR_CHAT, MODEL, ALL, hint="genui", previous="coding")
+    assert (hinted.specialist, hinted.reason) == ("genui", "hint")
+    tools = decide(UNCLEAR_CHAT, MODEL, ALL, tool_callers={"agent"}, previous="coding")
+    assert (tools.specialist, tools.reason) == ("agent", "client_tools")
+    gone = decide(UNCLEAR_CHAT, MODEL, ALL - {"coding"}, previous="coding")
+    assert (gone.specialist, gone.reason) == ("chat", "classifier")
+    same = decide(UNCLEAR_CHAT, MODEL, ALL, previous="chat")
+    assert (same.specialist, same.reason) == ("chat", "classifier")
+
+
+def test_a_follow_up_is_six_words_at_most() -> None:
+    assert is_follow_up("and in Fahrenheit?") and is_follow_up("add a test for negative numbers")
+    assert not is_follow_up("Write a Python function that converts Celsius to Fahrenheit.")

@@ -102,6 +102,7 @@ class HintRouter:
         hint: str | None = None,
         within: Collection[str] | None = None,
         tool_callers: Collection[str] = (),
+        previous: str | None = None,
     ) -> RouterDecision:
         chosen = hint or "chat"
         return RouterDecision(
