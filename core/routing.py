@@ -105,13 +105,10 @@ SpecialistName = Annotated[str, Field(pattern=SPECIALIST_PATTERN)]
 
 _SPECIALIST = re.compile(SPECIALIST_PATTERN)
 _SCORE_TOLERANCE = 1e-6
-CLEARLY_OTHER = 0.6
-"""With client tools, a specialist that calls tools answers unless the classifier gives
-another at least this probability (measured: ``docs/serving.md``, "Client tools")."""
-FOLLOW_UP_WORDS = 6
-FOLLOW_UP_CLEAR = 0.7
-"""A message of at most ``FOLLOW_UP_WORDS`` words stays with the previous turn's specialist
-unless the classifier gives another at least ``FOLLOW_UP_CLEAR`` (measured: the same place)."""
+# The turn's context (``decide``), measured in ``docs/serving.md`` ("Client tools", "Follow-ups").
+CLEARLY_OTHER = 0.6  # with client tools, a tool caller unless another is at least this probable
+FOLLOW_UP_WORDS = 6  # a message this short reads as a follow-up of the previous turn ...
+FOLLOW_UP_CLEAR = 0.7  # ... and stays with its specialist unless another is at least this
 
 ROUTING_KEY = "routing"
 """The log key of routing labels (``RoutingLabelled``)."""
@@ -346,14 +343,17 @@ class LabelledTurn(BaseModel):
 
 CORRECTING: frozenset[RoutingSource] = frozenset({"correction", "kept"})
 """Label sources where a user said the router was wrong (weighed by ``correction_weight``)."""
+API_MODEL_WEIGHT = 0.25  # an API client's fixed ``model`` field, whatever its words
+_WEIGHTS: dict[str, float] = {"hint": 1.0, "up": 1.0, "api_model": API_MODEL_WEIGHT}
 
 
 def labels_of(
     labels: Iterable[RoutingLabelled], *, correction_weight: float = 1.0
 ) -> list[LabelledTurn]:
     """The training examples routing experience gives (``streams.routing_rules`` derives it
-    from the log), in the order of each turn's latest label: a turn's latest label wins, and a
-    correction or a kept answer of another specialist weighs ``correction_weight``."""
+    from the log), in the order of each turn's latest label: a turn's latest label wins, a
+    correction or a kept answer of another specialist weighs ``correction_weight``, and an API
+    client's ``model`` field ``API_MODEL_WEIGHT``."""
     latest: dict[UUID, RoutingLabelled] = {}
     for label in labels:
         latest.pop(label.turn_id, None)
@@ -362,7 +362,7 @@ def labels_of(
         LabelledTurn(
             text=label.text,
             specialist=label.specialist,
-            weight=correction_weight if label.source in CORRECTING else 1.0,
+            weight=correction_weight if label.source in CORRECTING else _WEIGHTS[label.source],
         )
         for label in latest.values()
     ]

@@ -59,6 +59,7 @@ def _turn_request(body: ChatCompletionRequest, service: ChatService) -> TurnRequ
             *(ChatMessage(role=m.chat_role, content=m.text) for m in earlier),
         ),
         decoding=body.decoding(),
+        front_end="openai",
         client_tools=bool(body.callable_tools()),
     )
 

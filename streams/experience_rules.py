@@ -112,6 +112,7 @@ class ExperienceBuilder:
                     specialist_hint=p.specialist_hint,
                     input_kind=p.input_kind,
                     client_decoding=p.decoding is not None,
+                    front_end=p.front_end,
                 )
             case RouterDecided():
                 store.record_route(conn, p.turn_id, p.specialist, p.adapter_version)

@@ -3,7 +3,9 @@ experience builder from the turns it joins (``RoutingLabelled`` on key ``routing
 
 Rules ``routing-1`` (``routing_labels``, pure: a joined turn and an event in, the labels out):
 - a typed message whose user picked a specialist (``specialist_hint``) and was answered by it:
-  ``hint``;
+  ``hint``; ``api_model`` when the message came through the OpenAI API, whose ``model`` field
+  a program may send whatever the words (turns from before ``TurnReceived`` v7 recorded
+  where they came in give ``hint``, as they did);
 - a ``reroute`` (``RoutingCorrected``): the corrected turn's words to the named specialist,
   ``correction``;
 - thumbs up on a turn that answered another one again with another specialist: ``kept``;
@@ -43,7 +45,8 @@ def routing_labels(
     own_pick = turn.regenerates is None and turn.specialist_hint is not None
     match payload:
         case TurnCompleted() if own_pick and turn.specialist_hint == turn.specialist:
-            return [_label(turn, event, turn.specialist, "hint")]
+            source: RoutingSource = "api_model" if turn.front_end == "openai" else "hint"
+            return [_label(turn, event, turn.specialist, source)]
         case RoutingCorrected():
             return [_label(turn, event, payload.specialist, "correction")]
         case FeedbackGiven(kind="up"):

@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 from core.events.envelope import HASH_PATTERN, EventPayload
 from core.events.turns import ChatMessage, HarnessStamp
 
-RoutingSource = Literal["hint", "correction", "kept", "up"]
+RoutingSource = Literal["hint", "api_model", "correction", "kept", "up"]
 ExperienceSource = Literal["rollout", "feedback", "edit"]
 """Where a record's answers came from: the model's own rollouts judged by a verifier
 (``rollout``), the model's own answers judged by the people it served (``feedback``: a thumbs

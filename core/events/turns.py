@@ -66,16 +66,23 @@ class RequestedDecoding(BaseModel):
         return self
 
 
+FrontEnd = Literal["chat", "openai"]
+"""Where a turn's words came in: the chat protocol (a person at a chat client: the WebSocket or
+its HTTP twin; regenerations, reroutes and GenUI events too) or the OpenAI API (a program, whose
+``model`` field may be fixed in its code)."""
+
+
 class TurnReceived(EventPayload):
     """v2 renamed ``text`` to ``content`` and added ``client_msg_id`` and ``specialist_hint``;
     v3 added the serving release, the harness stamp (``None`` on turns upcast from before the
     harness existed) and ``input_kind`` (a typed message, or a GenUI ``ui_event``); v4 added
     ``regenerates``, the turn this one answers again (the user asked to regenerate it); v5
     added ``decoding``, what the client asked of the decoding (``None``: the harness's); v6
-    added ``decoding.or_text`` (a client's tool call, or text)."""
+    added ``decoding.or_text`` (a client's tool call, or text); v7 added ``front_end``, where
+    the words came in (``None`` on turns upcast from before)."""
 
     event_type = "TurnReceived"
-    schema_version = 6
+    schema_version = 7
     conversation_id: UUID
     turn_id: UUID
     client_msg_id: str = Field(min_length=1, max_length=200)
@@ -86,6 +93,7 @@ class TurnReceived(EventPayload):
     harness: HarnessStamp | None
     regenerates: UUID | None = None
     decoding: RequestedDecoding | None = None
+    front_end: FrontEnd | None = None
 
 
 RoutingReason = Literal["classifier", "hint", "only_specialist", "client_tools", "follow_up"]

@@ -90,6 +90,13 @@ def _turn_received_v5(payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
+@UPCASTERS.register("TurnReceived", 6)
+def _turn_received_v6(payload: dict[str, Any]) -> dict[str, Any]:
+    """v6 turns did not record where their words came in."""
+    payload.setdefault("front_end", None)
+    return payload
+
+
 @UPCASTERS.register("ExperienceRecorded", 1)
 def _experience_recorded_v1(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 records all came from turns."""

@@ -44,9 +44,11 @@ class JoinedTurn:
     a reroute named)."""
     input_kind: str = "text"
     genui_valid: bool | None = None
+    """Whether the GenUI tree the turn answered with was valid (``None``: not a GenUI turn)."""
     client_decoding: bool = False
     """Whether the client asked for its own decoding (then the answer teaches no adapter)."""
-    """Whether the GenUI tree the turn answered with was valid (``None``: not a GenUI turn)."""
+    front_end: str | None = None
+    """Where its words came in (``TurnReceived.front_end``; ``None``: not recorded)."""
 
 
 def record_conversation(
@@ -71,11 +73,12 @@ def record_turn(
     specialist_hint: str | None = None,
     input_kind: str = "text",
     client_decoding: bool = False,
+    front_end: str | None = None,
 ) -> None:
     conn.execute(
         "INSERT INTO experience_turns (turn_id, conversation_id, tenant_id, position, content, "
-        "harness_version, regenerates, specialist_hint, input_kind, client_decoding) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        "harness_version, regenerates, specialist_hint, input_kind, client_decoding, front_end) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
         (
             turn_id,
             conversation_id,
@@ -87,6 +90,7 @@ def record_turn(
             specialist_hint,
             input_kind,
             client_decoding,
+            front_end,
         ),
     )
 
@@ -198,6 +202,7 @@ def joined_turn(conn: DictConnection, turn_id: UUID, history_turns: int) -> Join
         input_kind=row["input_kind"],
         genui_valid=row["genui_valid"],
         client_decoding=row["client_decoding"],
+        front_end=row["front_end"],
     )
 
 

@@ -243,6 +243,7 @@ def _received(
         harness=route.harness.stamp,
         regenerates=request.regenerates,
         decoding=request.decoding,
+        front_end=request.front_end,
     )
 
 

@@ -9,7 +9,7 @@ from typing import Protocol
 from uuid import UUID
 
 from core.engine import OutputConstraint
-from core.events import ChatMessage, HarnessActionExecuted, RequestedDecoding
+from core.events import ChatMessage, FrontEnd, HarnessActionExecuted, RequestedDecoding
 from core.harness.genui import GenUIResult, text_fallback
 from core.routing import RouterDecision, RouterModel
 from server.turns.items import GenUITree, TextDelta
@@ -70,6 +70,7 @@ class TurnRequest:
     """The turn this one answers again (a ``regenerate``)."""
     decoding: RequestedDecoding | None = None
     """What the client asked of the decoding (the OpenAI API's parameters)."""
+    front_end: FrontEnd = "chat"
     client_tools: bool = False
     """The client offered tools an answer may call: the router prefers a specialist that calls
     tools."""

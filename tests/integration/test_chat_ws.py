@@ -12,7 +12,7 @@ import httpx
 import pytest
 from websockets.exceptions import ConnectionClosed
 
-from core.events import RouterDecided
+from core.events import RouterDecided, TurnReceived
 from infra.local_stack import LocalStack
 from server.router import RouterService
 from tests.serving import Running, frames_until, send, serving
@@ -59,6 +59,7 @@ def test_a_turn_streams_tokens_and_every_step_is_in_the_log(served: Running) -> 
     assert [e.envelope.type for e in events] == ["ConversationStarted", *TURN_EVENTS]
     responded = events[3].payload
     assert responded.text == "".join(tokens)
+    assert isinstance(events[1].payload, TurnReceived) and events[1].payload.front_end == "chat"
     assert {e.envelope.tenant_id for e in events} == {ready["tenant_id"]}
     for event in events[1:]:
         assert event.envelope.payload["harness"] == {

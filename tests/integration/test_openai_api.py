@@ -23,6 +23,7 @@ from core.events import (
     ModelResponded,
     RouterDecided,
     RoutingCorrected,
+    RoutingLabelled,
     TurnReceived,
 )
 from infra.local_stack import LocalStack
@@ -122,6 +123,7 @@ def test_streaming_with_a_named_specialist(served: Running) -> None:
     extra = chunks[0].model_extra or {}
     events = served.events(extra["macaron"]["conversation_id"])
     [received] = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
+    assert received.front_end == "openai"
     assert received.specialist_hint == "genui" and text  # the random model's tree is invalid:
     assert "could not render" in text  # the user got the text fallback
 
@@ -204,6 +206,7 @@ def test_feedback_and_reroute_over_http_teach_as_the_websocket_does(served: Runn
     assert (str(corrected.turn_id), corrected.specialist) == (ids["turn_id"], "coding")
     received = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
     assert [str(r.regenerates) for r in received] == ["None", ids["turn_id"], ids["turn_id"]]
+    assert [r.front_end for r in received] == ["openai", "chat", "chat"]
     assert [
         again.json()["macaron"]["turn_id"],
         rerouted.json()["macaron"]["turn_id"],
@@ -309,6 +312,12 @@ def test_the_sampling_parameters_clients_send_are_applied_and_recorded(served: R
     }
     assert plain_ids["turn_id"] in taught  # the harness's decoding: an SFT example
     assert ids["turn_id"] not in taught  # the client's own decoding teaches no adapter
+    sources = {
+        str(e.payload.turn_id): e.payload.source
+        for e in served.events("routing")
+        if isinstance(e.payload, RoutingLabelled)
+    }
+    assert sources[plain_ids["turn_id"]] == "api_model"  # the client's model field, weighed less
     refusals: list[tuple[dict[str, Any], str]] = [
         ({"presence_penalty": 0.5}, "presence_penalty"),
         ({"n": 2}, "n"),

@@ -392,6 +392,15 @@ def test_a_users_pick_answered_by_that_specialist_is_a_hint_label() -> None:
     assert labels(PICKED, completed()) == [(TURN, TEXT, "chat", "hint")]
     assert labels(CHAT_TURN, completed()) == []  # the router chose: no evidence yet
     assert labels(replace(PICKED, specialist="agent"), completed()) == []  # not honoured
+    chat_client = replace(PICKED, front_end="chat")
+    assert labels(chat_client, completed()) == [(TURN, TEXT, "chat", "hint")]
+
+
+def test_an_api_clients_model_field_is_an_api_model_label() -> None:
+    """An OpenAI client names a model in its code, whatever the words: its own label source,
+    which the router's fit weighs less."""
+    api = replace(PICKED, front_end="openai")
+    assert labels(api, completed()) == [(TURN, TEXT, "chat", "api_model")]
 
 
 def test_a_reroute_labels_the_turns_words_with_the_named_specialist() -> None:

@@ -21,6 +21,7 @@ from core.events import (
     RoutingSource,
 )
 from core.routing import (
+    API_MODEL_WEIGHT,
     CLEARLY_OTHER,
     DEFAULT_SPECIALISTS,
     FOLLOW_UP_CLEAR,
@@ -296,7 +297,7 @@ def test_a_decision_must_be_consistent() -> None:
 
 
 def test_the_latest_label_of_a_turn_wins_and_corrections_weigh_more() -> None:
-    ids = [uuid.uuid4() for _ in range(3)]
+    ids = [uuid.uuid4() for _ in range(4)]
 
     def label(n: int, specialist: str, source: RoutingSource) -> RoutingLabelled:
         return RoutingLabelled(
@@ -312,12 +313,15 @@ def test_the_latest_label_of_a_turn_wins_and_corrections_weigh_more() -> None:
         label(1, "chat", "up"),
         label(0, "agent", "correction"),  # later: it wins, and moves to its place in the log
         label(2, "genui", "kept"),
+        label(3, "coding", "api_model"),  # an API client's model field counts a quarter
     ]
     assert labels_of(labels, correction_weight=3.0) == [
         LabelledTurn(text="turn 1", specialist="chat"),
         LabelledTurn(text="turn 0", specialist="agent", weight=3.0),
         LabelledTurn(text="turn 2", specialist="genui", weight=3.0),
+        LabelledTurn(text="turn 3", specialist="coding", weight=API_MODEL_WEIGHT),
     ]
+    assert API_MODEL_WEIGHT == 0.25
     assert labels_of([]) == []
 
 
