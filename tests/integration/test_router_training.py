@@ -94,8 +94,12 @@ def test_routing_labels_train_a_router_that_is_judged_and_promoted(
 
         send(ws, type="user_turn", client_msg_id="after", content="Tell me a joke.")
         frames_until(ws, "turn_completed")
+        # A short follow-up is routed with its conversation by the promoted router.
+        send(ws, type="user_turn", client_msg_id="follow-up", content="make it warmer")
+        frames_until(ws, "turn_completed")
         decided = [e.payload for e in served.events() if isinstance(e.payload, RouterDecided)]
-        assert decided[-1].router_version == own.version
+        assert decided[-1].router_version == decided[-2].router_version == own.version
+        assert decided[-1].previous == decided[-2].specialist == decided[-1].specialist
 
         # A redelivery of the run after its promotion asks for nothing: its router serves.
         redelivered = train_router_run(
