@@ -1,8 +1,7 @@
-"""Router training, in one room: the labelled examples (the seed set ships here), the fit of
-the router's classifier (a multinomial logistic regression over sentence embeddings, fitted with
-torch and returned as plain data, ``core.routing.RouterModel``, named by a digest of everything
-the fit depends on), the trainer the router service and the learning loop retrain with, and the
-router run.
+"""Router training, in one room: the labelled examples (the seed set and the follow-up suite
+ship here), the fit of the router's classifier (a multinomial logistic regression over sentence
+embeddings, as plain data, ``core.routing.RouterModel``, named by a digest of everything the fit
+depends on), the trainer the router service and the learning loop retrain with, the router run.
 
 A router run trains a successor classifier on the seed examples and every routing label of the
 log up to the run's end, judges it against the router of the active release on the contract's
@@ -326,6 +325,7 @@ def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
     evaluation = {
         "contract_version": contract.version,
         "labels": len(labels),
+        "labels_left_out": sum(t.specialist not in parent.specialists for t in labels_of(labels)),
         "candidate_accuracy": _accuracy(judged[0]),
         "parent_accuracy": _accuracy(judged[1]),
         "gain": decision.gain,
@@ -390,6 +390,7 @@ def _evaluated(run: dict[str, Any]) -> NewEvent:
             parent_accuracy=evaluation["parent_accuracy"],
             passed=run["status"] == "passed",
             reasons=evaluation["reasons"],
+            labels_left_out=evaluation.get("labels_left_out", 0),  # none counted before v2
         ),
         tenant_id="system",
         key=ROUTER_RUNS_KEY,

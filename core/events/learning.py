@@ -139,9 +139,12 @@ class RouterTrainingRequested(EventPayload):
 
 class RouterEvaluated(EventPayload):
     """A router successor judged on the contract's routing suite against the router it would
-    replace: accuracies over the suite, and why it was refused (nothing when it passed)."""
+    replace: accuracies over the suite, and why it was refused (nothing when it passed). v2
+    added ``labels_left_out``: the run's labels naming a specialist its router does not know
+    (skipped, never fitted; 0 on verdicts upcast from v1)."""
 
     event_type = "RouterEvaluated"
+    schema_version = 2
     run_id: UUID
     router_version: str
     parent_router_version: str
@@ -150,6 +153,7 @@ class RouterEvaluated(EventPayload):
     parent_accuracy: float = Field(ge=0.0, le=1.0)
     passed: bool
     reasons: list[str] = Field(default_factory=list)
+    labels_left_out: int = Field(default=0, ge=0)
 
 
 class CandidateTrained(EventPayload):

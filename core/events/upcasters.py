@@ -119,3 +119,10 @@ def _router_decided_v1(payload: dict[str, Any]) -> dict[str, Any]:
     payload.setdefault("tool_callers", [])
     payload.setdefault("previous", None)
     return payload
+
+
+@UPCASTERS.register("RouterEvaluated", 1)
+def _router_evaluated_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 verdicts did not count the labels their run left out."""
+    payload.setdefault("labels_left_out", 0)
+    return payload

@@ -114,7 +114,8 @@ def test_a_router_taught_wrong_is_refused_and_the_active_one_routes_on(
     database_url: str, tiny_model: Path, tmp_path: Path
 ) -> None:
     """Corrections that send the routing suite's coding turns to chat: the successor loses
-    coding's recall, the contract refuses it, and no release names it."""
+    coding's recall, the contract refuses it, and no release names it. A label naming a
+    specialist the router does not know is left out of the fit, and counted."""
     settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model)
     own = wiring.seed_router(SentenceEmbedder())
     seed_version = own.version
@@ -126,10 +127,20 @@ def test_a_router_taught_wrong_is_refused_and_the_active_one_routes_on(
         for t in suite
         if t.specialist == "coding"
     ]
+    unknown = RoutingLabelled(
+        label_id=uuid4(),
+        turn_id=uuid4(),
+        text="Is a verbal deal binding?",
+        specialist="legal",
+        source="correction",
+    )
     with running_server(settings, router=own) as served:
         before = served.server.chat.release
         served.server.log.append(
-            [NewEvent(payload=label, tenant_id="system", key=ROUTING_KEY) for label in wrong]
+            [
+                NewEvent(payload=label, tenant_id="system", key=ROUTING_KEY)
+                for label in [*wrong, unknown]
+            ]
         )
         run_id = uuid4()
         with served.server.pool.connection() as conn, conn.transaction():
@@ -140,4 +151,5 @@ def test_a_router_taught_wrong_is_refused_and_the_active_one_routes_on(
         [evaluated] = [e.payload for e in served.events() if isinstance(e.payload, RouterEvaluated)]
         assert not evaluated.passed and evaluated.candidate_accuracy < evaluated.parent_accuracy
         assert any("coding" in reason for reason in evaluated.reasons), evaluated.reasons
+        assert evaluated.labels_left_out == 1
         assert served.server.chat.release == before and own.version == seed_version

@@ -17,6 +17,7 @@ from core.events import (
     HarnessStamp,
     NewEvent,
     RouterDecided,
+    RouterEvaluated,
     RoutingLabelled,
     RoutingSource,
 )
@@ -244,6 +245,17 @@ def test_a_v1_decision_reads_back_with_no_reason_and_no_context() -> None:
     }
     payload = RouterDecided.model_validate(UPCASTERS.upcast("RouterDecided", 1, v1, 2))
     assert (payload.reason, payload.tool_callers, payload.specialist) == (None, [], "chat")
+    verdict = {
+        "run_id": str(uuid.uuid4()),
+        "router_version": "r2",
+        "parent_router_version": "r1",
+        "contract_version": "3",
+        "candidate_accuracy": 0.9,
+        "parent_accuracy": 0.9,
+        "passed": False,
+    }
+    evaluated = RouterEvaluated.model_validate(UPCASTERS.upcast("RouterEvaluated", 1, verdict, 2))
+    assert evaluated.labels_left_out == 0
 
 
 # --- requests with client tools ----------------------------------------------------------------
