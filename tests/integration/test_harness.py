@@ -255,6 +255,9 @@ def assert_the_kept_regeneration_is_a_preference_pair(
     assert first != second
 
 
+GREETING = "hello there, how has your day been so far, my friend?"
+
+
 def test_a_reroute_answers_again_with_the_named_specialist_and_teaches_the_router(
     served: Running,
 ) -> None:
@@ -265,7 +268,7 @@ def test_a_reroute_answers_again_with_the_named_specialist_and_teaches_the_route
     with served.connect(served.key("routing-tenant")) as ws:
         frames_until(ws, "ready")
         picked = turn(served, ws, "show me a card", "genui")
-        answered = turn(served, ws, "hello")
+        answered = turn(served, ws, GREETING)  # not a short follow-up of the genui turn
         turn_id = answered[0]["turn_id"]
         for specialist, code in [("poetry", "unknown_specialist"), ("chat", "invalid_frame")]:
             send(ws, type="reroute", turn_id=turn_id, specialist=specialist)
@@ -284,7 +287,7 @@ def test_a_reroute_answers_again_with_the_named_specialist_and_teaches_the_route
     corrected = [e.payload for e in events if isinstance(e.payload, RoutingCorrected)]
     assert [(str(c.turn_id), c.specialist) for c in corrected] == [(turn_id, "genui")]
     received = [e.payload for e in events if isinstance(e.payload, TurnReceived)]
-    assert [(r.content, str(r.regenerates)) for r in received][-1] == ("hello", turn_id)
+    assert [(r.content, str(r.regenerates)) for r in received][-1] == (GREETING, turn_id)
     hosts = wiring.processor_hosts(served.settings, served.server.log, served.server.pool)
     [builder] = [h for h in hosts if isinstance(h.processor, ExperienceBuilder)]
     catch_up(builder)
@@ -296,8 +299,8 @@ def test_a_reroute_answers_again_with_the_named_specialist_and_teaches_the_route
     ]
     assert labels == [
         (picked[0]["turn_id"], "show me a card", "genui", "hint"),
-        (turn_id, "hello", "genui", "correction"),
-        (again[0]["turn_id"], "hello", "genui", "kept"),
+        (turn_id, GREETING, "genui", "correction"),
+        (again[0]["turn_id"], GREETING, "genui", "kept"),
     ]
 
 
