@@ -341,6 +341,25 @@ class ConstraintUnsupported(MacaronError):
     code = "constraint_unsupported"
 
 
+class MasterKeyInvalid(ConfigError):
+    """The master key that wraps tenants' data keys is missing, malformed, or not the one the
+    stored data keys were wrapped with: nothing starts, and nothing is written in plaintext."""
+
+    code = "master_key_invalid"
+
+
+class TenantNotFound(MacaronError):
+    """No such tenant (tenants come with their API keys)."""
+
+    code = "tenant_not_found"
+
+
+class TenantForgotten(MacaronError):
+    """The tenant was forgotten: its data key is destroyed, and nothing more of it is stored."""
+
+    code = "tenant_forgotten"
+
+
 def validation_problems(exc: ValidationError, whole: str, limit: int = 5) -> str:
     """The first ``limit`` problems of a pydantic validation error as ``path: message``, joined
     by ``; `` (``whole`` names the path of a problem with the value as a whole)."""

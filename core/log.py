@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -17,6 +17,7 @@ from pydantic import ValidationError
 
 from core.errors import EventIdConflict, InvalidEvent, MacaronError, SequenceConflict
 from core.events import Envelope, EventPayload, NewEvent, Sealed, decode_payload
+from core.events.privacy import PRIVATE, Cipher, Forgotten
 
 Positions = dict[int, int]
 """Partition -> next offset to read (exclusive of everything before it)."""
@@ -58,10 +59,13 @@ def parse_envelope(raw: bytes | str | Mapping[str, Any]) -> Envelope:
         raise InvalidEvent("malformed envelope: nested too deeply") from exc
 
 
-def decode_envelope(position: LogPosition, envelope: Envelope) -> RecordedEvent | DeadLetter:
-    """Upcast and validate a stored envelope's payload, or say why it is a dead letter."""
+def decode_envelope(
+    position: LogPosition, envelope: Envelope, cipher: Cipher | None = None
+) -> RecordedEvent | DeadLetter:
+    """Open (with ``cipher``), upcast and validate a stored envelope's payload, or say why it is
+    a dead letter. Every event of a forgotten tenant reads as a ``Forgotten`` marker."""
     try:
-        return RecordedEvent(position, envelope, decode_payload(envelope))
+        return RecordedEvent(position, envelope, _open_and_decode(envelope, cipher))
     except MacaronError as exc:
         code, reason = exc.code, exc.message
     except Exception as exc:  # an upcaster meeting a payload it cannot lift, say
@@ -69,8 +73,21 @@ def decode_envelope(position: LogPosition, envelope: Envelope) -> RecordedEvent 
     return DeadLetter(position, code, reason, json.dumps(envelope.to_json(), default=str))
 
 
+def _open_and_decode(envelope: Envelope, cipher: Cipher | None) -> EventPayload:
+    if cipher is None:
+        if PRIVATE in envelope.payload:
+            raise InvalidEvent(f"{envelope.type}: a sealed payload, and no data keys to open it")
+        return decode_payload(envelope)
+    if cipher.keys.is_forgotten(envelope.tenant_id):
+        return Forgotten(original_type=envelope.type)
+    opened = cipher.open(envelope)
+    if opened is None:
+        return Forgotten(original_type=envelope.type)
+    return decode_payload(replace(envelope, payload=opened))
+
+
 def decode_stored(
-    position: LogPosition, raw: bytes | str | Mapping[str, Any] | None
+    position: LogPosition, raw: bytes | str | Mapping[str, Any] | None, cipher: Cipher | None = None
 ) -> RecordedEvent | DeadLetter:
     """Parse and decode one stored record, or say why it goes to the dead-letter stream."""
     if raw is None:  # a Kafka tombstone: never written by this log
@@ -83,7 +100,7 @@ def decode_stored(
         else:
             text = raw if isinstance(raw, str) else json.dumps(dict(raw), default=str)
         return DeadLetter(position, exc.code, exc.message, text)
-    return decode_envelope(position, envelope)
+    return decode_envelope(position, envelope, cipher)
 
 
 class EventLog(Protocol):
@@ -135,6 +152,7 @@ def seal_batch(
     events: Sequence[NewEvent],
     stored_digests: Mapping[UUID, str],
     heads: dict[str, tuple[int, str]],
+    cipher: Cipher | None = None,
 ) -> list[Sealed]:
     """Seal, in order, the events of a batch that are not stored yet, continuing each key's chain.
 
@@ -152,7 +170,7 @@ def seal_batch(
                 f"key {event.key!r} is at sequence {sequence}; "
                 f"event {event.event_id} expected to be {event.sequence}"
             )
-        sealed = event.seal(sequence + 1, prev_hash)
+        sealed = event.seal(sequence + 1, prev_hash, cipher)
         if known is not None:
             if known != sealed.content_digest:
                 raise EventIdConflict(f"event {event.event_id} is stored with other content")
@@ -161,3 +179,11 @@ def seal_batch(
         digests[event.event_id] = sealed.content_digest
         fresh.append(sealed)
     return fresh
+
+
+def warm_keys(cipher: Cipher | None, events: Sequence[NewEvent]) -> None:
+    """Fetch (or make) the writing keys of the batch's tenants, so that sealing under the
+    append's lock needs no other connection; a forgotten tenant fails here, before anything."""
+    if cipher is not None:
+        for tenant_id in {event.tenant_id for event in events}:
+            cipher.keys.writing_key(tenant_id)

@@ -39,6 +39,11 @@ class Settings(BaseSettings):
     kafka_replication: int = Field(default=1, ge=1, le=16)
 
     http_port: int = Field(default=8420, ge=1, le=65535, description="`macaron serve` port")
+    master_key_file: Path | None = Field(
+        default=None,
+        description="master keys that wrap tenants' data keys; unset means $MACARON_HOME/"
+        "master.key, made on first start",
+    )
     model_dir: Path | None = Field(
         default=None, description="base model folder; unset means the pulled SmolLM2-135M"
     )

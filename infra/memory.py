@@ -9,12 +9,14 @@ process.
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
-from core.errors import EventIdConflict
+from core.errors import EventIdConflict, TenantForgotten
 from core.events import Envelope, EventPayload, NewEvent
+from core.events.privacy import Cipher, DataKey
 from core.log import (
     DeadLetter,
     LogPosition,
@@ -34,7 +36,8 @@ _Stored = tuple[Envelope, EventPayload | None]
 class InMemoryEventLog:
     """``EventLog`` over a list in this process."""
 
-    def __init__(self) -> None:
+    def __init__(self, cipher: Cipher | None = None) -> None:
+        self._cipher = cipher
         self._stored: list[_Stored] = []  # the event at offset n is self._stored[n - 1]
         self._offsets: dict[UUID, int] = {}  # event id -> offset of its first copy
         self._heads: dict[str, tuple[int, str]] = {}  # key -> (sequence, hash) of its last event
@@ -48,9 +51,11 @@ class InMemoryEventLog:
                 for e in events
                 if e.event_id in self._offsets
             }
-            digests = {i: r.envelope.content_digest() for i, r in stored.items()}
+            digests = {i: r.envelope.content_digest(self._cipher) for i, r in stored.items()}
             heads = {e.key: self._heads[e.key] for e in events if e.key in self._heads}
-            fresh = seal_batch(events, digests, heads)  # raises before anything is stored
+            fresh = seal_batch(
+                events, digests, heads, self._cipher
+            )  # raises before anything is stored
             for sealed in fresh:
                 offset = self._store(sealed.envelope, sealed.payload)
                 stored[sealed.envelope.event_id] = RecordedEvent(
@@ -88,9 +93,11 @@ class InMemoryEventLog:
     def _decoded(self, offset: int) -> RecordedEvent | DeadLetter:
         envelope, payload = self._stored[offset - 1]
         position = LogPosition(PARTITION, offset)
-        if payload is not None:
+        if payload is not None and (
+            self._cipher is None or not self._cipher.keys.is_forgotten(envelope.tenant_id)
+        ):
             return RecordedEvent(position, envelope, payload)
-        return decode_envelope(position, envelope)
+        return decode_envelope(position, envelope, self._cipher)
 
     def read(
         self,
@@ -154,3 +161,29 @@ class InMemoryEventLog:
 
     def close(self) -> None:
         """Nothing to release: the events live as long as this object."""
+
+
+class InMemoryDataKeys:
+    """Tenants' data keys in this process, unwrapped (``DataKeys``): for unit tests."""
+
+    def __init__(self) -> None:
+        self._keys: dict[str, DataKey] = {}
+        self._forgotten: set[str] = set()
+
+    def writing_key(self, tenant_id: str) -> DataKey:
+        if tenant_id in self._forgotten:
+            raise TenantForgotten(f"tenant {tenant_id!r} was forgotten: nothing more is stored")
+        return self._keys.setdefault(tenant_id, DataKey.new(uuid.uuid4()))
+
+    def reading_key(self, tenant_id: str, key_id: UUID) -> DataKey | None:
+        key = self._keys.get(tenant_id)
+        return key if key is not None and key.key_id == key_id else None
+
+    def is_forgotten(self, tenant_id: str) -> bool:
+        return tenant_id in self._forgotten
+
+    def forget(self, tenant_id: str) -> bool:
+        self._keys.pop(tenant_id, None)
+        newly = tenant_id not in self._forgotten
+        self._forgotten.add(tenant_id)
+        return newly

@@ -17,6 +17,7 @@ from uuid import uuid4
 
 from core.engine import Engine
 from core.errors import ModelUnavailable
+from core.events.privacy import Cipher
 from core.log import EventLog
 from core.routing import RouterNotFound
 from core.settings import Settings
@@ -24,6 +25,8 @@ from infra.artifacts import ArtifactStore
 from infra.kafka.eventlog import KafkaEventLog
 from infra.local_stack import LocalStack
 from infra.models import models_dir
+from infra.master_key import load_master_keys
+from infra.postgres.data_keys import PostgresDataKeys
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from infra.postgres.routers import queued_router_run_ids, register_router, router_model
@@ -53,10 +56,24 @@ def database_url(settings: Settings) -> str:
     return settings.database_url or LocalStack(settings).postgres.url()
 
 
+def data_keys(settings: Settings, pool: Pool) -> PostgresDataKeys:
+    """Tenants' data keys, wrapped by the master key file; a master key that is not the one
+    the stored keys were wrapped with refuses start-up here."""
+    keys = PostgresDataKeys(pool, load_master_keys(settings))
+    keys.check_master()
+    return keys
+
+
+def cipher(settings: Settings, pool: Pool) -> Cipher:
+    return Cipher(data_keys(settings, pool))
+
+
 def event_log(settings: Settings, pool: Pool) -> EventLog:
+    """The log, sealing and opening tenants' words with their data keys."""
+    sealing = cipher(settings, pool)
     if settings.event_log == "kafka":
-        return KafkaEventLog(settings.kafka_servers, settings.kafka_topic, pool)
-    return PostgresEventLog(pool, database_url(settings))
+        return KafkaEventLog(settings.kafka_servers, settings.kafka_topic, pool, sealing)
+    return PostgresEventLog(pool, database_url(settings), sealing)
 
 
 def pool(settings: Settings) -> Pool:

@@ -14,12 +14,15 @@ from typing import Any
 
 import faust
 
+from core.events.privacy import Cipher
 from core.log import DeadLetter, LogPosition, decode_stored
 from core.settings import Settings
 from streams.host import ProcessorHost
 
 
-def faust_app(settings: Settings, hosts: list[ProcessorHost], app_id: str) -> faust.App:
+def faust_app(
+    settings: Settings, hosts: list[ProcessorHost], app_id: str, cipher: Cipher
+) -> faust.App:
     datadir = settings.home / "faust" / app_id
     datadir.mkdir(parents=True, exist_ok=True)
     app = faust.App(
@@ -38,16 +41,16 @@ def faust_app(settings: Settings, hosts: list[ProcessorHost], app_id: str) -> fa
     )
     topic = app.topic(settings.kafka_topic, key_serializer="raw", value_serializer="raw")
     for host in hosts:
-        app.agent(topic, name=host.processor.name)(_agent(host))
+        app.agent(topic, name=host.processor.name)(_agent(host, cipher))
     return app
 
 
-def _agent(host: ProcessorHost) -> Any:
+def _agent(host: ProcessorHost, cipher: Cipher) -> Any:
     async def process(stream: faust.StreamT[bytes]) -> AsyncIterator[None]:
         async for event in stream.events():
             message = event.message
             position = LogPosition(message.partition, message.offset)
-            decoded = decode_stored(position, event.value)
+            decoded = decode_stored(position, event.value, cipher)
             if isinstance(decoded, DeadLetter):
                 await asyncio.to_thread(host.skip, decoded)
             else:
@@ -57,8 +60,9 @@ def _agent(host: ProcessorHost) -> Any:
     return process
 
 
-def run_worker(settings: Settings, hosts: list[ProcessorHost], app_id: str) -> None:
-    """Run the agents until the process is told to stop (SIGINT or SIGTERM)."""
-    app = faust_app(settings, hosts, app_id)
+def run_worker(settings: Settings, hosts: list[ProcessorHost], app_id: str, cipher: Cipher) -> None:
+    """Run the agents until the process is told to stop (SIGINT or SIGTERM); events are
+    opened with ``cipher``, as every log opens them."""
+    app = faust_app(settings, hosts, app_id, cipher)
     worker = faust.Worker(app, loglevel="WARNING", quiet=True)
     worker.execute_from_commandline()

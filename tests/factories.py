@@ -16,6 +16,9 @@ from core.canonical import canonical_json, sha256_hex
 from core.events import NewEvent, TurnReceived, chain_hash, format_time, utc_now
 from core.ids import uuid7
 from core.release import AdapterRef, Release
+from infra.master_key import parse_master_keys
+from infra.postgres.data_keys import PostgresDataKeys
+from infra.postgres.db import Pool
 
 
 def turn(key: str, n: int = 0, *, tenant: str = "tenant-a", **kw: Any) -> NewEvent:
@@ -131,3 +134,12 @@ def inject_postgres(database_url: str, envelope: dict[str, Any]) -> None:
                 Json(envelope["payload"]),
             ),
         )
+
+
+TEST_MASTER_KEYS = "tests " + "bWFjYXJvbi10ZXN0cy1tYXN0ZXIta2V5LTMyLWJ5dGU=\n"
+"""A fixed master key (32 bytes) for logs the tests build by hand."""
+
+
+def data_keys_for(pool: Pool) -> PostgresDataKeys:
+    """Data keys in the test's database, wrapped by ``TEST_MASTER_KEYS``."""
+    return PostgresDataKeys(pool, parse_master_keys(TEST_MASTER_KEYS, "tests"))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Annotated, Any, ClassVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar
 from uuid import UUID
 
 from pydantic import (
@@ -26,6 +26,9 @@ from pydantic import (
 from core.canonical import canonical_json, sha256_hex
 from core.errors import InvalidEvent
 from core.ids import uuid7
+
+if TYPE_CHECKING:
+    from core.events.privacy import Cipher
 
 HASH_PATTERN = r"^[0-9a-f]{64}$"
 _TYPE = r"^[A-Za-z][A-Za-z0-9_.]{0,99}$"
@@ -99,8 +102,10 @@ class Envelope:
     def computed_hash(self) -> str:
         return chain_hash(self.header(), sha256_hex(canonical_json(self.payload)))
 
-    def content_digest(self) -> str:
-        payload_sha256 = sha256_hex(canonical_json(self.payload))
+    def content_digest(self, cipher: Cipher | None = None) -> str:
+        """As ``Sealed.content_digest``: keyed, for an event sealed with ``cipher``."""
+        keyed = None if cipher is None else cipher.digest(self)
+        payload_sha256 = keyed or sha256_hex(canonical_json(self.payload))
         return content_digest(
             self.type, self.schema_version, self.tenant_id, self.key, payload_sha256
         )
@@ -142,6 +147,8 @@ class EventPayload(BaseModel):
 
     event_type: ClassVar[str]
     schema_version: ClassVar[int] = 1
+    private_fields: ClassVar[tuple[str, ...]] = ()
+    """The fields that hold a tenant's words: sealed with its data key (``privacy``)."""
 
 
 @dataclass(frozen=True)
@@ -180,17 +187,16 @@ class NewEvent(BaseModel):
 
     _normalise_time = field_validator("occurred_at")(_utc)
 
-    def seal(self, sequence: int, prev_hash: str | None) -> Sealed:
-        """Fix this event at ``sequence`` after ``prev_hash`` and compute its hash."""
+    def seal(self, sequence: int, prev_hash: str | None, cipher: Cipher | None = None) -> Sealed:
+        """Fix this event at ``sequence`` after ``prev_hash`` and compute its hash; with a
+        ``cipher``, its private fields are stored sealed with the tenant's data key."""
         try:
-            return self._seal(sequence, prev_hash)
+            return self._seal(sequence, prev_hash, cipher)
         except (UnicodeEncodeError, ValueError) as exc:  # lone surrogates, NaN
             raise InvalidEvent(f"{self.payload.event_type} cannot be stored: {exc}") from exc
 
-    def _seal(self, sequence: int, prev_hash: str | None) -> Sealed:
+    def _seal(self, sequence: int, prev_hash: str | None, cipher: Cipher | None) -> Sealed:
         payload = self.payload.model_dump(mode="json")
-        payload_bytes = canonical_json(payload)
-        payload_sha256 = sha256_hex(payload_bytes)
         # Every field is already validated (by this model and the payload's): built directly.
         unhashed = Envelope(
             event_id=self.event_id,
@@ -207,8 +213,19 @@ class NewEvent(BaseModel):
             hash="",
             payload=payload,
         )
-        envelope = replace(unhashed, hash=chain_hash(unhashed.header(), payload_sha256))
+        keyed = None
+        if cipher is not None:
+            payload, keyed = cipher.seal(payload, self.payload.private_fields, unhashed)
+        payload_bytes = canonical_json(payload)
+        payload_sha256 = sha256_hex(payload_bytes)
+        envelope = replace(
+            unhashed, payload=payload, hash=chain_hash(unhashed.header(), payload_sha256)
+        )
         digest = content_digest(
-            envelope.type, envelope.schema_version, self.tenant_id, self.key, payload_sha256
+            envelope.type,
+            envelope.schema_version,
+            self.tenant_id,
+            self.key,
+            keyed or payload_sha256,
         )
         return Sealed(envelope, self.payload, payload_bytes.decode(), digest)

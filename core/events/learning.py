@@ -27,6 +27,7 @@ class RoutingLabelled(EventPayload):
     (``kept``), or a thumbs-up on a turn the classifier routed (``up``)."""
 
     event_type = "RoutingLabelled"
+    private_fields = ("text",)
     label_id: UUID
     turn_id: UUID
     text: str = Field(min_length=1)
@@ -41,6 +42,7 @@ class ExperienceRecorded(EventPayload):
     from before, whose source ``core.experience.source_of`` tells where it can)."""
 
     event_type = "ExperienceRecorded"
+    private_fields = ("record",)
     schema_version = 3
     experience_id: UUID
     kind: Literal["sft", "preference", "trajectory", "group"]
@@ -78,6 +80,7 @@ class RolloutSampled(EventPayload):
     ``hint``; a hinted sample saw the hint after the prompt, in the user's message."""
 
     event_type = "RolloutSampled"
+    private_fields = ("messages", "hint", "steps")
     rollout_id: UUID
     group_id: UUID
     job_id: UUID

@@ -20,6 +20,7 @@ class ChatMessage(BaseModel):
 
 class ConversationStarted(EventPayload):
     event_type = "ConversationStarted"
+    private_fields = ("title", "history")
     conversation_id: UUID
     release_id: str
     title: str | None = None
@@ -83,6 +84,7 @@ class TurnReceived(EventPayload):
 
     event_type = "TurnReceived"
     schema_version = 7
+    private_fields = ("content", "client_msg_id", "decoding")
     conversation_id: UUID
     turn_id: UUID
     client_msg_id: str = Field(min_length=1, max_length=200)
@@ -122,6 +124,7 @@ class RouterDecided(EventPayload):
 
 class HarnessActionExecuted(EventPayload):
     event_type = "HarnessActionExecuted"
+    private_fields = ("args", "result", "state_delta")
     turn_id: UUID
     action_id: UUID
     name: str
@@ -134,6 +137,7 @@ class HarnessActionExecuted(EventPayload):
 
 class GenUIRendered(EventPayload):
     event_type = "GenUIRendered"
+    private_fields = ("tree", "errors")
     turn_id: UUID
     tree: dict[str, JsonValue]
     valid: bool
@@ -144,6 +148,7 @@ class GenUIRendered(EventPayload):
 
 class ModelResponded(EventPayload):
     event_type = "ModelResponded"
+    private_fields = ("text",)
     turn_id: UUID
     release_id: str
     specialist: str
@@ -165,6 +170,7 @@ class TurnCompleted(EventPayload):
 
 class FeedbackGiven(EventPayload):
     event_type = "FeedbackGiven"
+    private_fields = ("edited_text",)
     turn_id: UUID
     kind: Literal["up", "down", "edit", "regenerate"]
     edited_text: str | None = None

@@ -25,6 +25,7 @@ from kafka.partitioner.default import murmur2
 
 from core.errors import EventIdConflict, LogUnavailable
 from core.events import Envelope, NewEvent, Sealed
+from core.events.privacy import Cipher
 from core.log import (
     DeadLetter,
     LogPosition,
@@ -33,6 +34,7 @@ from core.log import (
     decode_stored,
     parse_envelope,
     seal_batch,
+    warm_keys,
 )
 from infra.kafka.topics import dead_letter_topic
 from infra.postgres.db import Pool, storage_errors, unavailable_as_typed
@@ -62,7 +64,10 @@ def _header(headers: Sequence[tuple[str, bytes]] | None, name: str) -> str | Non
 class KafkaEventLog:
     """``EventLog`` over a Kafka topic, with PostgreSQL as sequencer and index."""
 
-    def __init__(self, bootstrap: str, topic: str, pool: Pool) -> None:
+    def __init__(
+        self, bootstrap: str, topic: str, pool: Pool, cipher: Cipher | None = None
+    ) -> None:
+        self._cipher = cipher
         self._bootstrap = bootstrap.split(",")
         self._topic = topic
         self._dlq = dead_letter_topic(topic)
@@ -93,6 +98,7 @@ class KafkaEventLog:
         if not events:
             return []
         keys = sorted({e.key for e in events})
+        warm_keys(self._cipher, events)  # before a connection is held: keys may need one
         with (
             unavailable_as_typed(),
             storage_errors("kafka_appends_key_sequence_key"),
@@ -118,7 +124,8 @@ class KafkaEventLog:
             )
             stored = {row["event_id"]: row for row in stored_rows.fetchall()}
             heads = {row["key"]: (row["sequence"], row["hash"]) for row in head_rows.fetchall()}
-            fresh = seal_batch(events, {i: r["content_digest"] for i, r in stored.items()}, heads)
+            digests = {i: r["content_digest"] for i, r in stored.items()}
+            fresh = seal_batch(events, digests, heads, self._cipher)
             landed = self._produce(fresh)
             if fresh:
                 conn.execute(
@@ -167,7 +174,9 @@ class KafkaEventLog:
         for record in self._records(
             {position.partition: position.offset}, {position.partition: position.offset + 1}
         ):
-            decoded = decode_stored(LogPosition(record.partition, record.offset), record.value)
+            decoded = decode_stored(
+                LogPosition(record.partition, record.offset), record.value, self._cipher
+            )
             if isinstance(decoded, RecordedEvent):
                 return decoded
         raise EventIdConflict(f"indexed event at {position} cannot be read back")
@@ -244,7 +253,9 @@ class KafkaEventLog:
             yield from self._decoded(record)
 
     def _decoded(self, record: Any) -> Iterator[RecordedEvent]:
-        decoded = decode_stored(LogPosition(record.partition, record.offset), record.value)
+        decoded = decode_stored(
+            LogPosition(record.partition, record.offset), record.value, self._cipher
+        )
         if isinstance(decoded, DeadLetter):
             self._dead_letter(decoded)
         else:

@@ -19,6 +19,7 @@ from psycopg.rows import DictRow, dict_row, tuple_row
 from core.canonical import canonical_json
 from core.errors import EventIdConflict, SequenceConflict
 from core.events import Envelope, NewEvent, Sealed
+from core.events.privacy import Cipher
 from core.log import (
     DeadLetter,
     LogPosition,
@@ -26,6 +27,7 @@ from core.log import (
     RecordedEvent,
     decode_envelope,
     seal_batch,
+    warm_keys,
 )
 from infra.postgres.db import DictConnection, Pool, storage_errors, unavailable_as_typed
 
@@ -53,15 +55,12 @@ def _envelope(row: Row) -> Envelope:
     return Envelope(*row[1:])
 
 
-def _decode_row(row: Row) -> RecordedEvent | DeadLetter:
-    return decode_envelope(LogPosition(PARTITION, row[0]), _envelope(row))
-
-
 class PostgresEventLog:
     """``EventLog`` over the ``events`` table (see migrations/0001)."""
 
-    def __init__(self, pool: Pool, conninfo: str) -> None:
+    def __init__(self, pool: Pool, conninfo: str, cipher: Cipher | None = None) -> None:
         self._pool = pool
+        self._cipher = cipher
         self._conninfo = conninfo
         self._heads: OrderedDict[str, tuple[int, str]] = OrderedDict()  # least recent first
         self._heads_lock = threading.Lock()
@@ -71,6 +70,7 @@ class PostgresEventLog:
     def append(self, events: Sequence[NewEvent]) -> list[RecordedEvent]:
         if not events:
             return []
+        warm_keys(self._cipher, events)  # before a connection is held: keys may need one
         with (
             unavailable_as_typed(),
             storage_errors("events_key_sequence_key"),
@@ -92,7 +92,7 @@ class PostgresEventLog:
         with self._heads_lock:
             heads = {e.key: self._heads[e.key] for e in events if e.key in self._heads}
         try:
-            fresh = seal_batch(events, {}, heads)
+            fresh = seal_batch(events, {}, heads, self._cipher)
         except SequenceConflict:  # the remembered head may be stale: let the log decide
             return None
         try:
@@ -130,8 +130,8 @@ class PostgresEventLog:
                 )
                 stored = {row[1]: self._stored(row) for row in stored_rows.fetchall()}
                 heads = {r["key"]: (r["sequence"], r["hash"]) for r in head_rows.fetchall()}
-                digests = {i: r.envelope.content_digest() for i, r in stored.items()}
-                fresh = seal_batch(events, digests, heads)
+                digests = {i: r.envelope.content_digest(self._cipher) for i, r in stored.items()}
+                fresh = seal_batch(events, digests, heads, self._cipher)
                 inserted = self._insert(conn, fresh) if fresh else None
             positions = (
                 {}
@@ -155,9 +155,11 @@ class PostgresEventLog:
             while len(self._heads) > HEAD_CACHE_SIZE:
                 self._heads.popitem(last=False)
 
-    @staticmethod
-    def _stored(row: Row) -> RecordedEvent:
-        record = _decode_row(row)
+    def _decode_row(self, row: Row) -> RecordedEvent | DeadLetter:
+        return decode_envelope(LogPosition(PARTITION, row[0]), _envelope(row), self._cipher)
+
+    def _stored(self, row: Row) -> RecordedEvent:
+        record = self._decode_row(row)
         if isinstance(record, DeadLetter):
             raise EventIdConflict(
                 f"event {row[1]} is stored but cannot be decoded: {record.reason}"
@@ -247,7 +249,7 @@ class PostgresEventLog:
         first = (start or {}).get(PARTITION, 1)
         stop = (end or self.end_positions())[PARTITION]
         for row in self._scan(first, stop, key, types):
-            record = _decode_row(row)
+            record = self._decode_row(row)
             if isinstance(record, DeadLetter):
                 self._dead_letter(record)
                 continue
@@ -271,7 +273,7 @@ class PostgresEventLog:
                 for row in self._scan(cursor, None, None, None):
                     cursor = row[0] + 1
                     progressed = True
-                    record = _decode_row(row)
+                    record = self._decode_row(row)
                     if isinstance(record, DeadLetter):
                         self._dead_letter(record)
                         continue

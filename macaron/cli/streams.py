@@ -51,7 +51,7 @@ def streams_run(
         hosts = wiring.processor_hosts(cfg, log, pool)
         wiring.enqueue_queued_runs(pool)
         if host is StreamHost.faust:
-            run_faust_worker(cfg, hosts, "macaron-streams")
+            run_faust_worker(cfg, hosts, "macaron-streams", wiring.cipher(cfg, pool))
             return
         if once:
             for item in hosts:

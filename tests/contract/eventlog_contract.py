@@ -1,21 +1,24 @@
 """The one contract every ``EventLog`` adapter passes, unchanged.
 
-Subclasses provide the ``log`` fixture and two hooks that write around the log, as a newer
+Subclasses provide the ``log`` fixture, sealing tenants' words with the data keys they keep in
+``self.keys`` (as every wired log does), and two hooks that write around the log, as a newer
 writer or an attacker with storage access could: ``inject`` stores a raw envelope, and
 ``tamper`` changes the payload of a stored event.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from typing import Any
 
 import pytest
 
-from core.errors import EventIdConflict, InvalidEvent, SequenceConflict
+from core.errors import EventIdConflict, InvalidEvent, SequenceConflict, TenantForgotten
 from core.events import HarnessActionExecuted, HarnessStamp, NewEvent, TurnReceived
 from core.events.chain import verify_chain
+from core.events.privacy import PRIVATE, Forgotten
 from core.log import EventLog, RecordedEvent
 from tests.factories import raw_envelope, turn
 
@@ -25,6 +28,9 @@ def fingerprint(records: list[RecordedEvent]) -> list[tuple[str, int, str]]:
 
 
 class EventLogContract:
+    keys: Any
+    """The log's data keys (``DataKeys`` with ``forget``)."""
+
     def inject(self, log: EventLog, envelope: dict[str, Any]) -> None:
         raise NotImplementedError
 
@@ -276,3 +282,37 @@ class EventLogContract:
             r.envelope.event_id: r.payload for r in written
         }
         assert verify_chain(r.envelope for r in read) == []
+
+    def test_tenants_words_are_stored_sealed(self, log: EventLog) -> None:
+        tenant, key = f"t-{uuid.uuid4().hex[:8]}", f"conv-{uuid.uuid4()}"
+        words = f"my secret recipe {uuid.uuid4().hex}"
+        event = turn(key, 0, tenant=tenant).model_copy(
+            update={"payload": turn(key, 0).payload.model_copy(update={"content": words})}
+        )
+        [stored] = log.append([event])
+        [envelope] = log.envelopes(key=key)
+        assert words not in json.dumps(envelope.to_json())
+        assert PRIVATE in envelope.payload and "content" not in envelope.payload
+        assert "client_msg_id" not in envelope.payload
+        [read] = log.read(key=key)
+        assert read.payload.content == words  # type: ignore[attr-defined]
+        assert read.envelope == stored.envelope
+        assert verify_chain(log.envelopes(key=key)) == []
+
+    def test_a_forgotten_tenant_reads_as_forgotten_and_writes_nothing(self, log: EventLog) -> None:
+        gone, kept = (f"t-{uuid.uuid4().hex[:8]}" for _ in range(2))
+        keys = {t: f"conv-{uuid.uuid4()}" for t in (gone, kept)}
+        for n in range(3):
+            log.append([turn(keys[t], n, tenant=t) for t in (gone, kept)])
+        assert self.keys.forget(gone) is True
+        assert self.keys.forget(gone) is False
+        mine = list(log.read(key=keys[gone]))
+        assert [type(r.payload) for r in mine] == [Forgotten] * 3
+        assert {r.payload.original_type for r in mine} == {"TurnReceived"}  # type: ignore[attr-defined]
+        others = list(log.read(key=keys[kept]))
+        assert [r.payload.client_msg_id for r in others] == ["msg-0", "msg-1", "msg-2"]  # type: ignore[attr-defined]
+        assert verify_chain(log.envelopes(key=keys[gone])) == []
+        with pytest.raises(TenantForgotten) as refused:
+            log.append([turn(keys[gone], 3, tenant=gone)])
+        assert refused.value.code == "tenant_forgotten"
+        assert len(list(log.read(key=keys[gone]))) == 3

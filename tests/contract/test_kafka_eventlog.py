@@ -10,12 +10,14 @@ import pytest
 from kafka import KafkaProducer
 
 from core.canonical import canonical_json
+from core.events.privacy import Cipher
 from core.log import EventLog, RecordedEvent
 from infra.kafka.eventlog import KafkaEventLog
 from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack
 from infra.postgres.db import Pool
 from tests.contract.eventlog_contract import EventLogContract
+from tests.factories import data_keys_for
 
 
 class TestKafkaEventLog(EventLogContract):
@@ -23,7 +25,8 @@ class TestKafkaEventLog(EventLogContract):
     def log(self, stack: LocalStack, pool: Pool) -> Iterator[KafkaEventLog]:
         topic = f"events-{uuid.uuid4().hex[:12]}"
         create_topics(stack.kafka.bootstrap(), event_topics(topic, 3, 1))
-        log = KafkaEventLog(stack.kafka.bootstrap(), topic, pool)
+        self.keys = data_keys_for(pool)
+        log = KafkaEventLog(stack.kafka.bootstrap(), topic, pool, Cipher(self.keys))
         self.topic = topic
         self.pool = pool
         self.producer = KafkaProducer(bootstrap_servers=stack.kafka.bootstrap())

@@ -8,14 +8,16 @@ from typing import Any
 import pytest
 
 from core.log import EventLog, RecordedEvent
-from infra.memory import InMemoryEventLog
+from core.events.privacy import Cipher
+from infra.memory import InMemoryDataKeys, InMemoryEventLog
 from tests.contract.eventlog_contract import EventLogContract
 
 
 class TestInMemoryEventLog(EventLogContract):
     @pytest.fixture
     def log(self) -> Iterator[InMemoryEventLog]:
-        log = InMemoryEventLog()
+        self.keys = InMemoryDataKeys()
+        log = InMemoryEventLog(Cipher(self.keys))
         yield log
         log.close()
 

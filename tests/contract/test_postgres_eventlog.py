@@ -13,17 +13,19 @@ from psycopg.types.json import Json
 
 from core.errors import SequenceConflict
 from core.events.chain import verify_chain
+from core.events.privacy import Cipher
 from core.log import EventLog, RecordedEvent
 from infra.postgres.db import Pool
 from infra.postgres.eventlog import PostgresEventLog
 from tests.contract.eventlog_contract import EventLogContract
-from tests.factories import inject_postgres, turn
+from tests.factories import inject_postgres, data_keys_for, turn
 
 
 class TestPostgresEventLog(EventLogContract):
     @pytest.fixture
     def log(self, pool: Pool, database_url: str) -> Iterator[PostgresEventLog]:
-        log = PostgresEventLog(pool, database_url)
+        self.keys = data_keys_for(pool)
+        log = PostgresEventLog(pool, database_url, Cipher(self.keys))
         yield log
         log.close()
 
@@ -99,7 +101,7 @@ class TestPostgresEventLog(EventLogContract):
     ) -> None:
         """Each log instance remembers the heads it wrote; when the other writer moved a head,
         the optimistic insert is refused by the unique constraint and the checked path runs."""
-        other = PostgresEventLog(pool, database_url)
+        other = PostgresEventLog(pool, database_url, Cipher(self.keys))
         key = f"conv-{uuid.uuid4()}"
         for n in range(6):
             (log if n % 2 else other).append([turn(key, n)])

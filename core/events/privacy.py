@@ -1,0 +1,158 @@
+"""Tenants' words in the log, sealed with the tenant's own data key, so that destroying the key
+forgets them (crypto-shredding) while each event keeps its place, its size and its hash.
+
+A payload class names its ``private_fields``: those that hold what a tenant said or was told.
+Sealing moves them, as one canonical JSON object, into ``$private``: AES-256-GCM under the
+tenant's data key, with the tenant, the event id, the key and the sequence as associated data
+(a ciphertext moved to another event does not open). The chain hashes the stored form, so
+``log verify`` needs no key before or after forgetting. Opening puts the fields back; every
+event of a tenant whose key is destroyed reads as ``Forgotten``.
+
+An event's content digest (what makes a repeated append idempotent) is keyed with the data key
+when the event is sealed, so the digest of a forgotten event says nothing either.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Protocol
+from uuid import UUID
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from pydantic import JsonValue
+
+from core.canonical import canonical_json
+from core.errors import InvalidEvent
+from core.events.envelope import Envelope, EventPayload
+
+PRIVATE = "$private"
+"""The stored payload's field for the sealed part; no payload field may start with ``$``."""
+KEY_BYTES = 32
+NONCE_BYTES = 12
+_DIGEST_LABEL = b"macaron content digest"
+
+
+@dataclass(frozen=True)
+class DataKey:
+    """One tenant's data key: AES-256, known by its id (stored beside each ciphertext)."""
+
+    key_id: UUID
+    secret: bytes = field(repr=False)
+
+    @staticmethod
+    def new(key_id: UUID) -> DataKey:
+        return DataKey(key_id, os.urandom(KEY_BYTES))
+
+    def digest(self, plaintext: bytes) -> str:
+        """HMAC-SHA256 of ``plaintext`` under a subkey of this key."""
+        subkey = hmac.digest(self.secret, _DIGEST_LABEL, hashlib.sha256)
+        return hmac.new(subkey, plaintext, hashlib.sha256).hexdigest()
+
+
+class DataKeys(Protocol):
+    """Where tenants' data keys live, wrapped by a master key (``infra.postgres.data_keys``)."""
+
+    def writing_key(self, tenant_id: str) -> DataKey:
+        """The tenant's key, made on first use; raises ``TenantForgotten``."""
+        ...
+
+    def reading_key(self, tenant_id: str, key_id: UUID) -> DataKey | None:
+        """The key a stored event was sealed with, or ``None`` once it is destroyed."""
+        ...
+
+    def is_forgotten(self, tenant_id: str) -> bool: ...
+
+
+class Forgotten(EventPayload):
+    """What an event of a forgotten tenant reads as: its type, and nothing of what it held.
+    Never stored; processors match no handler for it and go on."""
+
+    event_type = "Forgotten"
+    original_type: str
+
+
+def _aad(at: Envelope) -> bytes:
+    """The associated data: the tenant, the event id, the key and the sequence."""
+    return "\x1f".join((at.tenant_id, str(at.event_id), at.key, str(at.sequence))).encode()
+
+
+@dataclass(frozen=True)
+class Cipher:
+    """Seals and opens the private part of payloads with the tenants' data keys."""
+
+    keys: DataKeys
+
+    def seal(
+        self,
+        payload: dict[str, JsonValue],
+        private: Collection[str],
+        at: Envelope,
+    ) -> tuple[dict[str, JsonValue], str | None]:
+        """The stored form of ``payload`` for the event ``at`` (its identity and place) and
+        its keyed digest (``None``: nothing sealed, the caller digests the plaintext). Raises
+        ``TenantForgotten`` for a forgotten tenant, whatever the event holds."""
+        key = self.keys.writing_key(at.tenant_id)
+        hidden = {name: payload[name] for name in private if name in payload}
+        if not hidden:
+            return payload, None
+        nonce = os.urandom(NONCE_BYTES)
+        sealed = AESGCM(key.secret).encrypt(nonce, canonical_json(hidden), _aad(at))
+        stored: dict[str, JsonValue] = {k: v for k, v in payload.items() if k not in hidden}
+        stored[PRIVATE] = {
+            "key_id": str(key.key_id),
+            "nonce": base64.b64encode(nonce).decode(),
+            "sealed": base64.b64encode(sealed).decode(),
+        }
+        return stored, key.digest(canonical_json(payload))
+
+    def open(self, envelope: Envelope) -> dict[str, JsonValue] | None:
+        """The payload as written, or ``None`` when its tenant's key is destroyed. A sealed part
+        that does not open (changed, moved, or malformed) is ``InvalidEvent``."""
+        stored = dict(envelope.payload)
+        part = stored.pop(PRIVATE, None)
+        if part is None:
+            return stored
+        try:
+            if not isinstance(part, dict):
+                raise ValueError("not an object")
+            key_id = UUID(str(part["key_id"]))
+            nonce = base64.b64decode(str(part["nonce"]), validate=True)
+            sealed = base64.b64decode(str(part["sealed"]), validate=True)
+        except (KeyError, ValueError) as exc:
+            raise InvalidEvent(f"{envelope.type}: malformed {PRIVATE} part: {exc}") from exc
+        key = self.keys.reading_key(envelope.tenant_id, key_id)
+        if key is None:
+            return None
+        try:
+            hidden = AESGCM(key.secret).decrypt(nonce, sealed, _aad(envelope))
+        except (InvalidTag, ValueError) as exc:
+            raise InvalidEvent(
+                f"{envelope.type}: the {PRIVATE} part does not open for this event"
+            ) from exc
+        opened = _json_object(hidden)
+        return {**stored, **opened}
+
+    def digest(self, envelope: Envelope) -> str | None:
+        """The keyed digest of a stored sealed event (``None``: not sealed, or forgotten)."""
+        part = envelope.payload.get(PRIVATE)
+        if not isinstance(part, dict):
+            return None
+        key = self.keys.reading_key(envelope.tenant_id, UUID(str(part["key_id"])))
+        opened = self.open(envelope)
+        if key is None or opened is None:
+            return None
+        return key.digest(canonical_json(opened))
+
+
+def _json_object(data: bytes) -> dict[str, JsonValue]:
+    value = json.loads(data)
+    if not isinstance(value, dict):
+        raise InvalidEvent(f"the {PRIVATE} part is not a JSON object")
+    return value

@@ -1,0 +1,16 @@
+-- depends: 0015.front-end
+-- Tenants' data keys (core/events/privacy.py): each tenant's words in the event log are sealed
+-- with its own AES-256 key, stored here wrapped by a master key (infra/master_key.py). Forgetting
+-- a tenant destroys its key (wrapped and master_key_id become NULL) and keeps the row, so the
+-- tenant reads as forgotten everywhere and its id is never given a new key.
+CREATE TABLE tenant_data_keys (
+    tenant_id     TEXT        PRIMARY KEY,
+    key_id        UUID        NOT NULL,
+    master_key_id TEXT,
+    wrapped       BYTEA,
+    created_at    TIMESTAMPTZ NOT NULL DEFAULT now(),
+    forgotten_at  TIMESTAMPTZ,
+    CONSTRAINT tenant_data_keys_live_or_destroyed CHECK (
+        (forgotten_at IS NULL) = (wrapped IS NOT NULL AND master_key_id IS NOT NULL)
+    )
+);
