@@ -24,8 +24,8 @@ from core.settings import Settings
 from infra.artifacts import ArtifactStore
 from infra.kafka.eventlog import KafkaEventLog
 from infra.local_stack import LocalStack
-from infra.models import models_dir
 from infra.master_key import load_master_keys
+from infra.models import models_dir
 from infra.postgres.data_keys import PostgresDataKeys
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from core.log import EventLog, RecordedEvent
 from core.events.privacy import Cipher
+from core.log import EventLog, RecordedEvent
 from infra.memory import InMemoryDataKeys, InMemoryEventLog
 from tests.contract.eventlog_contract import EventLogContract
 

@@ -18,7 +18,7 @@ from core.log import EventLog, RecordedEvent
 from infra.postgres.db import Pool
 from infra.postgres.eventlog import PostgresEventLog
 from tests.contract.eventlog_contract import EventLogContract
-from tests.factories import inject_postgres, data_keys_for, turn
+from tests.factories import data_keys_for, inject_postgres, turn
 
 
 class TestPostgresEventLog(EventLogContract):
