@@ -68,9 +68,10 @@ def cipher(settings: Settings, pool: Pool) -> Cipher:
     return Cipher(data_keys(settings, pool))
 
 
-def event_log(settings: Settings, pool: Pool) -> EventLog:
-    """The log, sealing and opening tenants' words with their data keys."""
-    sealing = cipher(settings, pool)
+def event_log(settings: Settings, pool: Pool, keys: PostgresDataKeys | None = None) -> EventLog:
+    """The log, sealing and opening tenants' words with their data keys (``keys``: the ones
+    this process forgets with, so a forgotten tenant stops opening here at once)."""
+    sealing = Cipher(keys or data_keys(settings, pool))
     if settings.event_log == "kafka":
         return KafkaEventLog(settings.kafka_servers, settings.kafka_topic, pool, sealing)
     return PostgresEventLog(pool, database_url(settings), sealing)
@@ -201,7 +202,8 @@ def chat_server(
         native_dtype(settings.dtype)  # refused before anything starts
     step("connecting to PostgreSQL")
     db = pool(settings)
-    log = log or event_log(settings, db)
+    keys = data_keys(settings, db)
+    log = log or event_log(settings, db, keys)
     if engine is None:
         engine = serving_engine(settings, folder, step, db)
     if router is None:
@@ -231,7 +233,8 @@ def chat_server(
     )
     gate = Gate(db, max_connections_per_tenant=settings.max_connections_per_tenant)
     listener = PromotionListener(chat, db, store, log)
-    return Server(create_app(chat, gate, listener), chat, engine, log, db)
+    app = create_app(chat, gate, listener, keys)
+    return Server(app, chat, engine, log, db)
 
 
 def serve_router_of(db: Pool, release: Release, router: RouterService) -> None:

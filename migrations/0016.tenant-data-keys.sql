@@ -14,3 +14,8 @@ CREATE TABLE tenant_data_keys (
         (forgotten_at IS NULL) = (wrapped IS NOT NULL AND master_key_id IS NOT NULL)
     )
 );
+
+-- A conversation's history (ConversationStarted) belongs to its tenant: erased with it.
+ALTER TABLE experience_conversations ADD COLUMN tenant_id TEXT;
+UPDATE experience_conversations c SET tenant_id = t.tenant_id
+    FROM experience_turns t WHERE t.conversation_id = c.conversation_id;

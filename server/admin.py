@@ -1,10 +1,12 @@
 """The admin API (keys with the ``admin`` scope): lineage, live contract scores, promotion and
-rollback by hand; and one turn's audit, which a ``chat`` key may also ask for its own tenant's
-turns (the training records counted, not listed)."""
+rollback by hand, forgetting a tenant; and one turn's audit, which a ``chat`` key may also ask
+for its own tenant's turns (the training records counted, not listed)."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+from dataclasses import asdict
 from typing import Any
 from uuid import UUID
 
@@ -20,9 +22,11 @@ from infra.postgres.runs import contract_scores
 from infra.postgres.scores import live_scores
 from infra.postgres.turn_audit import Shown, audit_turn
 from server.bodies import read_json
+from server.forgetting import forget_tenant
 from server.gate import Gate
 
 PROMOTION_TIMEOUT_S = 120.0
+_log = logging.getLogger(__name__)
 
 
 class PromoteBody(BaseModel):
@@ -130,6 +134,18 @@ def _rates(row: dict[str, Any]) -> dict[str, Any]:
         "genui_validity_rate": ratio(row["genui_valid"], row["genui"]),
         "mean_latency_ms": ratio(row["latency_ms"], turns),
     }
+
+
+async def forget_endpoint(request: Request) -> Response:
+    """``DELETE /admin/tenants/{tenant_id}``: ``macaron tenants forget`` (idempotent)."""
+    principal = await _admin(request)
+    state = request.app.state
+    tenant = request.path_params["tenant_id"]
+    done = await asyncio.to_thread(
+        forget_tenant, state.gate.pool, state.chat.log, state.data_keys, tenant
+    )
+    _log.info("tenant %s forgotten by admin key %s", tenant, principal.key_id)
+    return JSONResponse({"forgotten": True, **asdict(done), "event_id": str(done.event_id)})
 
 
 async def promote_endpoint(request: Request) -> Response:

@@ -23,6 +23,7 @@ from core import errors
 from core.auth import bearer_key
 from core.routing import UnknownSpecialist
 from infra import observe
+from infra.postgres.data_keys import PostgresDataKeys
 from infra.telemetry import metrics_exposition
 from server import admin, feedback_api
 from server.chat import ChatService
@@ -56,6 +57,8 @@ STATUS: dict[type[errors.MacaronError], int] = {
     errors.EngineUnavailable: 503,
     errors.LogUnavailable: 503,
     errors.RateLimitUnavailable: 503,
+    errors.TenantNotFound: 404,
+    errors.TenantForgotten: 410,
 }
 
 
@@ -123,7 +126,9 @@ async def console(request: Request) -> Response:
     return FileResponse(WEB / "console.html")
 
 
-def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> Starlette:
+def create_app(
+    chat: ChatService, gate: Gate, listener: PromotionListener, data_keys: PostgresDataKeys
+) -> Starlette:
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         task = asyncio.create_task(listener.run(), name="promotion-listener")
@@ -163,10 +168,12 @@ def create_app(chat: ChatService, gate: Gate, listener: PromotionListener) -> St
             Route("/admin/turns/{turn_id}/audit", admin.turn_audit_endpoint),
             Route("/admin/promote", admin.promote_endpoint, methods=["POST"]),
             Route("/admin/rollback", admin.rollback_endpoint, methods=["POST"]),
+            Route("/admin/tenants/{tenant_id}", admin.forget_endpoint, methods=["DELETE"]),
         ],
         exception_handlers={errors.MacaronError: macaron_error, Exception: unexpected_error},
     )
     app.state.chat = chat
     app.state.gate = gate
     app.state.store = listener.store
+    app.state.data_keys = data_keys
     return app

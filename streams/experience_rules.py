@@ -51,6 +51,7 @@ from core.events import (
     RolloutScored,
     RouterDecided,
     RoutingCorrected,
+    TenantForgotten,
     TenantTrainingSet,
     TurnCompleted,
     TurnReceived,
@@ -70,6 +71,7 @@ from core.ids import derived_id
 from core.log import RecordedEvent
 from infra.postgres import experience_joins as store
 from infra.postgres.db import DictConnection
+from infra.postgres.erasure import erase_experience_rows
 from infra.postgres.experience_joins import JoinedTurn
 from streams import rollout_records
 from streams.routing_rules import routing_labels
@@ -98,7 +100,7 @@ class ExperienceBuilder:
         match p:
             case ConversationStarted():
                 history = [m.model_dump() for m in p.history]
-                store.record_conversation(conn, p.conversation_id, history)
+                store.record_conversation(conn, p.conversation_id, env.tenant_id, history)
             case TurnReceived():
                 store.record_turn(
                     conn,
@@ -130,6 +132,8 @@ class ExperienceBuilder:
                 return self._derive(conn, event, p.turn_id)
             case TenantTrainingSet():
                 store.record_training(conn, env.tenant_id, p.training)
+            case TenantForgotten():
+                erase_experience_rows(conn, p.tenant)
             case RolloutSampled():
                 rollout_records.record_sampled(conn, event, p)
             case RolloutScored():

@@ -8,8 +8,10 @@ positions, and commits; then it runs the processor's ``after_commit``.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 
+from core.errors import TenantForgotten
 from core.events import NewEvent
 from core.log import DeadLetter, EventLog, Positions, RecordedEvent
 from infra import observe
@@ -53,11 +55,21 @@ class ProcessorHost:
                 derived += self._handle(conn, event)
                 positions[where.partition] = where.offset + 1
             if derived:
-                self.log.append(derived)
+                self._append(derived)
             save_positions(conn, self.processor.name, positions)
         self.processor.after_commit(derived)
         observe.processor_events.add(len(events), {"processor": self.processor.name})
         return derived
+
+    def _append(self, derived: list[NewEvent]) -> None:
+        """Append what was derived; what a tenant forgotten meanwhile would have written is
+        dropped (its turn was read before its key was destroyed), and the rest goes on."""
+        try:
+            self.log.append(derived)
+        except TenantForgotten:
+            for event in derived:
+                with contextlib.suppress(TenantForgotten):
+                    self.log.append([event])
 
     def _handle(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
         """One event, in a span that continues the event's trace; what it derives carries the

@@ -12,12 +12,14 @@ from core.events import (
     ModelResponded,
     NewEvent,
     RouterDecided,
+    TenantForgotten,
     TurnCompleted,
     TurnReceived,
 )
 from core.log import RecordedEvent
 from infra.postgres import projections as tables
 from infra.postgres.db import DictConnection
+from infra.postgres.erasure import erase_projection_rows
 
 
 class Projections:
@@ -62,6 +64,8 @@ class Projections:
                 tables.set_turn(conn, p.turn_id, completed=True, latency_ms=p.latency_ms)
             case FeedbackGiven():
                 tables.record_feedback(conn, p.turn_id, p.kind, p.edited_text)
+            case TenantForgotten():
+                erase_projection_rows(conn, p.tenant)
         return []
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:

@@ -39,7 +39,7 @@ from core.events.releases import (
     ReleaseRolledBack,
     SpecialistAdded,
 )
-from core.events.tenants import TenantTrainingSet
+from core.events.tenants import TenantForgotten, TenantTrainingSet
 from core.events.turns import (
     ChatMessage,
     ConversationStarted,
@@ -95,6 +95,7 @@ __all__ = [
     "RoutingSource",
     "Sealed",
     "SpecialistAdded",
+    "TenantForgotten",
     "TenantTrainingSet",
     "TrainingRequested",
     "TurnCompleted",

@@ -25,7 +25,7 @@ from core.events.releases import (
     ReleaseRolledBack,
     SpecialistAdded,
 )
-from core.events.tenants import TenantTrainingSet
+from core.events.tenants import TenantForgotten, TenantTrainingSet
 from core.events.turns import (
     ConversationStarted,
     FeedbackGiven,
@@ -52,6 +52,7 @@ CATALOGUE: dict[str, type[EventPayload]] = {
         FeedbackGiven,
         RoutingCorrected,
         TenantTrainingSet,
+        TenantForgotten,
         ExperienceRecorded,
         RoutingLabelled,
         SpecialistAdded,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from core.events.envelope import EventPayload
+from core.events.envelope import EventPayload, Name
 
 
 class TenantTrainingSet(EventPayload):
@@ -12,3 +12,12 @@ class TenantTrainingSet(EventPayload):
 
     event_type = "TenantTrainingSet"
     training: bool
+
+
+class TenantForgotten(EventPayload):
+    """A tenant forgotten (``macaron tenants forget``): its data key is destroyed, so every
+    event it wrote reads as ``Forgotten``; processors erase its rows when they meet this event.
+    Stored under the ``system`` tenant, once per tenant (its id is derived from the tenant's)."""
+
+    event_type = "TenantForgotten"
+    tenant: Name

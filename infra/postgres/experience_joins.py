@@ -52,11 +52,12 @@ class JoinedTurn:
 
 
 def record_conversation(
-    conn: DictConnection, conversation_id: UUID, history: list[dict[str, Any]]
+    conn: DictConnection, conversation_id: UUID, tenant_id: str, history: list[dict[str, Any]]
 ) -> None:
     conn.execute(
-        "INSERT INTO experience_conversations VALUES (%s, %s) ON CONFLICT DO NOTHING",
-        (conversation_id, Jsonb(history)),
+        "INSERT INTO experience_conversations (conversation_id, history, tenant_id) "
+        "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
+        (conversation_id, Jsonb(history), tenant_id),
     )
 
 

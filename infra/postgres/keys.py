@@ -10,8 +10,9 @@ from uuid import UUID
 import psycopg
 
 from core.auth import Principal, Scope, key_hash, new_key
-from core.errors import ConfigError, InvalidApiKey
+from core.errors import ConfigError, InvalidApiKey, TenantForgotten
 from infra.postgres.db import DictConnection
+from infra.postgres.erasure import forgotten
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,8 @@ def create_key(conn: DictConnection, tenant_id: str, scopes: set[Scope]) -> tupl
     The key itself is not stored and cannot be shown again."""
     if not scopes:
         raise ConfigError("a key needs at least one scope (chat, admin)")
+    if forgotten(conn, tenant_id):
+        raise TenantForgotten(f"tenant {tenant_id!r} was forgotten: its id takes no new key")
     key, key_id = new_key(), uuid.uuid4()
     try:
         with conn.transaction():

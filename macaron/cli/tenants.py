@@ -1,4 +1,5 @@
-"""Tenants' data controls: ``tenants set TENANT --training on|off``, ``tenants list``."""
+"""Tenants' data controls: ``tenants set TENANT --training on|off``, ``tenants list``,
+``tenants forget TENANT``, ``tenants rewrap``."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from core.events import NewEvent, TenantTrainingSet
 from infra.postgres.experience_joins import tenant_exists, training_consent
 from macaron import wiring
 from macaron.cli.common import console, settings
+from server.forgetting import forget_tenant
 
 TENANTS_KEY = "tenants"
 
@@ -71,3 +73,41 @@ def tenants_list(ctx: typer.Context) -> None:
     for tenant, teaches in consent:
         table.add_row(tenant, "on" if teaches else "off")
     console.print(table)
+
+
+@tenants_app.command("forget")
+def tenants_forget(
+    ctx: typer.Context,
+    tenant: Annotated[str, typer.Argument(help="The tenant to forget.")],
+    yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+) -> None:
+    """Forget a tenant for good: record ``TenantForgotten``, destroy its data key (its words in
+    the log can never be read again), revoke its API keys, erase its rows. Safe to run again."""
+    cfg = settings(ctx)
+    if not yes:
+        typer.confirm(f"Forget tenant {tenant} for good? This cannot be undone.", abort=True)
+    with wiring.pool(cfg) as pool:
+        keys = wiring.data_keys(cfg, pool)
+        log = wiring.event_log(cfg, pool, keys)
+        try:
+            done = forget_tenant(pool, log, keys, tenant)
+        finally:
+            log.close()
+    erased = ", ".join(f"{n} {table}" for table, n in done.rows_erased.items() if n) or "none"
+    if done.already:
+        console.print(f"tenant {tenant} was already forgotten; rows erased now: {erased}")
+    else:
+        console.print(
+            f"tenant {tenant} forgotten (event {done.event_id}): data key destroyed, "
+            f"{done.keys_revoked} API key(s) revoked, rows erased: {erased}"
+        )
+
+
+@tenants_app.command("rewrap")
+def tenants_rewrap(ctx: typer.Context) -> None:
+    """Wrap every tenant's data key with the first key of the master key file (after adding a
+    new first line); the old lines can then be removed."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool:
+        changed = wiring.data_keys(cfg, pool).rewrap()
+    console.print(f"{changed} data key(s) rewrapped with the current master key")
