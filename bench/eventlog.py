@@ -5,6 +5,8 @@ running. Baselines, measured in the same run:
 - PostgreSQL: raw psycopg ``executemany`` (single: one row per transaction) and ``COPY``
   (batched) into a table with the same columns and constraints; raw ``SELECT`` for replay.
 - Kafka: a raw kafka-python producer (same acks and idempotence) and consumer, same payloads.
+- Sealing: the PostgreSQL log storing tenants' words sealed with their data keys, against the
+  same log storing them in plaintext.
 
 Usage: python -m bench.eventlog [--events N] [--batch B] [--single S]
 """
@@ -24,10 +26,13 @@ from rich.progress import Progress
 
 from bench.report import Row, report, row
 from core.events import HarnessStamp, NewEvent, TurnReceived
+from core.events.privacy import Cipher
 from core.settings import Settings
 from infra.kafka.eventlog import KafkaEventLog
 from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack, free_port
+from infra.master_key import new_master_key_line, parse_master_keys
+from infra.postgres.data_keys import PostgresDataKeys
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from infra.postgres.migrate import migrate
@@ -145,6 +150,34 @@ def bench_postgres(url: str, pool: Pool, n: int, batch: int, single: int) -> lis
     ]
 
 
+def bench_sealing(url: str, pool: Pool, n: int, batch: int) -> list[Row]:
+    """Tenants' words sealed with their data keys (as every wired log stores them) against the
+    same events in plaintext, appended in batches and replayed, in the same database."""
+    keys = PostgresDataKeys(pool, parse_master_keys(new_master_key_line("bench"), "bench"))
+    plain, sealed = PostgresEventLog(pool, url), PostgresEventLog(pool, url, Cipher(keys))
+
+    def appended(log: PostgresEventLog, tag: str) -> tuple[float, dict[int, int], dict[int, int]]:
+        events = make_events(n, tag)
+        start = log.end_positions()
+        speed = rate(n, lambda: [log.append(events[i : i + batch]) for i in range(0, n, batch)])
+        return speed, start, log.end_positions()
+
+    plain_append, plain_start, plain_end = appended(plain, "plain")
+    sealed_append, sealed_start, sealed_end = appended(sealed, "sealed")
+    plain_replay = rate(n, lambda: sum(1 for _ in plain.read(start=plain_start, end=plain_end)))
+    sealed_replay = rate(n, lambda: sum(1 for _ in sealed.read(start=sealed_start, end=sealed_end)))
+    return [
+        row(
+            f"postgres append sealed, batches of {batch}",
+            sealed_append,
+            "events/s",
+            plain_append,
+            ">= 0.8x",
+        ),
+        row("postgres replay sealed", sealed_replay, "events/s", plain_replay, ">= 0.8x"),
+    ]
+
+
 def bench_kafka(bootstrap: str, pool: Pool, n: int, batch: int, single: int) -> list[Row]:
     topic, raw_topic = "bench.events", "bench.raw"
     create_topics(bootstrap, event_topics(topic, PARTITIONS, 1))
@@ -237,6 +270,7 @@ def main() -> None:
                 progress.update(task, advance=1, description="PostgreSQL log")
                 with open_pool(url) as pool:
                     rows += bench_postgres(url, pool, args.events, args.batch, args.single)
+                    rows += bench_sealing(url, pool, args.events, args.batch)
                     progress.update(task, advance=1, description="Kafka log")
                     with psycopg.connect(url, autocommit=True) as conn:
                         conn.execute("TRUNCATE kafka_appends")

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, JsonValue
 from core.canonical import canonical_json, sha256_hex
 from core.errors import UnknownFilterVersion
 from core.events import ChatMessage, Envelope, ExperienceRecorded, ExperienceSource, NewEvent
+from core.events.privacy import Forgotten
 from core.log import EventLog, RecordedEvent
 
 FILTER_VERSIONS = ("experience-1", "experience-2")
@@ -132,10 +133,12 @@ def experience_event(
 
 @dataclass(frozen=True)
 class SnapshotEvents:
-    """The records of a snapshot's log range, and the specialist's records before it."""
+    """The records of a snapshot's log range, the specialist's records before it, and how
+    many records in the range belong to forgotten tenants (unreadable: never trained on)."""
 
     records: list[RecordedEvent]
     older: list[RecordedEvent]
+    forgotten: int = 0
 
 
 def snapshot_events(log: EventLog, snapshot: Mapping[str, Any]) -> SnapshotEvents:
@@ -145,19 +148,23 @@ def snapshot_events(log: EventLog, snapshot: Mapping[str, Any]) -> SnapshotEvent
     [(part, start)] = snapshot["start_positions"].items()
     [(_, end)] = snapshot["end_positions"].items()
     partition = int(part)
-    records, older = [], []
+    records, older, forgotten = [], [], 0
     for event in log.read(key=experience_key(snapshot["specialist"]), types=["ExperienceRecorded"]):
         payload: Any = event.payload
+        offset = event.position.offset
+        in_range = event.position.partition == partition and start <= offset < end
+        if isinstance(payload, Forgotten):  # its filter version is unreadable too
+            forgotten += in_range
+            continue
         if payload.filter_version != snapshot["filter_version"]:
             continue
         if payload.kind == "trajectory" and not snapshot["rewards_hashed"]:
             continue  # a range begun before live rewards were hashed
-        offset = event.position.offset
-        if event.position.partition == partition and start <= offset < end:
+        if in_range:
             records.append(event)
         elif offset < start:
             older.append(event)
-    return SnapshotEvents(records, older)
+    return SnapshotEvents(records, older, forgotten)
 
 
 def source_of(record: ExperienceRecorded) -> ExperienceSource | None:

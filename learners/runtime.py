@@ -31,6 +31,13 @@ class SnapshotMismatch(RunFailed):
     code = "snapshot_mismatch"
 
 
+class SnapshotForgotten(RunFailed):
+    """A snapshot holds records of a forgotten tenant: it is never trained on, not even in part
+    (``macaron tenants exposure`` names what learned from them)."""
+
+    code = "snapshot_forgotten"
+
+
 class RunBusy(MacaronError):
     """Another worker holds a live lease on the run: try again once it may have run out."""
 

@@ -11,7 +11,7 @@ from opentelemetry import trace
 from core.experience import EMPTY_CHAIN, chain_record, snapshot_events
 from core.log import EventLog
 from infra import observe
-from learners.runtime import SnapshotMismatch
+from learners.runtime import SnapshotForgotten, SnapshotMismatch
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,11 @@ def materialize(log: EventLog, snapshot: dict[str, Any]) -> Replayed:
     records must hash to the snapshot's hash, and as many of them teach as it counted (live
     rewards are hashed, not counted: ``streams.trigger``)."""
     events = snapshot_events(log, snapshot)
+    if events.forgotten:
+        raise SnapshotForgotten(
+            f"snapshot {snapshot['snapshot_id']} holds {events.forgotten} record(s) of forgotten "
+            "tenants: it is not trained on"
+        )
     records: list[Any] = [event.payload for event in events.records]
     running = EMPTY_CHAIN
     for event, record in zip(events.records, records, strict=True):

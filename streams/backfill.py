@@ -22,6 +22,7 @@ from uuid import UUID
 
 from core.errors import BackfillRunning, RangeOutsideLog
 from core.events import ExperienceRecorded, NewEvent
+from core.events.privacy import Forgotten
 from core.experience import known_filter
 from core.ids import derived_id
 from core.log import EventLog, Positions, RecordedEvent
@@ -49,6 +50,8 @@ class Backfill:
     records: int
     resumed: bool = False
     already_done: bool = False
+    forgotten: int = 0
+    """Events of forgotten tenants this call read (as markers, which give no record)."""
 
 
 def backfill_range(
@@ -101,13 +104,13 @@ def backfill(
         outcome = Backfill(backfill_id, filter_version, first, last, row["records"], bool(read))
         if row["status"] == "done":
             return replace(outcome, already_done=True)
-        _derive(log, pool, builder, outcome, row["schema_name"], read, batch, progress)
+        forgotten = _derive(log, pool, builder, outcome, row["schema_name"], read, batch, progress)
         records = sum(1 for _ in _appended(log, backfill_id))
         with pool.connection() as conn, conn.transaction():
             drop_schema(conn, row["schema_name"])
             forget_positions(conn, _name(backfill_id))
             store.finish_backfill(conn, backfill_id, records)
-    return replace(outcome, records=records)
+    return replace(outcome, records=records, forgotten=forgotten)
 
 
 def _derive(
@@ -119,18 +122,20 @@ def _derive(
     read: Positions,
     batch: int,
     progress: Progress | None,
-) -> None:
+) -> int:
     """Run the builder from ``read`` to the backfill's end, batch by batch, each batch's join
-    state, appends and read position in one transaction. A record of a tenant that does not
-    teach now (as the live builder has read it) is left out, whatever it said back then."""
+    state, appends and read position in one transaction; returns how many events of forgotten
+    tenants it read. A record of a tenant that does not teach now (as the live builder has read
+    it) is left out, whatever it said back then."""
     first, last = outcome.start, outcome.end
     total = sum(max(0, last[p] - read.get(p, first.get(p, 0))) for p in last)
-    done = 0
+    done = forgotten = 0
     for events in _batches(log.read(start=read, end=last), batch):
         with pool.connection() as conn, conn.transaction():
             search_first(conn, schema)
             derived: list[NewEvent] = []
             for event in events:
+                forgotten += isinstance(event.payload, Forgotten)
                 found = builder.handle(conn, event)
                 if event.position.offset >= first.get(event.position.partition, 0):
                     derived += [
@@ -145,6 +150,7 @@ def _derive(
         done += len(events)
         if progress is not None:
             progress(min(done, total), total)
+    return forgotten
 
 
 def _marked(event: NewEvent, backfill_id: UUID) -> NewEvent:
@@ -183,4 +189,5 @@ def describe(outcome: Backfill) -> dict[str, Any]:
         "records": outcome.records,
         "resumed": outcome.resumed,
         "already_done": outcome.already_done,
+        "forgotten": outcome.forgotten,
     }

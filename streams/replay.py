@@ -9,11 +9,23 @@ content hash equals the live one when the live processor has read to the same pl
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
+from core.events.privacy import Forgotten
 from core.log import EventLog
 from infra.postgres.db import Pool
 from infra.postgres.replay import scratch_schema, search_first
 from streams.processor import Processor, content_hash
+
+
+@dataclass(frozen=True)
+class Replayed:
+    digest: str
+    """The content hash of the rebuilt tables."""
+    handled: int
+    """Events read, forgotten ones included."""
+    forgotten: int
+    """Events of forgotten tenants among them: read as markers, which no rule takes."""
 
 
 def replay(
@@ -23,13 +35,14 @@ def replay(
     *,
     start: Mapping[int, int] | None = None,
     end: Mapping[int, int] | None = None,
-) -> tuple[str, int]:
-    """Rebuild ``processor``'s tables from the log range; returns (content hash, events)."""
-    handled = 0
+) -> Replayed:
+    """Rebuild ``processor``'s tables from the log range."""
+    handled = forgotten = 0
     with pool.connection() as conn, scratch_schema(conn, processor.tables) as schema:
         with conn.transaction():
             search_first(conn, schema)
             for event in log.read(start=start, end=end):
                 processor.handle(conn, event)
                 handled += 1
-        return content_hash(conn, processor, schema), handled
+                forgotten += isinstance(event.payload, Forgotten)
+        return Replayed(content_hash(conn, processor, schema), handled, forgotten)

@@ -5,14 +5,18 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import psycopg
 import typer
 from rich.table import Table
 
+from core.settings import Settings
 from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack
+from infra.postgres.exposure import forgotten_tenants
 from infra.postgres.migrate import migrate
 from macaron import wiring
 from macaron.cli.common import console, settings
+from server.exposure import exposure
 
 db_app = typer.Typer(help="PostgreSQL registry and event store.", no_args_is_help=True)
 kafka_app = typer.Typer(help="Kafka event log administration.", no_args_is_help=True)
@@ -50,8 +54,35 @@ def down(ctx: typer.Context) -> None:
 def status(ctx: typer.Context) -> None:
     """Show each embedded server with its address and health; exit 1 if PostgreSQL or Redis
     is not healthy."""
-    if not _print_status(LocalStack(settings(ctx))):
+    cfg = settings(ctx)
+    if not _print_status(LocalStack(cfg)):
         raise typer.Exit(1)
+    _print_exposure(cfg)
+
+
+def _print_exposure(cfg: Settings) -> None:
+    """Name the releases that learned from forgotten tenants' records, if any (nothing on a
+    database not migrated yet)."""
+    with wiring.pool(cfg) as pool:
+        try:
+            with pool.connection() as conn:
+                tenants = forgotten_tenants(conn)
+        except psycopg.errors.UndefinedTable:
+            return
+        if not tenants:
+            return
+        log = wiring.event_log(cfg, pool)
+        try:
+            with pool.connection() as conn:
+                found = exposure(conn, log, tenants)
+        finally:
+            log.close()
+    if found.releases:
+        active = "; the active release is one of them" if found.active else ""
+        console.print(
+            f"[yellow]releases that learned from {len(tenants)} forgotten tenant(s): "
+            f"{', '.join(found.releases)}{active}[/] (`macaron tenants exposure`)"
+        )
 
 
 def _print_status(stack: LocalStack) -> bool:

@@ -103,12 +103,13 @@ def replay(
             _backfill(log, pool, filter_version, first, last, output_json)
             return
         chosen = hosts[processor].processor
-        digest, handled = replay_processor(chosen, log, pool, start=first, end=last)
+        rebuilt = replay_processor(chosen, log, pool, start=first, end=last)
         with pool.connection() as conn:
             live = content_hash(conn, chosen)
         log.close()
-    console.print(f"{processor}: replayed {handled} events")
-    console.print(f"replayed  {digest}\nlive      {live}")
+    skipped = f" ({rebuilt.forgotten} of forgotten tenants, skipped)" if rebuilt.forgotten else ""
+    console.print(f"{processor}: replayed {rebuilt.handled} events{skipped}")
+    console.print(f"replayed  {rebuilt.digest}\nlive      {live}")
 
 
 def _backfill(
@@ -138,4 +139,9 @@ def _backfill(
     console.print(
         f"backfill {shown['backfill_id']} ({state}): {filter_version} over "
         f"[{shown['from']}, {shown['to']}): {outcome.records} records appended in all"
+        + (
+            f"; {outcome.forgotten} events of forgotten tenants skipped"
+            if outcome.forgotten
+            else ""
+        )
     )

@@ -1,5 +1,5 @@
 """Tenants' data controls: ``tenants set TENANT --training on|off``, ``tenants list``,
-``tenants forget TENANT``, ``tenants rewrap``."""
+``tenants forget TENANT``, ``tenants exposure [TENANT]``, ``tenants rewrap``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,10 @@ from rich.table import Table
 from core.errors import ConfigError
 from core.events import NewEvent, TenantTrainingSet
 from infra.postgres.experience_joins import tenant_exists, training_consent
+from infra.postgres.exposure import forgotten_tenants
 from macaron import wiring
 from macaron.cli.common import console, settings
+from server.exposure import exposure
 from server.forgetting import forget_tenant
 
 TENANTS_KEY = "tenants"
@@ -101,6 +103,31 @@ def tenants_forget(
             f"tenant {tenant} forgotten (event {done.event_id}): data key destroyed, "
             f"{done.keys_revoked} API key(s) revoked, rows erased: {erased}"
         )
+
+
+@tenants_app.command("exposure")
+def tenants_exposure(
+    ctx: typer.Context,
+    tenant: Annotated[
+        str | None, typer.Argument(help="A tenant (default: every forgotten tenant).")
+    ] = None,
+) -> None:
+    """Which adapter versions and releases learned from a tenant's records (its records stay
+    countable by their envelopes after it is forgotten, though their content is gone)."""
+    cfg = settings(ctx)
+    with wiring.pool(cfg) as pool:
+        log = wiring.event_log(cfg, pool)
+        try:
+            with pool.connection() as conn:
+                tenants = [tenant] if tenant else forgotten_tenants(conn)
+                found = exposure(conn, log, tenants)
+        finally:
+            log.close()
+    who = tenant or f"{len(tenants)} forgotten tenant(s)"
+    console.print(f"{who}: {found.records} experience record(s) in the log")
+    console.print(f"adapters that learned from them: {', '.join(found.adapters) or 'none'}")
+    active = " (the active release among them)" if found.active else ""
+    console.print(f"releases with those adapters: {', '.join(found.releases) or 'none'}{active}")
 
 
 @tenants_app.command("rewrap")

@@ -295,10 +295,8 @@ def test_a_processor_killed_mid_batch_ends_identical_to_a_clean_replay(
     for host in hosts[:3]:  # the trigger's registry rows are not replayed (see replay)
         with pool.connection() as conn:
             live = content_hash(conn, host.processor)
-        digest, handled = replay(
-            host.processor, instant_server.server.log, pool, end=host.positions()
-        )
-        assert handled > 0 and digest == live, host.processor.name
+        rebuilt = replay(host.processor, instant_server.server.log, pool, end=host.positions())
+        assert rebuilt.handled > 0 and rebuilt.digest == live, host.processor.name
 
 
 def _positions_saved(pool: Any) -> bool:

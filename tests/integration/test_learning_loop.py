@@ -31,9 +31,15 @@ from core.settings import Settings
 from infra.postgres.lineage import lineage
 from infra.postgres.lookups import conversation_of_turn
 from infra.postgres.registry import active_release
+from infra.postgres.runs import dataset_snapshot
 from learners.contract_runner import load_contract
 from learners.evaluate import recorded_outcomes
 from learners.queue import configure as configure_celery
+from learners.runtime import SnapshotForgotten
+from learners.snapshots import materialize
+from macaron import wiring
+from server.exposure import Exposure, exposure
+from server.forgetting import forget_tenant
 from server.router import RouterService
 from streams.backfill import Backfill, backfill
 from streams.processor import content_hash
@@ -107,7 +113,39 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
         assert_lineage(served, promoted.release_id, first_turns, replayed)
         assert_outcomes_recorded(served, promoted, load_contract(DATA / "contract-e2e.yaml"))
         assert_audit(settings)
+        assert_exposure(served, promoted.release_id)
         assert_admin_api(served, promoted.release_id)  # ends with a rollback
+        assert_forgotten_snapshot_is_never_trained(served, trained.run_id)
+
+
+def assert_exposure(served: Running, release_id: str) -> None:
+    """The users' tenant taught genui@1, which the promoted (active) release serves; a tenant
+    that taught nothing exposed nothing."""
+    with served.server.pool.connection() as conn:
+        found = exposure(conn, served.server.log, ["learner"])
+        nothing = exposure(conn, served.server.log, ["someone-else"])
+    assert found.records > 0 and "genui@1" in found.adapters
+    assert release_id in found.releases and found.active
+    assert nothing == Exposure(records=0, adapters=(), releases=(), active=False)
+
+
+def assert_forgotten_snapshot_is_never_trained(served: Running, run_id: UUID) -> None:
+    """Once the users' tenant is forgotten, the snapshot genui@1 trained on cannot be
+    materialised again (``snapshot_forgotten``), and lineage still tells what learned from it."""
+    server = served.server
+    keys = wiring.data_keys(served.settings, server.pool)
+    forget_tenant(server.pool, server.log, keys, "learner")
+    with server.pool.connection() as conn:
+        row = conn.execute(
+            "SELECT snapshot_id FROM training_runs WHERE run_id = %s", (run_id,)
+        ).fetchone()
+        assert row is not None
+        snapshot = dataset_snapshot(conn, row["snapshot_id"])
+        assert "genui@1" in exposure(conn, server.log, ["learner"]).adapters
+    assert snapshot is not None
+    with pytest.raises(SnapshotForgotten) as refused:
+        materialize(server.log, snapshot)
+    assert refused.value.code == "snapshot_forgotten"
 
 
 def backfill_and_train(served: Running) -> Backfill:
@@ -158,10 +196,11 @@ def assert_replay_matches_live(served: Running, hosts: list[Any]) -> None:
     with served.server.pool.connection() as conn:
         live = {h.processor.name: content_hash(conn, h.processor) for h in hosts}
     for host in hosts[:3]:  # the trigger's outputs include registry rows replay leaves alone
-        digest, handled = replay(
+        rebuilt = replay(
             host.processor, served.server.log, served.server.pool, end=host.positions()
         )  # as far as the live one read
-        assert handled > 0 and digest == live[host.processor.name], host.processor.name
+        assert rebuilt.handled > 0, host.processor.name
+        assert rebuilt.digest == live[host.processor.name], host.processor.name
 
 
 def assert_outcomes_recorded(

@@ -250,8 +250,8 @@ def assert_replay_matches_live(settings: Settings, stored: Stored) -> None:
     assert "experience_rollouts" in host.processor.tables
     with stored.pool.connection() as conn:
         live = content_hash(conn, host.processor)
-    digest, handled = replay(host.processor, stored.log, stored.pool, end=host.positions())
-    assert handled > 0 and digest == live
+    rebuilt = replay(host.processor, stored.log, stored.pool, end=host.positions())
+    assert rebuilt.handled > 0 and rebuilt.digest == live
 
 
 class HalfCrashing:

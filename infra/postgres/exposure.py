@@ -1,0 +1,36 @@
+"""What lineage needs to tell which adapters and releases learned from a tenant's records:
+every adapter version with the snapshot its run trained on, and every release's adapters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infra.postgres.db import DictConnection
+
+
+def trained_adapters(conn: DictConnection) -> list[dict[str, Any]]:
+    """Every adapter version, parents before children, with the end of the snapshot its
+    succeeded run trained on (``None`` for a version-0 adapter or one registered by hand)."""
+    return conn.execute(
+        "SELECT a.adapter_version_id, a.specialist, a.version, a.parent_id, s.end_positions "
+        "FROM adapter_versions a LEFT JOIN training_runs r "
+        "ON r.result_adapter_id = a.adapter_version_id AND r.status = 'succeeded' "
+        "LEFT JOIN dataset_snapshots s USING (snapshot_id) ORDER BY a.adapter_version_id"
+    ).fetchall()
+
+
+def release_adapters(conn: DictConnection) -> list[dict[str, Any]]:
+    """Each release's adapter versions, and whether it is the active release."""
+    return conn.execute(
+        "SELECT r.release_id, r.active, r.created_at, "
+        "array_agg(ra.adapter_version_id) AS adapter_ids FROM releases r "
+        "JOIN release_adapters ra USING (release_id) "
+        "GROUP BY r.release_id, r.active, r.created_at ORDER BY r.created_at"
+    ).fetchall()
+
+
+def forgotten_tenants(conn: DictConnection) -> list[str]:
+    rows = conn.execute(
+        "SELECT tenant_id FROM tenant_data_keys WHERE forgotten_at IS NOT NULL ORDER BY tenant_id"
+    ).fetchall()
+    return [str(r["tenant_id"]) for r in rows]

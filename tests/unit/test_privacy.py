@@ -1,0 +1,145 @@
+"""Tenants' words sealed with their data keys: what is stored, what opens, what never opens,
+and the master key file that wraps the keys."""
+
+from __future__ import annotations
+
+import json
+import stat
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from core.canonical import canonical_json, sha256_hex
+from core.errors import MasterKeyInvalid
+from core.events import CATALOGUE, Envelope, NewEvent, chain_hash
+from core.events.privacy import PRIVATE, Cipher, Forgotten
+from core.log import DeadLetter, LogPosition, RecordedEvent, decode_envelope
+from core.settings import Settings
+from infra.master_key import load_master_keys, new_master_key_line, parse_master_keys
+from infra.memory import InMemoryDataKeys
+from tests.factories import turn
+
+AT = LogPosition(0, 1)
+
+
+def sealed_pair() -> tuple[Cipher, InMemoryDataKeys, Envelope, Envelope]:
+    keys = InMemoryDataKeys()
+    cipher = Cipher(keys)
+    first = turn("conv-1", 0).seal(1, None, cipher).envelope
+    second = turn("conv-1", 1).seal(2, first.hash, cipher).envelope
+    return cipher, keys, first, second
+
+
+def rehashed(envelope: Envelope, payload: dict[str, object]) -> Envelope:
+    """The envelope with another payload and a hash that matches it (as a forger would)."""
+    changed = replace(envelope, payload=payload)  # type: ignore[arg-type]
+    digest = sha256_hex(canonical_json(changed.payload))
+    return replace(changed, hash=chain_hash(changed.header(), digest))
+
+
+def test_private_fields_are_stored_sealed_and_open_with_the_key() -> None:
+    cipher, _, first, _ = sealed_pair()
+    stored = json.dumps(first.to_json())
+    assert "msg-0" not in stored and "content" not in first.payload
+    assert set(first.payload) >= {PRIVATE, "turn_id", "conversation_id"}
+    assert first.computed_hash() == first.hash
+    record = decode_envelope(AT, first, cipher)
+    assert isinstance(record, RecordedEvent)
+    assert record.payload.client_msg_id == "msg-0"  # type: ignore[attr-defined]
+
+
+def test_a_sealed_part_moved_or_changed_does_not_open() -> None:
+    cipher, _, first, second = sealed_pair()
+    moved = rehashed(second, {**second.payload, PRIVATE: first.payload[PRIVATE]})
+    letter = decode_envelope(AT, moved, cipher)
+    assert isinstance(letter, DeadLetter) and letter.code == "invalid_event"
+    assert "does not open" in letter.reason
+    part = dict(first.payload[PRIVATE])  # type: ignore[arg-type]
+    part["sealed"] = "AAAA" + str(part["sealed"])[4:]
+    changed = decode_envelope(AT, rehashed(first, {**first.payload, PRIVATE: part}), cipher)
+    assert isinstance(changed, DeadLetter) and changed.code == "invalid_event"
+    garbled = rehashed(first, {**first.payload, PRIVATE: "not an object"})
+    assert isinstance(decode_envelope(AT, garbled, cipher), DeadLetter)
+
+
+def test_a_sealed_payload_without_keys_is_a_dead_letter_and_plaintext_reads_as_it_is() -> None:
+    cipher, _, first, _ = sealed_pair()
+    letter = decode_envelope(AT, first, None)
+    assert isinstance(letter, DeadLetter) and "no data keys" in letter.reason
+    plain = turn("conv-2", 0).seal(1, None).envelope  # written before tenants had keys
+    record = decode_envelope(AT, plain, cipher)
+    assert isinstance(record, RecordedEvent) and record.payload.client_msg_id == "msg-0"  # type: ignore[attr-defined]
+
+
+def test_a_forgotten_tenants_events_read_as_markers() -> None:
+    cipher, keys, first, _ = sealed_pair()
+    plain = turn("conv-2", 0).seal(1, None).envelope  # its own events from before keys, too
+    assert keys.forget("tenant-a") is True
+    for envelope in (first, plain):
+        record = decode_envelope(AT, envelope, cipher)
+        assert isinstance(record, RecordedEvent)
+        assert record.payload == Forgotten(original_type="TurnReceived")
+
+
+def test_the_content_digest_is_keyed_and_the_same_for_a_repeat() -> None:
+    keys = InMemoryDataKeys()
+    cipher = Cipher(keys)
+    event = turn("conv-1", 0)
+    once, again = event.seal(1, None, cipher), event.seal(7, "0" * 64, cipher)
+    assert once.envelope.payload[PRIVATE] != again.envelope.payload[PRIVATE]  # fresh nonces
+    assert once.content_digest == again.content_digest
+    assert once.envelope.content_digest(cipher) == once.content_digest
+    assert once.content_digest != event.seal(1, None).content_digest  # not the plaintext's
+    other = NewEvent(
+        payload=event.payload.model_copy(update={"content": "else"}),
+        tenant_id="tenant-a",
+        key="conv-1",
+        event_id=event.event_id,
+    )
+    assert other.seal(1, None, cipher).content_digest != once.content_digest
+
+
+def test_every_private_field_is_a_field_of_its_event() -> None:
+    for cls in CATALOGUE.values():
+        assert set(cls.private_fields) <= set(cls.model_fields), cls.event_type
+        assert not any(name.startswith("$") for name in cls.model_fields)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("", "holds no master key"),
+        ("# only a comment\n", "holds no master key"),
+        ("m1\n", "expected 'ID BASE64'"),
+        ("m1 not-base64!\n", "not base64"),
+        ("m1 AAAA\n", "32 bytes"),
+        (new_master_key_line("m1") + new_master_key_line("m1"), "repeated"),
+    ],
+)
+def test_a_bad_master_key_file_is_refused(text: str, problem: str) -> None:
+    with pytest.raises(MasterKeyInvalid, match=problem) as refused:
+        parse_master_keys(text, "keys")
+    assert refused.value.code == "master_key_invalid"
+
+
+def test_the_default_master_key_is_made_private_and_a_named_one_must_exist(tmp_path: Path) -> None:
+    made = load_master_keys(Settings(home=tmp_path))
+    path = tmp_path / "master.key"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert load_master_keys(Settings(home=tmp_path)) == made  # made once
+    with pytest.raises(MasterKeyInvalid, match="cannot read"):
+        load_master_keys(Settings(home=tmp_path, master_key_file=tmp_path / "missing.key"))
+
+
+def test_a_key_wrapped_by_one_master_does_not_unwrap_with_another() -> None:
+    one = parse_master_keys(new_master_key_line("a"), "one")
+    other = parse_master_keys(new_master_key_line("a"), "other")
+    master_id, wrapped = one.wrap(b"k" * 32, b"tenant")
+    assert one.unwrap(master_id, wrapped, b"tenant") == b"k" * 32
+    with pytest.raises(MasterKeyInvalid, match="does not unwrap"):
+        other.unwrap(master_id, wrapped, b"tenant")
+    with pytest.raises(MasterKeyInvalid, match="does not unwrap"):
+        one.unwrap(master_id, wrapped, b"another tenant")
+    with pytest.raises(MasterKeyInvalid, match="does not hold"):
+        one.unwrap("b", wrapped, b"tenant")
