@@ -16,12 +16,14 @@ from starlette.responses import JSONResponse, Response
 
 from core.auth import Principal, bearer_key
 from core.errors import PromotionFailed, ReleaseNotFound, TurnNotFound
+from infra.postgres.exposure import forgotten_tenants
 from infra.postgres.lineage import audit, lineage, releases
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.runs import contract_scores
 from infra.postgres.scores import live_scores
 from infra.postgres.turn_audit import Shown, audit_turn
 from server.bodies import read_json
+from server.exposure import exposure
 from server.forgetting import forget_tenant
 from server.gate import Gate
 
@@ -146,6 +148,21 @@ async def forget_endpoint(request: Request) -> Response:
     )
     _log.info("tenant %s forgotten by admin key %s", tenant, principal.key_id)
     return JSONResponse({"forgotten": True, **asdict(done), "event_id": str(done.event_id)})
+
+
+async def exposure_endpoint(request: Request) -> Response:
+    """``GET /admin/exposure``: the adapters and releases that learned from forgotten tenants'
+    records (``macaron tenants exposure``), with how many tenants are forgotten."""
+    await _admin(request)
+    pool, log = request.app.state.gate.pool, request.app.state.chat.log
+
+    def read() -> dict[str, Any]:
+        with pool.connection() as conn:
+            tenants = forgotten_tenants(conn)
+            found = exposure(conn, log, tenants)
+        return {"forgotten_tenants": len(tenants), **asdict(found)}
+
+    return JSONResponse(await asyncio.to_thread(read))
 
 
 async def promote_endpoint(request: Request) -> Response:

@@ -169,6 +169,7 @@ def create_app(
             Route("/admin/promote", admin.promote_endpoint, methods=["POST"]),
             Route("/admin/rollback", admin.rollback_endpoint, methods=["POST"]),
             Route("/admin/tenants/{tenant_id}", admin.forget_endpoint, methods=["DELETE"]),
+            Route("/admin/exposure", admin.exposure_endpoint),
         ],
         exception_handlers={errors.MacaronError: macaron_error, Exception: unexpected_error},
     )

@@ -1,6 +1,6 @@
-// Macaron operator console: releases (timeline, lineage, promote and roll back), live scores
-// per release and specialist, and one turn's audit. Every call carries the admin key; every
-// value is shown as text (never parsed as HTML).
+// Macaron operator console: releases (timeline, lineage, promote and roll back, what learned
+// from forgotten tenants), live scores per release and specialist, and one turn's audit.
+// Every call carries the admin key; every value is shown as text (never parsed as HTML).
 "use strict";
 
 (function () {
@@ -47,7 +47,8 @@
   // --- releases ----------------------------------------------------------------------------
 
   async function showReleases() {
-    const { releases } = await api("/admin/releases");
+    const [{ releases }, exposed] = await Promise.all([api("/admin/releases"), api("/admin/exposure")]);
+    showExposure(exposed);
     const body = document.querySelector("[data-testid=release-table] tbody");
     body.replaceChildren();
     for (const step of releases) {
@@ -79,6 +80,14 @@
       body.append(row);
     }
     if (releases.length) await showLineage(releases.find((r) => r.detail.active)?.id || releases[0].id);
+  }
+
+  function showExposure(exposed) {
+    const box = $("exposure");
+    box.hidden = !exposed.releases.length;
+    const active = exposed.active ? " (the active release among them)" : "";
+    box.textContent = `Releases that learned from ${exposed.forgotten_tenants} forgotten ` +
+      `tenant(s): ${exposed.releases.join(", ")}${active}`;
   }
 
   async function showLineage(ref) {

@@ -79,6 +79,7 @@ def test_the_console_shows_releases_scores_and_an_audit_and_promotes(
         page.get_by_test_id("load").click()
         rows = page.get_by_test_id("release-row")
         expect(rows).to_have_count(2)
+        expect(page.get_by_test_id("exposure")).to_be_hidden()  # no tenant forgotten
         expect(rows.filter(has=page.get_by_test_id("active"))).to_contain_text(root)
         expect(page.get_by_test_id("lineage-step")).to_have_count(1)
 

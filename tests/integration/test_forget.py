@@ -151,6 +151,9 @@ def test_forgetting_is_idempotent_and_typed(served: Running) -> None:
     forgotten_events = [e for e in server.log.read() if e.envelope.type == "TenantForgotten"]
     assert len(forgotten_events) == 1  # the event happens once
 
+    shown = httpx.get(f"{served.http}/admin/exposure", headers=admin(served)).json()
+    assert shown["forgotten_tenants"] == 1 and shown["records"] > 0  # acme's edit taught
+    assert shown["adapters"] == [] and shown["releases"] == []  # but no run trained on it
     unknown = httpx.delete(f"{served.http}/admin/tenants/nobody", headers=admin(served))
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "tenant_not_found"
     no_admin = httpx.delete(

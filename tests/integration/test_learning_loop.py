@@ -115,7 +115,7 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
         assert_audit(settings)
         assert_exposure(served, promoted.release_id)
         assert_admin_api(served, promoted.release_id)  # ends with a rollback
-        assert_forgotten_snapshot_is_never_trained(served, trained.run_id)
+        assert_forgotten_snapshot_is_never_trained(served, trained.run_id, promoted.release_id)
 
 
 def assert_exposure(served: Running, release_id: str) -> None:
@@ -129,9 +129,12 @@ def assert_exposure(served: Running, release_id: str) -> None:
     assert nothing == Exposure(records=0, adapters=(), releases=(), active=False)
 
 
-def assert_forgotten_snapshot_is_never_trained(served: Running, run_id: UUID) -> None:
+def assert_forgotten_snapshot_is_never_trained(
+    served: Running, run_id: UUID, release_id: str
+) -> None:
     """Once the users' tenant is forgotten, the snapshot genui@1 trained on cannot be
-    materialised again (``snapshot_forgotten``), and lineage still tells what learned from it."""
+    materialised again (``snapshot_forgotten``), and lineage still tells what learned from it
+    (the release, no longer active after the rollback)."""
     server = served.server
     keys = wiring.data_keys(served.settings, server.pool)
     forget_tenant(server.pool, server.log, keys, "learner")
@@ -146,6 +149,10 @@ def assert_forgotten_snapshot_is_never_trained(served: Running, run_id: UUID) ->
     with pytest.raises(SnapshotForgotten) as refused:
         materialize(server.log, snapshot)
     assert refused.value.code == "snapshot_forgotten"
+    admin = {"Authorization": f"Bearer {served.key('ops', 'admin')}"}
+    shown = httpx.get(f"{served.http}/admin/exposure", headers=admin).json()
+    assert shown["forgotten_tenants"] == 1 and "genui@1" in shown["adapters"]
+    assert release_id in shown["releases"] and shown["active"] is False
 
 
 def backfill_and_train(served: Running) -> Backfill:
