@@ -7,7 +7,8 @@ Forgetting does four things, in an order that a process killed half-way can run 
 2. It destroys the data key. From then on every event of the tenant reads as ``Forgotten``,
    and nothing more of it can be written.
 3. It revokes the tenant's API keys.
-4. It erases the tenant's rows from the projections and the experience tables. The
+4. It erases the tenant's rows from the projections, the experience tables and the live
+   scores. The
    processors erase them again when they meet the event, so rows from events they were still
    handling do not outlive it.
 """
@@ -26,6 +27,7 @@ from infra.postgres.db import Pool
 from infra.postgres.erasure import (
     erase_experience_rows,
     erase_projection_rows,
+    erase_score_rows,
     forgotten,
     revoke_tenant_keys,
 )
@@ -69,5 +71,6 @@ def forget_tenant(
         erased = {
             **erase_projection_rows(conn, tenant_id),
             **erase_experience_rows(conn, tenant_id),
+            **erase_score_rows(conn, tenant_id),
         }
     return ForgetOutcome(tenant_id, event_id, not destroyed, revoked, erased)

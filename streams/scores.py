@@ -1,5 +1,6 @@
 """Live contract scores per release and specialist: thumbs-up, edit and regenerate rates,
-action success, GenUI validity and latency, as counters (rates are ratios of them)."""
+action success, GenUI validity and latency, as counters per turn (rates are ratios of their
+sums). A forgotten tenant's turns leave the scores."""
 
 from __future__ import annotations
 
@@ -11,19 +12,21 @@ from core.events import (
     HarnessActionExecuted,
     NewEvent,
     RouterDecided,
+    TenantForgotten,
     TurnCompleted,
     TurnReceived,
 )
 from core.log import RecordedEvent
 from infra.postgres import scores
 from infra.postgres.db import DictConnection
+from infra.postgres.erasure import erase_score_rows
 
 _FEEDBACK_COUNTER = {"up": "ups", "down": "downs", "edit": "edits", "regenerate": "regenerates"}
 
 
 class LiveScores:
-    name = "live-scores-1"
-    tables: tuple[str, ...] = ("score_turns", "live_scores")
+    name = "live-scores-2"
+    tables: tuple[str, ...] = ("score_turns",)
 
     def handle(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
         """A turn's release (from ``TurnReceived``) and specialist (from ``RouterDecided``) are
@@ -31,7 +34,7 @@ class LiveScores:
         p = event.payload
         match p:
             case TurnReceived() if p.release_id is not None:
-                scores.record_scored_turn(conn, p.turn_id, p.release_id)
+                scores.record_scored_turn(conn, p.turn_id, event.envelope.tenant_id, p.release_id)
             case RouterDecided():
                 scores.record_scored_specialist(conn, p.turn_id, p.specialist)
             case TurnCompleted():
@@ -42,6 +45,8 @@ class LiveScores:
                 scores.add_to_scores(conn, p.turn_id, {"genui": 1, "genui_valid": int(p.valid)})
             case FeedbackGiven():
                 scores.add_to_scores(conn, p.turn_id, {_FEEDBACK_COUNTER[p.kind]: 1})
+            case TenantForgotten():
+                erase_score_rows(conn, p.tenant)
         return []
 
     def after_commit(self, derived: Sequence[NewEvent]) -> None:

@@ -43,6 +43,11 @@ def _erase_conversations(conn: DictConnection, tenant_id: str) -> int:
     ).rowcount
 
 
+def erase_score_rows(conn: DictConnection, tenant_id: str) -> dict[str, int]:
+    """The tenant's scored turns (``streams.scores``): they leave the live scores' sums."""
+    return {"score_turns": _delete(conn, "DELETE FROM score_turns WHERE tenant_id = %s", tenant_id)}
+
+
 def revoke_tenant_keys(conn: DictConnection, tenant_id: str) -> int:
     """Revoke the tenant's live API keys; returns how many."""
     return _delete(

@@ -1,5 +1,5 @@
-"""Live contract scores (``score_turns``, ``live_scores``): counters per release and
-specialist, which rates are ratios of."""
+"""Live contract scores: counters per scored turn (``score_turns``), summed per release and
+specialist by the ``live_scores`` view (migration 0017); rates are ratios of them."""
 
 from __future__ import annotations
 
@@ -22,13 +22,16 @@ COUNTERS = frozenset(
         "regenerates",
     }
 )
-"""The counter columns of ``live_scores``."""
+"""The counter columns of ``score_turns`` and ``live_scores``."""
 
 
-def record_scored_turn(conn: DictConnection, turn_id: UUID, release_id: str) -> None:
+def record_scored_turn(
+    conn: DictConnection, turn_id: UUID, tenant_id: str, release_id: str
+) -> None:
     conn.execute(
-        "INSERT INTO score_turns (turn_id, release_id) VALUES (%s, %s) ON CONFLICT DO NOTHING",
-        (turn_id, release_id),
+        "INSERT INTO score_turns (turn_id, tenant_id, release_id) VALUES (%s, %s, %s) "
+        "ON CONFLICT DO NOTHING",
+        (turn_id, tenant_id, release_id),
     )
 
 
@@ -37,19 +40,13 @@ def record_scored_specialist(conn: DictConnection, turn_id: UUID, specialist: st
 
 
 def add_to_scores(conn: DictConnection, turn_id: UUID, amounts: dict[str, float]) -> None:
-    """Add to the counters of the turn's release and specialist; a turn not yet routed (or
-    never received) counts nowhere."""
+    """Add to the turn's counters; a turn not yet routed (or never received) counts nowhere."""
     unknown = set(amounts) - COUNTERS
     if unknown:
         raise ValueError(f"not a live_scores counter: {sorted(unknown)}")
-    columns = ", ".join(amounts)
-    values = ", ".join(f"%({c})s" for c in amounts)
-    updates = ", ".join(f"{c} = live_scores.{c} + EXCLUDED.{c}" for c in amounts)
+    updates = ", ".join(f"{c} = {c} + %({c})s" for c in amounts)
     conn.execute(
-        f"INSERT INTO live_scores (release_id, specialist, {columns}) "
-        f"SELECT release_id, specialist, {values} FROM score_turns WHERE turn_id = %(turn)s "
-        "AND specialist IS NOT NULL "
-        f"ON CONFLICT (release_id, specialist) DO UPDATE SET {updates}",
+        f"UPDATE score_turns SET {updates} WHERE turn_id = %(turn)s AND specialist IS NOT NULL",
         {**amounts, "turn": turn_id},
     )
 
