@@ -144,17 +144,19 @@ class SnapshotEvents:
 def snapshot_events(log: EventLog, snapshot: Mapping[str, Any]) -> SnapshotEvents:
     """Read a snapshot (a ``dataset_snapshots`` row) back from its specialist's experience key:
     the records its filter version derived in its range (live rewards only where it hashed
-    them) and those before it."""
+    them) and those before it. A forgotten tenant's records are unreadable: those of the
+    tenants the snapshot leaves out are skipped, the others counted."""
     [(part, start)] = snapshot["start_positions"].items()
     [(_, end)] = snapshot["end_positions"].items()
     partition = int(part)
+    left_out = set(snapshot.get("left_out_tenants") or ())
     records, older, forgotten = [], [], 0
     for event in log.read(key=experience_key(snapshot["specialist"]), types=["ExperienceRecorded"]):
         payload: Any = event.payload
         offset = event.position.offset
         in_range = event.position.partition == partition and start <= offset < end
         if isinstance(payload, Forgotten):  # its filter version is unreadable too
-            forgotten += in_range
+            forgotten += in_range and event.envelope.tenant_id not in left_out
             continue
         if payload.filter_version != snapshot["filter_version"]:
             continue

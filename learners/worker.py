@@ -25,6 +25,7 @@ from rich.progress import Progress
 from core.errors import PromotionInProgress
 from infra import observe
 from infra.postgres.promotions import last_request_of_run, request_promotion, wait_for_request
+from infra.postgres.runs import tenants_left_out
 from learners.evaluate import evaluate_run
 from learners.queue import app, enqueue_training
 from learners.rollout_job import RolloutJob, run_rollouts
@@ -164,10 +165,12 @@ def _promote(run_id: str, release_id: str) -> dict[str, Any]:
     rt = runtime()
     with rt.pool.connection() as conn:
         done = last_request_of_run(conn, uuid.UUID(run_id))
+        left_out = tenants_left_out(conn, uuid.UUID(run_id))
     if done is not None and done["status"] != "failed":
         return {"status": done["status"], "reason": done["reason"]}
-    request = request_promotion(
-        rt.pool, release_id, run_id=uuid.UUID(run_id), requested_by=f"run {run_id}"
-    )
+    by = f"run {run_id}"
+    if left_out:
+        by += f", which unlearns {left_out} forgotten tenant(s)"
+    request = request_promotion(rt.pool, release_id, run_id=uuid.UUID(run_id), requested_by=by)
     final = wait_for_request(rt.pool, request, PROMOTION_TIMEOUT_S)
     return {"status": final["status"], "reason": final["reason"]}

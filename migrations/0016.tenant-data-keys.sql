@@ -19,3 +19,7 @@ CREATE TABLE tenant_data_keys (
 ALTER TABLE experience_conversations ADD COLUMN tenant_id TEXT;
 UPDATE experience_conversations c SET tenant_id = t.tenant_id
     FROM experience_turns t WHERE t.conversation_id = c.conversation_id;
+
+-- A snapshot that retrains without forgotten tenants (`macaron tenants forget --retrain`) names
+-- them: their records in its range are left out of its hash and its training.
+ALTER TABLE dataset_snapshots ADD COLUMN left_out_tenants TEXT[] NOT NULL DEFAULT '{}';

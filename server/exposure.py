@@ -32,6 +32,21 @@ class Exposure:
 
 def exposure(conn: DictConnection, log: EventLog, tenants: Collection[str]) -> Exposure:
     """What learned from any record of ``tenants``."""
+    records, exposed = exposed_adapters(conn, log, tenants)
+    releases = [r for r in release_adapters(conn) if set(r["adapter_ids"]) & exposed.keys()]
+    return Exposure(
+        records=records,
+        adapters=tuple(exposed.values()),
+        releases=tuple(r["release_id"] for r in releases),
+        active=any(r["active"] for r in releases),
+    )
+
+
+def exposed_adapters(
+    conn: DictConnection, log: EventLog, tenants: Collection[str]
+) -> tuple[int, dict[int, str]]:
+    """How many experience records ``tenants`` have in the log, and the adapter versions that
+    learned from any of them (id -> ``specialist@version``)."""
     found: dict[str, list[tuple[int, int]]] = {}
     for event in log.read(types=["ExperienceRecorded"]):
         env = event.envelope
@@ -46,10 +61,4 @@ def exposure(conn: DictConnection, log: EventLog, tenants: Collection[str]) -> E
         if direct or adapter["parent_id"] in exposed:
             name = f"{adapter['specialist']}@{adapter['version']}"
             exposed[adapter["adapter_version_id"]] = name
-    releases = [r for r in release_adapters(conn) if set(r["adapter_ids"]) & exposed.keys()]
-    return Exposure(
-        records=sum(len(spots) for spots in found.values()),
-        adapters=tuple(exposed.values()),
-        releases=tuple(r["release_id"] for r in releases),
-        active=any(r["active"] for r in releases),
-    )
+    return sum(len(spots) for spots in found.values()), exposed

@@ -34,3 +34,23 @@ def forgotten_tenants(conn: DictConnection) -> list[str]:
         "SELECT tenant_id FROM tenant_data_keys WHERE forgotten_at IS NOT NULL ORDER BY tenant_id"
     ).fetchall()
     return [str(r["tenant_id"]) for r in rows]
+
+
+def active_adapter_ids(conn: DictConnection) -> dict[str, int]:
+    """The active release's adapter version ids, by specialist."""
+    rows = conn.execute(
+        "SELECT ra.specialist, ra.adapter_version_id FROM releases r "
+        "JOIN release_adapters ra USING (release_id) WHERE r.active"
+    ).fetchall()
+    return {str(r["specialist"]): int(r["adapter_version_id"]) for r in rows}
+
+
+def producing_run(conn: DictConnection, adapter_version_id: int) -> dict[str, Any] | None:
+    """The succeeded run that trained an adapter version, with its snapshot's row."""
+    row = conn.execute(
+        "SELECT r.run_id, r.recipe, s.* FROM training_runs r "
+        "JOIN dataset_snapshots s USING (snapshot_id) "
+        "WHERE r.result_adapter_id = %s AND r.status = 'succeeded'",
+        (adapter_version_id,),
+    ).fetchone()
+    return None if row is None else dict(row)

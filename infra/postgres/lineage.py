@@ -197,7 +197,7 @@ def run_detail(conn: DictConnection, run_id: Any) -> dict[str, JsonValue]:
     history into it) and its evaluations."""
     run = conn.execute(
         "SELECT r.*, s.start_positions, s.end_positions, s.filter_version, s.content_hash, "
-        "s.record_count, s.backfills FROM training_runs r "
+        "s.record_count, s.backfills, s.left_out_tenants FROM training_runs r "
         "JOIN dataset_snapshots s USING (snapshot_id) "
         "WHERE r.run_id = %s",
         (run_id,),
@@ -227,6 +227,7 @@ def run_detail(conn: DictConnection, run_id: Any) -> dict[str, JsonValue]:
                 "filter_version": run["filter_version"],
                 "content_hash": run["content_hash"],
                 "records": run["record_count"],
+                "forgotten_tenants_left_out": len(run["left_out_tenants"]),
                 "replayed": [
                     {
                         "backfill_id": b["backfill_id"],

@@ -37,13 +37,16 @@ class SnapshotRange:
     """Whether its live rewards are in ``content_hash`` (not for a range begun before they were)."""
     backfills: tuple[UUID, ...] = ()
     """The backfills that appended any of its records (replayed history)."""
+    left_out_tenants: tuple[str, ...] = ()
+    """Forgotten tenants whose records in the range it leaves out (a retraining)."""
 
 
 def record_snapshot(conn: DictConnection, snapshot: SnapshotRange) -> None:
     conn.execute(
         "INSERT INTO dataset_snapshots (snapshot_id, specialist, start_positions, "
-        "end_positions, filter_version, content_hash, record_count, rewards_hashed, backfills) "
-        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
+        "end_positions, filter_version, content_hash, record_count, rewards_hashed, backfills, "
+        "left_out_tenants) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+        "ON CONFLICT DO NOTHING",
         (
             snapshot.snapshot_id,
             snapshot.specialist,
@@ -54,6 +57,7 @@ def record_snapshot(conn: DictConnection, snapshot: SnapshotRange) -> None:
             snapshot.record_count,
             snapshot.rewards_hashed,
             list(snapshot.backfills),
+            list(snapshot.left_out_tenants),
         ),
     )
 
@@ -266,3 +270,13 @@ def contract_scores(conn: DictConnection) -> list[dict[str, Any]]:
         for row in rows
     ]
     return sorted(found, key=lambda r: (r["released_at"], r["contract_version"]))
+
+
+def tenants_left_out(conn: DictConnection, run_id: UUID) -> int:
+    """How many forgotten tenants the run's snapshot leaves out (a retraining: 1 or more)."""
+    row = conn.execute(
+        "SELECT cardinality(s.left_out_tenants) AS n FROM training_runs r "
+        "JOIN dataset_snapshots s USING (snapshot_id) WHERE r.run_id = %s",
+        (run_id,),
+    ).fetchone()
+    return 0 if row is None else int(row["n"])

@@ -11,12 +11,18 @@ from rich.table import Table
 
 from core.errors import ConfigError
 from core.events import NewEvent, TenantTrainingSet
+from core.log import EventLog
+from core.settings import Settings
+from infra.postgres.db import Pool
 from infra.postgres.experience_joins import tenant_exists, training_consent
 from infra.postgres.exposure import forgotten_tenants
+from learners.queue import configure as configure_celery
+from learners.queue import enqueue_training
 from macaron import wiring
 from macaron.cli.common import console, settings
 from server.exposure import exposure
 from server.forgetting import forget_tenant
+from server.unlearning import Retraining, queue_retraining
 
 TENANTS_KEY = "tenants"
 
@@ -82,6 +88,14 @@ def tenants_forget(
     ctx: typer.Context,
     tenant: Annotated[str, typer.Argument(help="The tenant to forget.")],
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    retrain: Annotated[
+        bool,
+        typer.Option(
+            "--retrain",
+            help="Also queue, for each specialist whose active adapter learned from a forgotten "
+            "tenant, a successor trained from its newest unexposed ancestor without them.",
+        ),
+    ] = False,
 ) -> None:
     """Forget a tenant for good: record ``TenantForgotten``, destroy its data key (its words in
     the log can never be read again), revoke its API keys, erase its rows. Safe to run again."""
@@ -93,6 +107,7 @@ def tenants_forget(
         log = wiring.event_log(cfg, pool, keys)
         try:
             done = forget_tenant(pool, log, keys, tenant)
+            queued = _retrain(cfg, pool, log) if retrain else []
         finally:
             log.close()
     erased = ", ".join(f"{n} {table}" for table, n in done.rows_erased.items() if n) or "none"
@@ -103,6 +118,25 @@ def tenants_forget(
             f"tenant {tenant} forgotten (event {done.event_id}): data key destroyed, "
             f"{done.keys_revoked} API key(s) revoked, rows erased: {erased}"
         )
+    for run in queued:
+        console.print(
+            f"queued run {run.run_id}: {run.specialist} from {run.parent} on {run.records} "
+            "record(s) without the forgotten tenants"
+        )
+    if retrain and not queued:
+        console.print("nothing the active release serves learned from forgotten tenants")
+
+
+def _retrain(cfg: Settings, pool: Pool, log: EventLog) -> list[Retraining]:
+    """Queue the successors that unlearn every forgotten tenant, append their requests, then
+    hand them to the workers."""
+    with pool.connection() as conn, conn.transaction():
+        queued = queue_retraining(conn, log, forgotten_tenants(conn))
+    log.append([run.event for run in queued])
+    configure_celery(cfg)
+    for run in queued:
+        enqueue_training(run.run_id)
+    return queued
 
 
 @tenants_app.command("exposure")

@@ -18,22 +18,36 @@ from core.errors import MasterKeyInvalid, TenantForgotten
 from core.events import ModelResponded, TurnReceived
 from core.events.chain import verify_chain
 from core.events.privacy import Forgotten
+from core.experience import experience_key
 from core.settings import Settings
 from engines.instant import InstantEngine
+from infra.identity_adapter import write_identity_adapter
 from infra.local_stack import LocalStack
 from infra.master_key import new_master_key_line
 from infra.postgres.db import Pool
 from infra.postgres.keys import create_key
 from infra.postgres.lineage import audit
+from infra.postgres.registry import activate_release
 from infra.postgres.replay import tables_hash
+from infra.postgres.runs import (
+    SnapshotRange,
+    dataset_snapshot,
+    finish_run,
+    queue_run,
+    record_snapshot,
+)
+from learners.runtime import SnapshotForgotten
+from learners.snapshots import materialize
 from macaron import wiring
+from server.exposure import exposure
 from server.forgetting import forget_tenant
 from server.router import RouterService
+from server.unlearning import queue_retraining
 from streams.backfill import backfill
 from streams.replay import replay
 from streams.runner import catch_up
 from tests.integration.test_harness import script
-from tests.serving import Running, frames_until, send, serving
+from tests.serving import Running, frames_until, send, serving, successor
 
 SECRETS = {tenant: f"{tenant}-secret-{uuid.uuid4().hex[:12]}" for tenant in ("acme", "globex")}
 
@@ -183,3 +197,74 @@ def test_a_master_key_that_did_not_wrap_the_keys_refuses_start_up_and_rotation_r
     assert wiring.data_keys(Settings(home=tmp_path, master_key_file=both), pool).rewrap() == 1
     rotated = wiring.data_keys(Settings(home=tmp_path, master_key_file=second), pool)
     assert rotated.reading_key("acme", made.key_id) == made
+
+
+def test_retraining_starts_before_the_exposure_and_leaves_the_tenant_out(
+    served: Running, tiny_model: Path, tmp_path: Path
+) -> None:
+    """An adapter trained on both tenants' agent records is active; once acme is forgotten,
+    ``--retrain`` queues a successor of agent@0 on the same range whose snapshot opens without
+    acme's records (and the old snapshot never opens again)."""
+    server = served.server
+    hosts = wiring.processor_hosts(served.settings, server.log, server.pool)
+    for host in hosts:
+        catch_up(host)
+    keys = server.app.state.data_keys  # the server's own: its log stops opening acme at once
+    forget_tenant(server.pool, server.log, keys, "acme")  # already, after the tests above
+    records = list(server.log.read(key=experience_key("agent")))
+    kept = [e for e in records if e.envelope.tenant_id == "globex"]
+    assert kept and any(e.envelope.tenant_id == "acme" for e in records)
+    version = kept[0].payload.filter_version  # type: ignore[attr-defined]
+    offsets = [e.position.offset for e in records]
+    trained_on = SnapshotRange(
+        snapshot_id=uuid.uuid4(),
+        specialist="agent",
+        partition=0,
+        start_offset=min(offsets),
+        end_offset=max(offsets) + 1,
+        filter_version=version,
+        content_hash="0" * 64,  # as made before acme was forgotten; never opened here
+        record_count=len(records),
+    )
+    write_identity_adapter(
+        tiny_model, tmp_path / "agent", base_model=tiny_model.name, rank=4, seed=1
+    )
+    child = successor(served, tmp_path / "agent", 4, "agent")
+    run_id = uuid.uuid4()
+    with server.pool.connection() as conn, conn.transaction():
+        record_snapshot(conn, trained_on)
+        made = child.adapters["agent"]
+        queue_run(
+            conn,
+            run_id=run_id,
+            specialist="agent",
+            parent_adapter_id=made.adapter_version_id,  # the parent does not matter here
+            snapshot_id=trained_on.snapshot_id,
+            kind="adapter",
+            recipe="lora",
+        )
+        finish_run(conn, run_id, adapter_version_id=made.adapter_version_id, config={}, metrics={})
+        activate_release(conn, child.release_id, "test")
+        assert exposure(conn, server.log, ["acme"]).active
+
+    with server.pool.connection() as conn, conn.transaction():
+        [queued] = queue_retraining(conn, server.log, ["acme"])
+    assert queued.specialist == "agent" and queued.parent == "agent@0"
+    with server.pool.connection() as conn:
+        again = queue_retraining(conn, server.log, ["acme"])  # the same run, queued once
+        snapshot = dataset_snapshot(conn, queued.event.payload.snapshot_id)  # type: ignore[attr-defined]
+        old = dataset_snapshot(conn, trained_on.snapshot_id)
+    assert [r.run_id for r in again] == [queued.run_id]
+    assert snapshot is not None and snapshot["left_out_tenants"] == ["acme"]
+    replayed = materialize(server.log, snapshot)
+    assert (
+        len(replayed.records)
+        == queued.records
+        == len(
+            [e for e in kept if e.payload.filter_version == version]  # type: ignore[attr-defined]
+        )
+    )
+    assert replayed.tenants == 1
+    assert old is not None
+    with pytest.raises(SnapshotForgotten):
+        materialize(server.log, old)

@@ -1,0 +1,144 @@
+"""Unlearning by replay (``macaron tenants forget TENANT --retrain``).
+
+For each specialist whose active adapter learned from a forgotten tenant's records, this
+queues a successor run:
+- It starts from the newest ancestor of that adapter that never saw those records. That is
+  the version-0 adapter at the latest.
+- It trains on the range of the snapshot that made the active adapter. The forgotten
+  tenants' records are left out, and the run replays the older records as every run does.
+- The snapshot names the tenants it leaves out. Its hash covers only the records it keeps,
+  so the worker checks it as it checks any other.
+
+The run is then trained, evaluated and promoted like any other. Its lineage and the promotion
+request name the forgetting.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+from uuid import UUID
+
+from core.errors import TenantForgotten, TrainingInFlight
+from core.events import NewEvent, TrainingRequested
+from core.experience import EMPTY_CHAIN, chain_record, snapshot_events
+from core.ids import derived_id
+from core.log import EventLog
+from infra.postgres.db import DictConnection
+from infra.postgres.exposure import active_adapter_ids, producing_run, trained_adapters
+from infra.postgres.runs import SnapshotRange, queue_run, record_snapshot, run_result
+from server.exposure import exposed_adapters
+
+SYSTEM_TENANT = "system"
+
+
+@dataclass(frozen=True)
+class Retraining:
+    specialist: str
+    run_id: UUID
+    parent: str
+    """The ancestor it starts from (``specialist@version``)."""
+    records: int
+    """The records it trains on (those it keeps of the snapshot)."""
+    event: NewEvent
+    """Its ``TrainingRequested``, for the caller to append before enqueueing the run."""
+
+
+def queue_retraining(
+    conn: DictConnection, log: EventLog, forgotten: Sequence[str]
+) -> list[Retraining]:
+    """Queue the successor runs (in the caller's transaction); none when nothing the active
+    release serves learned from ``forgotten`` (every forgotten tenant, so that the new
+    snapshots open). Raises ``TrainingInFlight`` when a specialist has a run queued or
+    running."""
+    _, exposed = exposed_adapters(conn, log, forgotten)
+    adapters = {int(a["adapter_version_id"]): a for a in trained_adapters(conn)}
+    queued = []
+    for _, adapter_id in sorted(active_adapter_ids(conn).items()):
+        if adapter_id not in exposed:
+            continue
+        ancestor = adapters[adapter_id]
+        while ancestor["adapter_version_id"] in exposed:
+            ancestor = adapters[ancestor["parent_id"]]  # version 0 is never exposed
+        made_by = producing_run(conn, adapter_id)
+        if made_by is None:
+            continue  # registered by hand: there is no snapshot to retrain on
+        retraining = _queue(conn, log, made_by, ancestor, sorted(forgotten))
+        if retraining is not None:
+            queued.append(retraining)
+    return queued
+
+
+def _queue(
+    conn: DictConnection,
+    log: EventLog,
+    made_by: dict[str, Any],
+    ancestor: dict[str, Any],
+    forgotten: list[str],
+) -> Retraining | None:
+    specialist, recipe = str(made_by["specialist"]), str(made_by["recipe"])
+    kept = _kept_snapshot(log, made_by, forgotten)
+    if kept is None:
+        return None  # the tenants were all it had learned from: the ancestor stays
+    snapshot, records = kept
+    run_id = derived_id("run", snapshot.snapshot_id)
+    record_snapshot(conn, snapshot)
+    queued = queue_run(
+        conn,
+        run_id=run_id,
+        specialist=specialist,
+        parent_adapter_id=int(ancestor["adapter_version_id"]),
+        snapshot_id=snapshot.snapshot_id,
+        kind="adapter",
+        recipe=recipe,
+    )
+    if not queued and run_result(conn, run_id) is None:
+        raise TrainingInFlight(f"a run of {specialist} is queued or running; it goes first")
+    parent = f"{ancestor['specialist']}@{ancestor['version']}"
+    request = TrainingRequested(
+        run_id=run_id,
+        specialist=specialist,
+        parent_adapter_version=parent,
+        snapshot_id=snapshot.snapshot_id,
+        recipe=recipe,
+    )
+    event = NewEvent(
+        payload=request, tenant_id=SYSTEM_TENANT, key=f"training.{specialist}", event_id=run_id
+    )
+    return Retraining(specialist, run_id, parent, records, event)
+
+
+def _kept_snapshot(
+    log: EventLog, made_by: dict[str, Any], forgotten: list[str]
+) -> tuple[SnapshotRange, int] | None:
+    """The range of the snapshot ``made_by`` trained on, without ``forgotten``'s records, and
+    how many records it keeps; ``None`` when none of them teaches."""
+    specialist = str(made_by["specialist"])
+    events = snapshot_events(log, {**made_by, "left_out_tenants": forgotten})
+    if events.forgotten:
+        raise TenantForgotten(f"{specialist}: another tenant was forgotten meanwhile; run it again")
+    records: list[Any] = [event.payload for event in events.records]
+    running = EMPTY_CHAIN
+    for record in records:
+        running = chain_record(running, record)
+    teaching = sum(1 for record in records if record.kind != "trajectory")
+    if not teaching:
+        return None
+    [(part, start)] = made_by["start_positions"].items()
+    [(_, end)] = made_by["end_positions"].items()
+    version = str(made_by["filter_version"])
+    snapshot = SnapshotRange(
+        snapshot_id=derived_id("snapshot", specialist, part, start, end, version, *forgotten),
+        specialist=specialist,
+        partition=int(part),
+        start_offset=int(start),
+        end_offset=int(end),
+        filter_version=version,
+        content_hash=running,
+        record_count=teaching,
+        rewards_hashed=bool(made_by["rewards_hashed"]),
+        backfills=tuple(made_by["backfills"] or ()),
+        left_out_tenants=tuple(forgotten),
+    )
+    return snapshot, len(records)
