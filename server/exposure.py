@@ -4,8 +4,10 @@ A record's envelope keeps its tenant, key and position after the tenant is forgo
 content is gone. So exposure can be told from the log and the lineage at any time. An adapter is
 exposed when one of the tenant's records lies before the end of the snapshot its run trained on,
 on its specialist's experience key. That covers the snapshot and the older records a run
-replays. An adapter trained from an exposed parent is exposed too. A release is exposed when
-any of its adapters is.
+replays. An adapter trained from an exposed parent is exposed too. A router version is
+exposed when one of the tenant's routing labels lies before the end of the labels its run was
+fitted on (a router is fitted afresh, so a parent passes nothing on). A release is exposed when
+any of its adapters or its router is.
 """
 
 from __future__ import annotations
@@ -15,16 +17,19 @@ from dataclasses import dataclass
 
 from core.experience import experience_key
 from core.log import EventLog
+from core.routing import ROUTING_KEY
 from infra.postgres.db import DictConnection
-from infra.postgres.exposure import release_adapters, trained_adapters
+from infra.postgres.exposure import release_adapters, trained_adapters, trained_routers
 
 
 @dataclass(frozen=True)
 class Exposure:
     records: int
-    """The tenants' experience records in the log."""
+    """The tenants' experience records and routing labels in the log."""
     adapters: tuple[str, ...]
     """Exposed adapter versions, as ``specialist@version``."""
+    routers: tuple[str, ...]
+    """Exposed router versions."""
     releases: tuple[str, ...]
     active: bool
     """Whether the active release is among them."""
@@ -32,11 +37,23 @@ class Exposure:
 
 def exposure(conn: DictConnection, log: EventLog, tenants: Collection[str]) -> Exposure:
     """What learned from any record of ``tenants``."""
-    records, exposed = exposed_adapters(conn, log, tenants)
-    releases = [r for r in release_adapters(conn) if set(r["adapter_ids"]) & exposed.keys()]
+    found = _records_of(log, tenants)
+    exposed = _exposed_adapters(conn, found)
+    labels = found.get(ROUTING_KEY, [])
+    routers = [
+        r["router_version"]
+        for r in trained_routers(conn)
+        if any(offset < r["labels_end"].get(str(part), 0) for part, offset in labels)
+    ]
+    releases = [
+        r
+        for r in release_adapters(conn)
+        if set(r["adapter_ids"]) & exposed.keys() or r["router_version"] in routers
+    ]
     return Exposure(
-        records=records,
+        records=sum(len(spots) for spots in found.values()),
         adapters=tuple(exposed.values()),
+        routers=tuple(routers),
         releases=tuple(r["release_id"] for r in releases),
         active=any(r["active"] for r in releases),
     )
@@ -44,15 +61,26 @@ def exposure(conn: DictConnection, log: EventLog, tenants: Collection[str]) -> E
 
 def exposed_adapters(
     conn: DictConnection, log: EventLog, tenants: Collection[str]
-) -> tuple[int, dict[int, str]]:
-    """How many experience records ``tenants`` have in the log, and the adapter versions that
-    learned from any of them (id -> ``specialist@version``)."""
+) -> dict[int, str]:
+    """The adapter versions that learned from any record of ``tenants`` (id ->
+    ``specialist@version``)."""
+    return _exposed_adapters(conn, _records_of(log, tenants))
+
+
+def _records_of(log: EventLog, tenants: Collection[str]) -> dict[str, list[tuple[int, int]]]:
+    """Where the tenants' experience records and routing labels lie, by key."""
     found: dict[str, list[tuple[int, int]]] = {}
-    for event in log.read(types=["ExperienceRecorded"]):
+    for event in log.read(types=["ExperienceRecorded", "RoutingLabelled"]):
         env = event.envelope
         if env.tenant_id in tenants:
             spot = (event.position.partition, event.position.offset)
             found.setdefault(env.key, []).append(spot)
+    return found
+
+
+def _exposed_adapters(
+    conn: DictConnection, found: dict[str, list[tuple[int, int]]]
+) -> dict[int, str]:
     exposed: dict[int, str] = {}
     for adapter in trained_adapters(conn):
         ends = adapter["end_positions"] or {}
@@ -61,4 +89,4 @@ def exposed_adapters(
         if direct or adapter["parent_id"] in exposed:
             name = f"{adapter['specialist']}@{adapter['version']}"
             exposed[adapter["adapter_version_id"]] = name
-    return sum(len(spots) for spots in found.values()), exposed
+    return exposed

@@ -52,7 +52,7 @@ def queue_retraining(
     release serves learned from ``forgotten`` (every forgotten tenant, so that the new
     snapshots open). Raises ``TrainingInFlight`` when a specialist has a run queued or
     running."""
-    _, exposed = exposed_adapters(conn, log, forgotten)
+    exposed = exposed_adapters(conn, log, forgotten)
     adapters = {int(a["adapter_version_id"]): a for a in trained_adapters(conn)}
     queued = []
     for _, adapter_id in sorted(active_adapter_ids(conn).items()):

@@ -20,12 +20,20 @@ def trained_adapters(conn: DictConnection) -> list[dict[str, Any]]:
 
 
 def release_adapters(conn: DictConnection) -> list[dict[str, Any]]:
-    """Each release's adapter versions, and whether it is the active release."""
+    """Each release's adapter versions and router version, and whether it is active."""
     return conn.execute(
-        "SELECT r.release_id, r.active, r.created_at, "
+        "SELECT r.release_id, r.active, r.created_at, r.router_version, "
         "array_agg(ra.adapter_version_id) AS adapter_ids FROM releases r "
         "JOIN release_adapters ra USING (release_id) "
-        "GROUP BY r.release_id, r.active, r.created_at ORDER BY r.created_at"
+        "GROUP BY r.release_id, r.active, r.created_at, r.router_version ORDER BY r.created_at"
+    ).fetchall()
+
+
+def trained_routers(conn: DictConnection) -> list[dict[str, Any]]:
+    """Every router version a run trained, with the end of the labels it was fitted on."""
+    return conn.execute(
+        "SELECT router_version, labels_end FROM router_runs WHERE router_version IS NOT NULL "
+        "ORDER BY created_at"
     ).fetchall()
 
 

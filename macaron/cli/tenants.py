@@ -146,8 +146,8 @@ def tenants_exposure(
         str | None, typer.Argument(help="A tenant (default: every forgotten tenant).")
     ] = None,
 ) -> None:
-    """Which adapter versions and releases learned from a tenant's records (its records stay
-    countable by their envelopes after it is forgotten, though their content is gone)."""
+    """Which adapter versions, router versions and releases learned from a tenant's records
+    (they stay countable by their envelopes after it is forgotten; their content is gone)."""
     cfg = settings(ctx)
     with wiring.pool(cfg) as pool:
         log = wiring.event_log(cfg, pool)
@@ -158,8 +158,9 @@ def tenants_exposure(
         finally:
             log.close()
     who = tenant or f"{len(tenants)} forgotten tenant(s)"
-    console.print(f"{who}: {found.records} experience record(s) in the log")
+    console.print(f"{who}: {found.records} experience record(s) and routing label(s) in the log")
     console.print(f"adapters that learned from them: {', '.join(found.adapters) or 'none'}")
+    console.print(f"routers fitted on them: {', '.join(found.routers) or 'none'}")
     active = " (the active release among them)" if found.active else ""
     console.print(f"releases with those adapters: {', '.join(found.releases) or 'none'}{active}")
 
