@@ -18,8 +18,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from uuid import UUID
 
-from core.errors import TenantNotFound
+from core.errors import ConfigError, TenantNotFound
 from core.events import NewEvent, TenantForgotten
+from core.events.tenants import SYSTEM_TENANT
 from core.ids import derived_id
 from core.log import EventLog
 from infra.postgres.data_keys import PostgresDataKeys
@@ -33,7 +34,6 @@ from infra.postgres.erasure import (
 )
 from infra.postgres.experience_joins import tenant_exists
 
-SYSTEM_TENANT = "system"
 FORGOTTEN_KEY = "tenants:forgotten"
 
 
@@ -51,6 +51,8 @@ def forget_tenant(
     pool: Pool, log: EventLog, keys: PostgresDataKeys, tenant_id: str
 ) -> ForgetOutcome:
     """Forget ``tenant_id`` (``TenantNotFound`` for a tenant that never had a key)."""
+    if tenant_id == SYSTEM_TENANT:
+        raise ConfigError("the system tenant holds the releases' history: it is never forgotten")
     with pool.connection() as conn:
         if not (tenant_exists(conn, tenant_id) or forgotten(conn, tenant_id)):
             raise TenantNotFound(f"no tenant {tenant_id!r}: tenants come with their API keys")

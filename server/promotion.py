@@ -22,6 +22,7 @@ from typing import Any
 from core.engine import GenerationRequest, SamplingParams
 from core.errors import MacaronError, PromotionFailed
 from core.events import NewEvent, PromotionRejected, ReleasePromoted, ReleaseRolledBack
+from core.events.tenants import SYSTEM_TENANT
 from core.harness.artifact import HarnessVersion
 from core.ids import derived_id
 from core.log import EventLog
@@ -45,7 +46,7 @@ from infra.postgres.registry import (
 )
 from infra.postgres.routers import router_model
 from server.chat import ChatService
-from server.releases import RELEASES_KEY, SYSTEM_TENANT, prepare_harness
+from server.releases import RELEASES_KEY, prepare_harness
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5

@@ -13,6 +13,7 @@ from pathlib import Path
 from core.engine import Engine, OutputConstraint
 from core.errors import NoActiveRelease
 from core.events import NewEvent, ReleasePromoted
+from core.events.tenants import SYSTEM_TENANT
 from core.harness.artifact import HarnessVersion, root_harness
 from core.harness.grammars import output_constraint
 from core.log import EventLog
@@ -30,7 +31,6 @@ from infra.postgres.registry import (
     register_harness,
 )
 
-SYSTEM_TENANT = "system"
 RELEASES_KEY = "releases"
 
 

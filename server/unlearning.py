@@ -22,6 +22,7 @@ from uuid import UUID
 
 from core.errors import TenantForgotten, TrainingInFlight
 from core.events import NewEvent, TrainingRequested
+from core.events.tenants import SYSTEM_TENANT
 from core.experience import EMPTY_CHAIN, chain_record, snapshot_events
 from core.ids import derived_id
 from core.log import EventLog
@@ -29,8 +30,6 @@ from infra.postgres.db import DictConnection
 from infra.postgres.exposure import active_adapter_ids, producing_run, trained_adapters
 from infra.postgres.runs import SnapshotRange, queue_run, record_snapshot, run_result
 from server.exposure import exposed_adapters
-
-SYSTEM_TENANT = "system"
 
 
 @dataclass(frozen=True)

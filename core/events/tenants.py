@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from core.events.envelope import EventPayload, Name
 
+SYSTEM_TENANT = "system"
+"""The tenant of the server's own events (releases, runs, rollouts): never forgotten."""
+
 
 class TenantTrainingSet(EventPayload):
     """Whether a tenant's traffic may teach (the envelope's tenant): from this event on, the

@@ -204,9 +204,8 @@ def run_detail(conn: DictConnection, run_id: Any) -> dict[str, JsonValue]:
     ).fetchone()
     assert run is not None  # the foreign key holds
     evaluations = conn.execute(
-        "SELECT contract_version, passed, scores->'candidate' AS candidate, "
-        "scores->'parent' AS parent, scores->'formats' AS formats, "
-        "scores->'reasons' AS reasons, created_at "
+        "SELECT contract_version, passed, scores->'candidate' AS candidate, scores->'parent' "
+        "AS parent, scores->'formats' AS formats, scores->'reasons' AS reasons, created_at "
         "FROM evaluations WHERE run_id = %s ORDER BY created_at",
         (run_id,),
     ).fetchall()

@@ -49,6 +49,7 @@ def test_catalogue_names_every_event_of_the_data_flow() -> None:
         "RoutingLabelled",
         "SpecialistAdded",
         "TenantTrainingSet",
+        "TenantForgotten",
         "ExperienceRecorded",
         "RolloutSampled",
         "RolloutScored",
