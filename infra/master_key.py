@@ -59,10 +59,18 @@ def master_key_path(settings: Settings) -> Path:
     return settings.master_key_file or settings.home / "master.key"
 
 
-def load_master_keys(settings: Settings) -> MasterKeys:
-    """The master keys from settings' file (the default one made when it does not exist)."""
+def load_master_keys(settings: Settings, wrapped_by: frozenset[str] = frozenset()) -> MasterKeys:
+    """The master keys from settings' file. The default file is made when it does not exist,
+    unless stored data keys are already wrapped (by the master keys ``wrapped_by``): a new key
+    could never unwrap them."""
     path = master_key_path(settings)
     if settings.master_key_file is None and not path.exists():
+        if wrapped_by:
+            raise MasterKeyInvalid(
+                f"no master key file at {path}, and the database holds data keys wrapped by "
+                f"master key {', '.join(sorted(wrapped_by))}: set MACARON_MASTER_KEY_FILE to "
+                "the file they were made with (or MACARON_HOME to the home that holds it)"
+            )
         _make(path)
     try:
         text = path.read_text()

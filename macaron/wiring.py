@@ -26,7 +26,7 @@ from infra.kafka.eventlog import KafkaEventLog
 from infra.local_stack import LocalStack
 from infra.master_key import load_master_keys
 from infra.models import models_dir
-from infra.postgres.data_keys import PostgresDataKeys
+from infra.postgres.data_keys import PostgresDataKeys, wrapping_master_ids
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from infra.postgres.routers import queued_router_run_ids, register_router, router_model
@@ -59,7 +59,7 @@ def database_url(settings: Settings) -> str:
 def data_keys(settings: Settings, pool: Pool) -> PostgresDataKeys:
     """Tenants' data keys, wrapped by the master key file; a master key that is not the one
     the stored keys were wrapped with refuses start-up here."""
-    keys = PostgresDataKeys(pool, load_master_keys(settings))
+    keys = PostgresDataKeys(pool, load_master_keys(settings, wrapping_master_ids(pool)))
     keys.check_master()
     return keys
 

@@ -27,6 +27,15 @@ def _context(tenant_id: str, key_id: UUID) -> bytes:
     return f"{tenant_id}\x1f{key_id}".encode()
 
 
+def wrapping_master_ids(pool: Pool) -> frozenset[str]:
+    """The ids of the master keys that wrap the stored data keys."""
+    with unavailable_as_typed(), pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT DISTINCT master_key_id FROM tenant_data_keys WHERE wrapped IS NOT NULL"
+        ).fetchall()
+    return frozenset(str(r["master_key_id"]) for r in rows)
+
+
 class PostgresDataKeys:
     def __init__(self, pool: Pool, master: MasterKeys) -> None:
         self._pool = pool

@@ -15,7 +15,6 @@ from core.settings import Settings
 from engines.instant import InstantEngine, fixed_reply
 from infra.artifacts import ArtifactStore, folder_digest
 from infra.identity_adapter import write_identity_adapter
-from infra.postgres.eventlog import PostgresEventLog
 from server.router import RouterService
 from streams.host import ProcessorHost
 from streams.projections import Projections
@@ -75,7 +74,7 @@ def served_on(
 def test_a_poison_event_goes_to_the_dead_letters_and_the_processor_goes_on(
     database_url: str, served_on: Running
 ) -> None:
-    log = PostgresEventLog(served_on.server.pool, database_url)
+    log = served_on.server.log  # opens the server's sealed events
     host = ProcessorHost(Projections(), log, served_on.server.pool)
     key = served_on.key("acme")
     turns = []

@@ -191,6 +191,10 @@ def test_a_master_key_that_did_not_wrap_the_keys_refuses_start_up_and_rotation_r
     with pytest.raises(MasterKeyInvalid) as refused:
         wiring.event_log(Settings(home=tmp_path, master_key_file=second), pool)
     assert refused.value.code == "master_key_invalid"
+    elsewhere = tmp_path / "another-home"  # no key file there: none is made, it could not open
+    with pytest.raises(MasterKeyInvalid, match="no master key file"):
+        wiring.data_keys(Settings(home=elsewhere), pool)
+    assert not (elsewhere / "master.key").exists()
 
     both = tmp_path / "both.key"  # the new key first, the old one kept until the rewrap
     both.write_text(second.read_text() + first.read_text())

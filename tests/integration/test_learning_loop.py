@@ -37,7 +37,6 @@ from learners.evaluate import recorded_outcomes
 from learners.queue import configure as configure_celery
 from learners.runtime import SnapshotForgotten
 from learners.snapshots import materialize
-from macaron import wiring
 from server.exposure import Exposure, exposure
 from server.forgetting import forget_tenant
 from server.router import RouterService
@@ -136,7 +135,7 @@ def assert_forgotten_snapshot_is_never_trained(
     materialised again (``snapshot_forgotten``), and lineage still tells what learned from it
     (the release, no longer active after the rollback)."""
     server = served.server
-    keys = wiring.data_keys(served.settings, server.pool)
+    keys = server.app.state.data_keys  # the server's own: its log stops opening them at once
     forget_tenant(server.pool, server.log, keys, "learner")
     with server.pool.connection() as conn:
         row = conn.execute(

@@ -126,12 +126,14 @@ def test_one_turn_makes_one_trace_through_processors_and_celery(
     assert "macaron.time_to_first_token_ms" in generate.attributes
 
     # An operator finds the trace from the turn id.
-    found = run_macaron("trace", turn_id, MACARON_DATABASE_URL=traced_settings.database_url or "")
+    db = {
+        "MACARON_DATABASE_URL": traced_settings.database_url or "",
+        "MACARON_HOME": str(traced_settings.home),  # its master key opens the log
+    }
+    found = run_macaron("trace", turn_id, **db)
     assert found.returncode == 0, found.stderr
     assert f"trace_id {trace_id:032x}" in found.stdout
-    unknown = run_macaron(
-        "trace", str(uuid.uuid4()), MACARON_DATABASE_URL=traced_settings.database_url or ""
-    )
+    unknown = run_macaron("trace", str(uuid.uuid4()), **db)
     assert unknown.returncode == 1 and "[turn_not_found]" in unknown.stderr
 
     # The Celery task, in another process, continues the trace under the trigger's span ...
