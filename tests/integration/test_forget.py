@@ -46,6 +46,7 @@ from server.unlearning import queue_retraining
 from streams.backfill import backfill
 from streams.replay import replay
 from streams.runner import catch_up
+from tests.factories import run_macaron
 from tests.integration.test_harness import script
 from tests.serving import Running, frames_until, send, serving, successor
 
@@ -178,6 +179,17 @@ def test_forgetting_is_idempotent_and_typed(served: Running) -> None:
     assert no_admin.status_code == 403
     with server.pool.connection() as conn, pytest.raises(TenantForgotten):
         create_key(conn, "acme", {"chat"})
+
+    env = {
+        "MACARON_DATABASE_URL": served.settings.database_url or "",
+        "MACARON_HOME": str(served.settings.home),
+    }
+    cli = run_macaron("tenants", "forget", "acme", "--yes", **env)
+    assert cli.returncode == 0 and "already forgotten" in cli.stdout, cli.stderr
+    shown = run_macaron("tenants", "exposure", **env)
+    assert shown.returncode == 0 and "1 forgotten tenant(s)" in shown.stdout, shown.stderr
+    missing = run_macaron("tenants", "forget", "nobody", "--yes", **env)
+    assert missing.returncode != 0 and "[tenant_not_found]" in missing.stderr
 
 
 def test_a_master_key_that_did_not_wrap_the_keys_refuses_start_up_and_rotation_rewraps(
