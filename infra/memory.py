@@ -14,7 +14,7 @@ from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
-from core.errors import EventIdConflict, TenantForgotten
+from core.errors import EventIdConflict, InvalidEvent, TenantForgotten
 from core.events import Envelope, EventPayload, NewEvent
 from core.events.privacy import Cipher, DataKey
 from core.log import (
@@ -176,8 +176,12 @@ class InMemoryDataKeys:
         return self._keys.setdefault(tenant_id, DataKey.new(uuid.uuid4()))
 
     def reading_key(self, tenant_id: str, key_id: UUID) -> DataKey | None:
+        if tenant_id in self._forgotten:
+            return None
         key = self._keys.get(tenant_id)
-        return key if key is not None and key.key_id == key_id else None
+        if key is None or key.key_id != key_id:
+            raise InvalidEvent(f"no data key {key_id} for tenant {tenant_id!r} here")
+        return key
 
     def is_forgotten(self, tenant_id: str) -> bool:
         return tenant_id in self._forgotten

@@ -64,7 +64,8 @@ class DataKeys(Protocol):
         ...
 
     def reading_key(self, tenant_id: str, key_id: UUID) -> DataKey | None:
-        """The key a stored event was sealed with, or ``None`` once it is destroyed."""
+        """The key a stored event was sealed with, or ``None`` once it is destroyed; a key
+        this store never held is ``InvalidEvent`` (a log read against another database)."""
         ...
 
     def is_forgotten(self, tenant_id: str) -> bool: ...
@@ -114,11 +115,24 @@ class Cipher:
 
     def open(self, envelope: Envelope) -> dict[str, JsonValue] | None:
         """The payload as written, or ``None`` when its tenant's key is destroyed. A sealed part
-        that does not open (changed, moved, or malformed) is ``InvalidEvent``."""
+        that does not open (changed, moved, malformed, or its key unknown) is
+        ``InvalidEvent``."""
+        if PRIVATE not in envelope.payload:
+            return dict(envelope.payload)
+        opened = self._opened(envelope)
+        return None if opened is None else opened[1]
+
+    def digest(self, envelope: Envelope) -> str | None:
+        """The keyed digest of a stored sealed event (``None``: not sealed, or forgotten)."""
+        if PRIVATE not in envelope.payload:
+            return None
+        opened = self._opened(envelope)
+        return None if opened is None else opened[0].digest(canonical_json(opened[1]))
+
+    def _opened(self, envelope: Envelope) -> tuple[DataKey, dict[str, JsonValue]] | None:
+        """A sealed event's key and whole payload; ``None`` once the key is destroyed."""
         stored = dict(envelope.payload)
-        part = stored.pop(PRIVATE, None)
-        if part is None:
-            return stored
+        part = stored.pop(PRIVATE)
         try:
             if not isinstance(part, dict):
                 raise ValueError("not an object")
@@ -136,19 +150,7 @@ class Cipher:
             raise InvalidEvent(
                 f"{envelope.type}: the {PRIVATE} part does not open for this event"
             ) from exc
-        opened = _json_object(hidden)
-        return {**stored, **opened}
-
-    def digest(self, envelope: Envelope) -> str | None:
-        """The keyed digest of a stored sealed event (``None``: not sealed, or forgotten)."""
-        part = envelope.payload.get(PRIVATE)
-        if not isinstance(part, dict):
-            return None
-        key = self.keys.reading_key(envelope.tenant_id, UUID(str(part["key_id"])))
-        opened = self.open(envelope)
-        if key is None or opened is None:
-            return None
-        return key.digest(canonical_json(opened))
+        return key, {**stored, **_json_object(hidden)}
 
 
 def _json_object(data: bytes) -> dict[str, JsonValue]:

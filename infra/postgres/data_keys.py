@@ -15,7 +15,7 @@ from uuid import UUID
 
 from psycopg.rows import DictRow
 
-from core.errors import TenantForgotten
+from core.errors import InvalidEvent, TenantForgotten
 from core.events.privacy import DataKey
 from infra.master_key import MasterKeys
 from infra.postgres.db import DictConnection, Pool, unavailable_as_typed
@@ -81,8 +81,13 @@ class PostgresDataKeys:
             return key
         with unavailable_as_typed(), self._pool.connection() as conn:
             row = self._row(conn, tenant_id)
-        if row is None or row["wrapped"] is None or row["key_id"] != key_id:
-            return None
+        if row is not None and row["wrapped"] is None:
+            return None  # forgotten
+        if row is None or row["key_id"] != key_id:
+            raise InvalidEvent(
+                f"no data key {key_id} for tenant {tenant_id!r} here: is this the database the "
+                "log was written with?"
+            )
         return self._unwrap(row)
 
     def is_forgotten(self, tenant_id: str) -> bool:

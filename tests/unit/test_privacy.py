@@ -143,3 +143,10 @@ def test_a_key_wrapped_by_one_master_does_not_unwrap_with_another() -> None:
         one.unwrap(master_id, wrapped, b"another tenant")
     with pytest.raises(MasterKeyInvalid, match="does not hold"):
         one.unwrap("b", wrapped, b"tenant")
+
+
+def test_an_event_read_against_other_keys_is_a_dead_letter_not_forgotten() -> None:
+    _, _, first, _ = sealed_pair()
+    elsewhere = decode_envelope(AT, first, Cipher(InMemoryDataKeys()))
+    assert isinstance(elsewhere, DeadLetter) and elsewhere.code == "invalid_event"
+    assert "no data key" in elsewhere.reason
