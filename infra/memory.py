@@ -173,7 +173,9 @@ class InMemoryDataKeys:
     def writing_key(self, tenant_id: str) -> DataKey:
         if tenant_id in self._forgotten:
             raise TenantForgotten(f"tenant {tenant_id!r} was forgotten: nothing more is stored")
-        return self._keys.setdefault(tenant_id, DataKey.new(uuid.uuid4()))
+        if tenant_id not in self._keys:
+            self._keys[tenant_id] = DataKey.new(uuid.uuid4())
+        return self._keys[tenant_id]
 
     def reading_key(self, tenant_id: str, key_id: UUID) -> DataKey | None:
         if tenant_id in self._forgotten:

@@ -213,10 +213,13 @@ class NewEvent(BaseModel):
             hash="",
             payload=payload,
         )
-        keyed = None
-        if cipher is not None:
-            payload, keyed = cipher.seal(payload, self.payload.private_fields, unhashed)
-        payload_bytes = canonical_json(payload)
+        sealed = (
+            None if cipher is None else cipher.seal(payload, self.payload.private_fields, unhashed)
+        )
+        if sealed is None:
+            payload_bytes = canonical_json(payload)
+        else:
+            payload, payload_bytes = sealed.stored, sealed.stored_json
         payload_sha256 = sha256_hex(payload_bytes)
         envelope = replace(
             unhashed, payload=payload, hash=chain_hash(unhashed.header(), payload_sha256)
@@ -226,6 +229,6 @@ class NewEvent(BaseModel):
             envelope.schema_version,
             self.tenant_id,
             self.key,
-            keyed or payload_sha256,
+            payload_sha256 if sealed is None else sealed.digest,
         )
         return Sealed(envelope, self.payload, payload_bytes.decode(), digest)

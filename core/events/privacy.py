@@ -8,8 +8,8 @@ tenant's data key, with the tenant, the event id, the key and the sequence as as
 ``log verify`` needs no key before or after forgetting. Opening puts the fields back; every
 event of a tenant whose key is destroyed reads as ``Forgotten``.
 
-An event's content digest (what makes a repeated append idempotent) is keyed with the data key
-when the event is sealed, so the digest of a forgotten event says nothing either.
+An event's content digest (what makes a repeated append idempotent) is an HMAC under the data
+key over the sealed fields and the others, so the digest of a forgotten event says nothing.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import json
 import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 from uuid import UUID
 
@@ -50,10 +51,17 @@ class DataKey:
     def new(key_id: UUID) -> DataKey:
         return DataKey(key_id, os.urandom(KEY_BYTES))
 
+    @cached_property
+    def aead(self) -> AESGCM:
+        return AESGCM(self.secret)
+
+    @cached_property
+    def _digest_key(self) -> bytes:
+        return hmac.digest(self.secret, _DIGEST_LABEL, hashlib.sha256)
+
     def digest(self, plaintext: bytes) -> str:
         """HMAC-SHA256 of ``plaintext`` under a subkey of this key."""
-        subkey = hmac.digest(self.secret, _DIGEST_LABEL, hashlib.sha256)
-        return hmac.new(subkey, plaintext, hashlib.sha256).hexdigest()
+        return hmac.digest(self._digest_key, plaintext, hashlib.sha256).hex()
 
 
 class DataKeys(Protocol):
@@ -85,6 +93,16 @@ def _aad(at: Envelope) -> bytes:
 
 
 @dataclass(frozen=True)
+class SealedPayload:
+    """A payload as stored: its private fields sealed, as JSON values and as canonical bytes;
+    and its content digest, keyed with the data key."""
+
+    stored: dict[str, JsonValue]
+    stored_json: bytes
+    digest: str
+
+
+@dataclass(frozen=True)
 class Cipher:
     """Seals and opens the private part of payloads with the tenants' data keys."""
 
@@ -95,23 +113,29 @@ class Cipher:
         payload: dict[str, JsonValue],
         private: Collection[str],
         at: Envelope,
-    ) -> tuple[dict[str, JsonValue], str | None]:
-        """The stored form of ``payload`` for the event ``at`` (its identity and place) and
-        its keyed digest (``None``: nothing sealed, the caller digests the plaintext). Raises
-        ``TenantForgotten`` for a forgotten tenant, whatever the event holds."""
+    ) -> SealedPayload | None:
+        """The stored form of ``payload`` for the event ``at`` (its identity and place);
+        ``None`` when it holds nothing private (stored as it is). Raises ``TenantForgotten``
+        for a forgotten tenant, whatever the event holds."""
         key = self.keys.writing_key(at.tenant_id)
         hidden = {name: payload[name] for name in private if name in payload}
         if not hidden:
-            return payload, None
+            return None
+        hidden_json = canonical_json(hidden)
         nonce = os.urandom(NONCE_BYTES)
-        sealed = AESGCM(key.secret).encrypt(nonce, canonical_json(hidden), _aad(at))
-        stored: dict[str, JsonValue] = {k: v for k, v in payload.items() if k not in hidden}
-        stored[PRIVATE] = {
+        sealed = key.aead.encrypt(nonce, hidden_json, _aad(at))
+        public: dict[str, JsonValue] = {k: v for k, v in payload.items() if k not in hidden}
+        part: dict[str, JsonValue] = {
             "key_id": str(key.key_id),
             "nonce": base64.b64encode(nonce).decode(),
             "sealed": base64.b64encode(sealed).decode(),
         }
-        return stored, key.digest(canonical_json(payload))
+        public_json = canonical_json(public)
+        # "$private" sorts before every field name, so the canonical form is spliced, not redone.
+        rest = b"}" if public_json == b"{}" else b"," + public_json[1:]
+        stored_json = b'{"' + PRIVATE.encode() + b'":' + canonical_json(part) + rest
+        digest = key.digest(hidden_json + b"\x1e" + public_json)
+        return SealedPayload({PRIVATE: part, **public}, stored_json, digest)
 
     def open(self, envelope: Envelope) -> dict[str, JsonValue] | None:
         """The payload as written, or ``None`` when its tenant's key is destroyed. A sealed part
@@ -120,17 +144,21 @@ class Cipher:
         if PRIVATE not in envelope.payload:
             return dict(envelope.payload)
         opened = self._opened(envelope)
-        return None if opened is None else opened[1]
+        return None if opened is None else {**opened[2], **_json_object(opened[1])}
 
     def digest(self, envelope: Envelope) -> str | None:
         """The keyed digest of a stored sealed event (``None``: not sealed, or forgotten)."""
         if PRIVATE not in envelope.payload:
             return None
         opened = self._opened(envelope)
-        return None if opened is None else opened[0].digest(canonical_json(opened[1]))
+        if opened is None:
+            return None
+        key, hidden_json, public = opened
+        return key.digest(hidden_json + b"\x1e" + canonical_json(public))
 
-    def _opened(self, envelope: Envelope) -> tuple[DataKey, dict[str, JsonValue]] | None:
-        """A sealed event's key and whole payload; ``None`` once the key is destroyed."""
+    def _opened(self, envelope: Envelope) -> tuple[DataKey, bytes, dict[str, JsonValue]] | None:
+        """A sealed event's key, its private fields as sealed (canonical JSON) and its other
+        fields; ``None`` once the key is destroyed."""
         stored = dict(envelope.payload)
         part = stored.pop(PRIVATE)
         try:
@@ -145,12 +173,12 @@ class Cipher:
         if key is None:
             return None
         try:
-            hidden = AESGCM(key.secret).decrypt(nonce, sealed, _aad(envelope))
+            hidden = key.aead.decrypt(nonce, sealed, _aad(envelope))
         except (InvalidTag, ValueError) as exc:
             raise InvalidEvent(
                 f"{envelope.type}: the {PRIVATE} part does not open for this event"
             ) from exc
-        return key, {**stored, **_json_object(hidden)}
+        return key, hidden, stored
 
 
 def _json_object(data: bytes) -> dict[str, JsonValue]:

@@ -12,8 +12,9 @@ import pytest
 
 from core.canonical import canonical_json, sha256_hex
 from core.errors import MasterKeyInvalid
-from core.events import CATALOGUE, Envelope, NewEvent, chain_hash
+from core.events import CATALOGUE, Envelope, FeedbackGiven, NewEvent, chain_hash
 from core.events.privacy import PRIVATE, Cipher, Forgotten
+from core.ids import uuid7
 from core.log import DeadLetter, LogPosition, RecordedEvent, decode_envelope
 from core.settings import Settings
 from infra.master_key import load_master_keys, new_master_key_line, parse_master_keys
@@ -150,3 +151,23 @@ def test_an_event_read_against_other_keys_is_a_dead_letter_not_forgotten() -> No
     elsewhere = decode_envelope(AT, first, Cipher(InMemoryDataKeys()))
     assert isinstance(elsewhere, DeadLetter) and elsewhere.code == "invalid_event"
     assert "no data key" in elsewhere.reason
+
+
+def test_the_stored_bytes_are_the_canonical_form_of_the_stored_payload() -> None:
+    """Sealing splices the stored JSON from its parts; it must be exactly what a reader that
+    serialises the stored payload gets, or the hash would not verify."""
+    cipher = Cipher(InMemoryDataKeys())
+    events = [
+        turn("conv-1", 0),
+        turn("conv-1", 1).model_copy(
+            update={"payload": turn("k", 1).payload.model_copy(update={"content": 'é ✓ "q"'})}
+        ),
+        NewEvent(payload=FeedbackGiven(turn_id=uuid7(), kind="up"), tenant_id="t", key="k"),
+    ]
+    for n, event in enumerate(events, start=1):
+        sealed = event.seal(n, None, cipher)
+        assert sealed.payload_json.encode() == canonical_json(sealed.envelope.payload)
+        assert sealed.envelope.computed_hash() == sealed.envelope.hash
+        assert sealed.envelope.content_digest(cipher) == sealed.content_digest
+        record = decode_envelope(AT, sealed.envelope, cipher)
+        assert isinstance(record, RecordedEvent) and record.payload == event.payload
