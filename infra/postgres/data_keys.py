@@ -46,14 +46,15 @@ class PostgresDataKeys:
         self._lock = threading.Lock()
 
     def check_master(self) -> None:
-        """Unwrap one stored data key: a master key file that is not the one the keys were
-        wrapped with refuses start-up here (``master_key_invalid``), before anything is written."""
+        """Unwrap one stored data key of each master key that wraps any: a master key file
+        that lacks one of them, or is not the one they were wrapped with, refuses start-up
+        here (``master_key_invalid``), before anything is read or written."""
         with unavailable_as_typed(), self._pool.connection() as conn:
-            row = conn.execute(
-                "SELECT tenant_id, key_id, master_key_id, wrapped FROM tenant_data_keys "
-                "WHERE wrapped IS NOT NULL ORDER BY created_at LIMIT 1"
-            ).fetchone()
-        if row is not None:
+            rows = conn.execute(
+                "SELECT DISTINCT ON (master_key_id) tenant_id, key_id, master_key_id, wrapped "
+                "FROM tenant_data_keys WHERE wrapped IS NOT NULL ORDER BY master_key_id, created_at"
+            ).fetchall()
+        for row in rows:
             self._unwrap(row)
 
     def writing_key(self, tenant_id: str) -> DataKey:

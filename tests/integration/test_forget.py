@@ -210,7 +210,11 @@ def test_a_master_key_that_did_not_wrap_the_keys_refuses_start_up_and_rotation_r
 
     both = tmp_path / "both.key"  # the new key first, the old one kept until the rewrap
     both.write_text(second.read_text() + first.read_text())
-    assert wiring.data_keys(Settings(home=tmp_path, master_key_file=both), pool).rewrap() == 1
+    rotating = wiring.data_keys(Settings(home=tmp_path, master_key_file=both), pool)
+    rotating.writing_key("globex")  # wrapped by "two" while acme's key is still by "one"
+    with pytest.raises(MasterKeyInvalid, match="'one'"):  # every wrapping master is checked
+        wiring.data_keys(Settings(home=tmp_path, master_key_file=second), pool)
+    assert rotating.rewrap() == 1
     rotated = wiring.data_keys(Settings(home=tmp_path, master_key_file=second), pool)
     assert rotated.reading_key("acme", made.key_id) == made
 
