@@ -68,8 +68,11 @@ def exposed_adapters(
 
 
 def _records_of(log: EventLog, tenants: Collection[str]) -> dict[str, list[tuple[int, int]]]:
-    """Where the tenants' experience records and routing labels lie, by key."""
+    """Where the tenants' experience records and routing labels lie, by key (no tenants: no
+    read of the log, which the console asks for at every load)."""
     found: dict[str, list[tuple[int, int]]] = {}
+    if not tenants:
+        return found
     for event in log.read(types=["ExperienceRecorded", "RoutingLabelled"]):
         env = event.envelope
         if env.tenant_id in tenants:
