@@ -216,9 +216,10 @@ class Contract(_Frozen):
 class Decision(_Frozen):
     """The rule applied to one candidate: ``reasons`` names every condition that failed.
 
-    ``regressions`` maps each other suite to the parent's score minus the candidate's (negative
-    when the candidate is better there); ``guard_p_values`` each other suite's non-inferiority
-    p-value (empty under a ``max_regression`` rule).
+    ``regressions`` maps each guarded suite (every other suite; every suite when no gain is
+    needed) to the parent's score minus the candidate's (negative when the candidate is better
+    there); ``guard_p_values`` each guarded suite's non-inferiority p-value (empty under a
+    ``max_regression`` rule).
     """
 
     passed: bool
@@ -234,12 +235,16 @@ def decide(
     parent: dict[str, list[bool]],
     specialist: str,
     rule: PromotionRule,
+    *,
+    needs_gain: bool = True,
 ) -> Decision:
     """Whether ``candidate`` may replace ``parent`` as ``specialist``'s adapter.
 
     Outcomes are per task and paired: both runs list the same suites, tasks in the same order.
     Scores are differences of pass counts divided by the suite size, so a gain of exactly 1 in
-    10 compares equal to a ``min_gain`` of 0.1.
+    10 compares equal to a ``min_gain`` of 0.1. A candidate that ``needs_gain=False`` (one
+    that unlearns a forgotten tenant, judged against the release it would fall back to) must
+    only hold every suite, its own included, by the guard.
     """
     _check_paired(candidate, parent, specialist)
     own_candidate, own_parent = candidate[specialist], parent[specialist]
@@ -249,12 +254,12 @@ def decide(
     p_value = sign_test_p_value(wins, losses)
 
     reasons: list[str] = []
-    if gain < rule.min_gain:
+    if needs_gain and gain < rule.min_gain:
         reasons.append(
             f"gain on {specialist} is {_points(gain)} points; "
             f"at least {_points(rule.min_gain)} are required"
         )
-    if p_value > rule.alpha:
+    if needs_gain and p_value > rule.alpha:
         reasons.append(
             f"gain on {specialist} is not significant: sign test p = {p_value:.4f} "
             f"({wins} wins, {losses} losses) > alpha = {rule.alpha}"
@@ -262,7 +267,7 @@ def decide(
     regressions: dict[str, float] = {}
     guard_p_values: dict[str, float] = {}
     for suite in sorted(candidate):
-        if suite == specialist:
+        if suite == specialist and needs_gain:
             continue
         drop = _difference(parent[suite], candidate[suite])
         regressions[suite] = drop

@@ -138,6 +138,8 @@ def decide_at_look(
     specialist: str,
     rule: PromotionRule,
     inherited: Mapping[str, Sequence[bool]] | None = None,
+    *,
+    needs_gain: bool = True,
 ) -> tuple[Decision, Stop] | None:
     """The decision once the candidate's outcomes known after each look so far (``looks``, in
     order, each including the earlier ones) settle it, with where it stopped; ``None`` while
@@ -145,39 +147,42 @@ def decide_at_look(
     not given): the tests count only the others, so a suite's few changed tasks are not
     diluted by its inherited ties while they run. At the plan's last look every task is known
     and the verdict is. A rule without a plan looks once, at every task
-    (``core.contract.decide``)."""
+    (``core.contract.decide``). ``needs_gain=False`` guards the own suite like the others, with
+    no gain test (``core.contract.decide``)."""
     if rule.sequential is None:
         if len(looks) != 1:
             raise ValueError("a rule without a sequential plan looks once")
         paired = {suite: list(outcomes) for suite, outcomes in parent.items()}
-        decision = decide(_complete(looks[0]), paired, specialist, rule)
+        decision = decide(_complete(looks[0]), paired, specialist, rule, needs_gain=needs_gain)
         return decision, Stop(look=1, looks=1, why="one look at every task")
     if specialist not in parent:
         raise ValueError(f"no suite for specialist {specialist!r}")
     plan, guard = rule.sequential, rule.non_inferiority
     assert guard is not None  # PromotionRule: a plan needs the non-inferiority guard
     marks = inherited or {suite: [False] * len(done) for suite, done in parent.items()}
-    gain = _Test(rule.alpha)
-    guards = {s: _Test(guard.alpha) for s in sorted(parent) if s != specialist}
+    gain = _Test(rule.alpha) if needs_gain else None
+    guards = {s: _Test(guard.alpha) for s in sorted(parent) if s != specialist or not needs_gain}
     for number, known in enumerate(looks, start=1):
         if known.keys() != parent.keys() or marks.keys() != parent.keys():
             raise ValueError("candidate and parent outcomes list different suites")
         tallies = {suite: _tally(known[suite], parent[suite], marks[suite]) for suite in parent}
-        _look_gain(gain, tallies[specialist], rule, plan, specialist)
+        if gain is not None:
+            _look_gain(gain, tallies[specialist], rule, plan, specialist)
         for suite, test in guards.items():
             _look_guard(test, tallies[suite], guard, plan, suite)
-        tests = [gain, *guards.values()]
+        tests = [t for t in (gain, *guards.values()) if t is not None]
         failed = [t.reason for t in tests if t.verdict is False]
         if failed or all(t.verdict for t in tests):
             decision = Decision(
                 passed=not failed,
                 gain=tallies[specialist].projected(),
-                p_value=gain.p_value,
+                p_value=(gain or guards[specialist]).p_value,
                 regressions={suite: -tallies[suite].projected() for suite in guards},
                 reasons=failed,
                 guard_p_values={suite: t.p_value for suite, t in guards.items() if t.fractions},
             )
-            why = "; ".join(failed) if failed else "the gain and every guard are shown"
+            shown = "the gain and every guard are shown" if gain else "every guard is shown"
+            why = "; ".join(failed) if failed else shown
             return decision, Stop(look=number, looks=len(plan.looks), why=why)
     if len(looks) >= len(plan.looks):
         raise ValueError("the last look leaves tasks unknown")

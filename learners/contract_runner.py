@@ -273,10 +273,12 @@ async def judge(
     parent: ContractRun,
     changed: frozenset[str] | None,
     specialist: str,
+    needs_gain: bool = True,
     seed: int = 0,
 ) -> Verdict:
     """Serve the candidate the tasks of its ``changed`` specialists (every task for ``None``)
-    look by look (``core.sequential.schedule``) and stop once the rule's verdict is known. The
+    look by look (``core.sequential.schedule``) and stop once the rule's verdict is known
+    (``needs_gain=False``: every suite only guarded, ``core.sequential.decide_at_look``). The
     other tasks keep the parent's outcomes (marked inherited): each task is served by the
     specialist it names with greedy decoding, which gives the same tokens alone and in any
     batch, so those answers cannot differ (``core.release.changed_specialists``)."""
@@ -294,6 +296,7 @@ async def judge(
             specialist,
             contract.rule,
             looks[-1].inherited,
+            needs_gain=needs_gain,
         )
         if settled is not None:
             return Verdict(looks[-1], *settled, len(fresh), len(planned))

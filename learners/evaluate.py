@@ -1,11 +1,17 @@
 """Evaluate a candidate (a trained adapter or a proposed harness, in the active release)
 against its parent under the contract, record both outcomes and the verdict, and define the
 successor release when the rule passes (the ``promote`` task then asks the server for it).
-A release's outcomes are recorded once and reused as a later run's parent."""
+A release's outcomes are recorded once and reused as a later run's parent.
+
+A run that unlearns forgotten tenants (``server.unlearning``) replaces an adapter that must go
+whatever it scores, so it is judged against the release it would fall back to: the active one
+with the run's parent (the newest ancestor that never saw the tenants' records) in place. It
+needs no gain there, only to hold every suite, its own included, by the contract's guard."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
@@ -24,6 +30,7 @@ from infra.postgres.registry import (
     active_release,
     adapter_ref,
     adapter_version,
+    file_release,
     harness_by_name,
     record_successor,
 )
@@ -31,6 +38,7 @@ from infra.postgres.runs import (
     evaluated_outcomes,
     record_evaluation,
     record_release_score,
+    tenants_left_out,
     training_run,
 )
 from learners.contract_runner import (
@@ -69,13 +77,16 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
         release = active_release(conn)
         served = harness_by_name(conn, release.harness_version)
         successor, harness = _candidate(conn, run, release, served)
+        fallback = _fallback(conn, run, release)
     contract = load_contract(rt.contract_path)
     specialist = str(run["specialist"])
-    parent, verdict = _judge(rt, contract, specialist, (release, served), (successor, harness))
+    parent, verdict = _judge(
+        rt, contract, specialist, (release, served), (successor, harness), fallback
+    )
     decision, candidate = verdict.decision, verdict.run
     evaluation_id = step_id(run_id, "evaluated")
     events = _evaluation_events(
-        run_id, specialist, evaluation_id, contract, decision, candidate, parent
+        run_id, specialist, evaluation_id, contract, decision, candidate, parent, fallback
     )
     with rt.pool.connection() as conn, conn.transaction():
         record_evaluation(
@@ -84,7 +95,7 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
             run_id=run_id,
             adapter_version_id=run["result_adapter_id"],
             contract_version=contract.version,
-            scores=_evaluation_record(contract, verdict, parent, release),
+            scores=_evaluation_record(contract, verdict, parent, fallback or release),
             passed=decision.passed,
         )
         if decision.passed:
@@ -112,6 +123,18 @@ def _candidate(
         return release.successor(harness=harness), harness
     adapter = _adapter(conn, run["result_adapter_id"])
     return release.successor(adapters={str(run["specialist"]): adapter}), served
+
+
+def _fallback(conn: DictConnection, run: dict[str, Any], release: Release) -> Release | None:
+    """For a run that unlearns forgotten tenants, the release it is judged against: ``release``
+    with the run's parent adapter in place, filed (not active) so its outcomes are recorded
+    once; ``None`` for any other run."""
+    if not tenants_left_out(conn, run["run_id"]):
+        return None
+    ancestor = _adapter(conn, run["parent_adapter_id"])
+    fallback = release.successor(adapters={str(run["specialist"]): ancestor})
+    file_release(conn, fallback)
+    return fallback
 
 
 def _evaluation_record(
@@ -148,24 +171,27 @@ def _judge(
     rt: Runtime,
     contract: Contract,
     specialist: str,
-    parent: tuple[Release, HarnessVersion],
+    active: tuple[Release, HarnessVersion],
     candidate: tuple[Release, HarnessVersion],
+    fallback: Release | None,
 ) -> tuple[ContractRun, Verdict]:
-    """The parent release's outcomes (as recorded; the tasks no record holds are run once and
-    recorded), and the candidate judged against them: it runs only the tasks of the
-    specialists its change can touch (every task with ``full_evaluation`` set), look by look,
-    until the verdict is known. Adapters loaded
-    here that the parent (the active release) does not serve are unloaded afterwards."""
+    """The parent's outcomes (the active release's, or an unlearning run's ``fallback``'s; as
+    recorded, the tasks no record holds run once and recorded), and the candidate judged
+    against them: it runs only the tasks of the specialists its change can touch (every task
+    with ``full_evaluation`` set), look by look, until the verdict is known. Adapters loaded
+    here that the active release does not serve are unloaded afterwards."""
+    parent = active if fallback is None else (fallback, active[1])
     engine = rt.contract_engine()
     loaded: set[str] = set()
     try:
-        for release, _ in (parent, candidate):
+        for release, _ in (active, parent, candidate):
             for ref in release.adapters.values():
                 if ref.name not in engine.loaded_adapters():
                     path = rt.store.verified_path(ref.sha256, ref.path)
                     engine.load_adapter(ref.name, str(path))
                     loaded.add(ref.name)
-        before = release_outcomes(rt.pool, engine, *parent, contract)
+        shared = _shared(rt, contract, active, parent)
+        before = release_outcomes(rt.pool, engine, *parent, contract, shared)
         verdict = asyncio.run(
             judge(
                 engine,
@@ -177,14 +203,36 @@ def _judge(
                 if rt.settings.full_evaluation
                 else changed_specialists(parent, candidate),
                 specialist=specialist,
+                needs_gain=fallback is None,
             )
         )
     finally:
-        serving = {ref.name for ref in parent[0].adapters.values()}
+        serving = {ref.name for ref in active[0].adapters.values()}
         for name in loaded - serving:  # a shared fleet keeps what the server serves
             engine.unload_adapter(name)
         engine.close()
     return before, verdict
+
+
+def _shared(
+    rt: Runtime,
+    contract: Contract,
+    active: tuple[Release, HarnessVersion],
+    parent: tuple[Release, HarnessVersion],
+) -> dict[Key, Outcome]:
+    """The active release's recorded outcomes on the tasks whose answers ``parent`` shares
+    (those of the specialists it does not change; none when ``parent`` is the active one)."""
+    changed = changed_specialists(active, parent)
+    if parent[0] == active[0] or changed is None:
+        return {}
+    with rt.pool.connection() as conn:
+        recorded = recorded_outcomes(conn, active[0].release_id, contract)
+    known = {} if recorded is None else recorded.outcomes()
+    return {
+        (suite, i): outcome
+        for (suite, i), outcome in known.items()
+        if contract.suites[suite][i].specialist not in changed
+    }
 
 
 def _evaluation_events(
@@ -195,8 +243,10 @@ def _evaluation_events(
     decision: Decision,
     candidate: ContractRun,
     parent: ContractRun,
+    fallback: Release | None,
 ) -> list[NewEvent]:
-    """``ContractEvaluated``, and ``PromotionRejected`` when the rule did not pass."""
+    """``ContractEvaluated``, and ``PromotionRejected`` when the rule did not pass (for an
+    unlearning run, naming the release it was judged against, which a rollback may serve)."""
     events = [
         NewEvent(
             payload=ContractEvaluated(
@@ -217,9 +267,13 @@ def _evaluation_events(
         )
     ]
     if not decision.passed:
+        reason = "; ".join(decision.reasons)
+        if fallback is not None:
+            ancestor = fallback.adapters[specialist].name
+            reason = f"unlearning run judged against {fallback.release_id} ({ancestor}): {reason}"
         events.append(
             NewEvent(
-                payload=PromotionRejected(run_id=run_id, reason="; ".join(decision.reasons)),
+                payload=PromotionRejected(run_id=run_id, reason=reason),
                 tenant_id="system",
                 key=f"training.{specialist}",
                 event_id=step_id(run_id, "rejected"),
@@ -234,16 +288,17 @@ def release_outcomes(
     release: Release,
     harness: HarnessVersion,
     contract: Contract,
+    shared: Mapping[Key, Outcome] | None = None,
 ) -> ContractRun:
     """The contract's per-task outcomes on ``release`` served with ``harness`` (the adapters
-    it names loaded in ``engine``): as recorded, with the tasks no record holds run on
-    ``engine``, and then recorded whole, so that a later evaluation with this release as the
-    parent reuses them."""
+    it names loaded in ``engine``): as recorded, with the tasks no record holds taken from
+    ``shared`` (outcomes known to be the same) or run on ``engine``, and then recorded whole,
+    so that a later evaluation with this release as the parent reuses them."""
     with pool.connection() as conn:
         recorded = recorded_outcomes(conn, release.release_id, contract)
     if recorded is not None and not recorded.missing():
         return recorded
-    known = {} if recorded is None else recorded.outcomes()
+    known = {**(shared or {}), **({} if recorded is None else recorded.outcomes())}
     missing = [
         (suite, i)
         for suite, tasks in contract.suites.items()

@@ -4,7 +4,8 @@ A record's envelope keeps its tenant, key and position after the tenant is forgo
 content is gone. So exposure can be told from the log and the lineage at any time. An adapter is
 exposed when one of the tenant's records lies before the end of the snapshot its run trained on,
 on its specialist's experience key. That covers the snapshot and the older records a run
-replays. An adapter trained from an exposed parent is exposed too. A router version is
+replays, unless the snapshot leaves the tenant out (a run that unlearns it: ``server.unlearning``).
+An adapter trained from an exposed parent is exposed too. A router version is
 exposed when one of the tenant's routing labels lies before the end of the labels its run was
 fitted on (a router is fitted afresh, so a parent passes nothing on). A release is exposed when
 any of its adapters or its router is.
@@ -43,7 +44,7 @@ def exposure(conn: DictConnection, log: EventLog, tenants: Collection[str]) -> E
     routers = [
         r["router_version"]
         for r in trained_routers(conn)
-        if any(offset < r["labels_end"].get(str(part), 0) for part, offset in labels)
+        if any(offset < r["labels_end"].get(str(part), 0) for part, offset, _ in labels)
     ]
     releases = [
         r
@@ -67,28 +68,34 @@ def exposed_adapters(
     return _exposed_adapters(conn, _records_of(log, tenants))
 
 
-def _records_of(log: EventLog, tenants: Collection[str]) -> dict[str, list[tuple[int, int]]]:
+Spot = tuple[int, int, str]
+"""Where a record lies (partition, offset) and whose it is."""
+
+
+def _records_of(log: EventLog, tenants: Collection[str]) -> dict[str, list[Spot]]:
     """Where the tenants' experience records and routing labels lie, by key (no tenants: no
     read of the log, which the console asks for at every load)."""
-    found: dict[str, list[tuple[int, int]]] = {}
+    found: dict[str, list[Spot]] = {}
     if not tenants:
         return found
     for event in log.read(types=["ExperienceRecorded", "RoutingLabelled"]):
         env = event.envelope
         if env.tenant_id in tenants:
-            spot = (event.position.partition, event.position.offset)
+            spot = (event.position.partition, event.position.offset, env.tenant_id)
             found.setdefault(env.key, []).append(spot)
     return found
 
 
-def _exposed_adapters(
-    conn: DictConnection, found: dict[str, list[tuple[int, int]]]
-) -> dict[int, str]:
+def _exposed_adapters(conn: DictConnection, found: dict[str, list[Spot]]) -> dict[int, str]:
     exposed: dict[int, str] = {}
     for adapter in trained_adapters(conn):
         ends = adapter["end_positions"] or {}
+        left_out = set(adapter["left_out_tenants"] or ())
         spots = found.get(experience_key(adapter["specialist"]), [])
-        direct = any(offset < ends.get(str(part), 0) for part, offset in spots)
+        direct = any(
+            offset < ends.get(str(part), 0) and tenant not in left_out
+            for part, offset, tenant in spots
+        )
         if direct or adapter["parent_id"] in exposed:
             name = f"{adapter['specialist']}@{adapter['version']}"
             exposed[adapter["adapter_version_id"]] = name

@@ -9,8 +9,13 @@ queues a successor run:
 - The snapshot names the tenants it leaves out. Its hash covers only the records it keeps,
   so the worker checks it as it checks any other.
 
-The run is then trained, evaluated and promoted like any other. Its lineage and the promotion
-request name the forgetting.
+The run is then trained and evaluated like any other, but against the release it would fall
+back to (the active one with the ancestor in place), needing no gain there
+(``learners.evaluate``). Its lineage and the promotion request name the forgetting.
+
+An adapter that learned only from forgotten tenants has nothing left to train on: its ancestor
+is what unlearning gives, so those specialists' ancestors go back in place in one release
+(``Unlearning.fallback``), for the caller to ask the server to promote.
 """
 
 from __future__ import annotations
@@ -26,8 +31,10 @@ from core.events.tenants import SYSTEM_TENANT
 from core.experience import EMPTY_CHAIN, chain_record, snapshot_events
 from core.ids import derived_id
 from core.log import EventLog
+from core.release import AdapterRef, Release
 from infra.postgres.db import DictConnection
 from infra.postgres.exposure import active_adapter_ids, producing_run, trained_adapters
+from infra.postgres.registry import active_release, adapter_ref, adapter_version, file_release
 from infra.postgres.runs import SnapshotRange, queue_run, record_snapshot, run_result
 from server.exposure import exposed_adapters
 
@@ -44,29 +51,47 @@ class Retraining:
     """Its ``TrainingRequested``, for the caller to append before enqueueing the run."""
 
 
-def queue_retraining(
-    conn: DictConnection, log: EventLog, forgotten: Sequence[str]
-) -> list[Retraining]:
-    """Queue the successor runs (in the caller's transaction); none when nothing the active
-    release serves learned from ``forgotten`` (every forgotten tenant, so that the new
-    snapshots open). Raises ``TrainingInFlight`` when a specialist has a run queued or
-    running."""
+@dataclass(frozen=True)
+class Unlearning:
+    runs: list[Retraining]
+    fallback: Release | None
+    """The active release with the ancestors in place of the adapters that learned only from
+    forgotten tenants (filed, not active); ``None`` when there are none."""
+    restored: tuple[str, ...] = ()
+    """Those ancestors (``specialist@version``)."""
+
+
+def queue_retraining(conn: DictConnection, log: EventLog, forgotten: Sequence[str]) -> Unlearning:
+    """Queue the successor runs (in the caller's transaction), and file the fallback release;
+    neither when nothing the active release serves learned from ``forgotten`` (every
+    forgotten tenant, so that the new snapshots open). Raises ``TrainingInFlight`` when a
+    specialist has a run queued or running."""
     exposed = exposed_adapters(conn, log, forgotten)
     adapters = {int(a["adapter_version_id"]): a for a in trained_adapters(conn)}
-    queued = []
-    for _, adapter_id in sorted(active_adapter_ids(conn).items()):
-        if adapter_id not in exposed:
-            continue
+    queued, fallen_back = [], {}
+    for specialist, adapter_id in sorted(active_adapter_ids(conn).items()):
+        made_by = producing_run(conn, adapter_id)
+        if adapter_id not in exposed or made_by is None:
+            continue  # only a trained adapter (with a snapshot) can be exposed
         ancestor = adapters[adapter_id]
         while ancestor["adapter_version_id"] in exposed:
             ancestor = adapters[ancestor["parent_id"]]  # version 0 is never exposed
-        made_by = producing_run(conn, adapter_id)
-        if made_by is None:
-            continue  # registered by hand: there is no snapshot to retrain on
         retraining = _queue(conn, log, made_by, ancestor, sorted(forgotten))
         if retraining is not None:
             queued.append(retraining)
-    return queued
+        else:
+            fallen_back[specialist] = _ref(conn, int(ancestor["adapter_version_id"]))
+    if not fallen_back:
+        return Unlearning(queued, None)
+    fallback = active_release(conn).successor(adapters=fallen_back)
+    file_release(conn, fallback)
+    return Unlearning(queued, fallback, tuple(ref.name for ref in fallen_back.values()))
+
+
+def _ref(conn: DictConnection, adapter_version_id: int) -> AdapterRef:
+    row = adapter_version(conn, adapter_version_id)
+    assert row is not None  # an ancestor of a registered adapter
+    return adapter_ref(row)
 
 
 def _queue(

@@ -10,9 +10,11 @@ from infra.postgres.db import DictConnection
 
 def trained_adapters(conn: DictConnection) -> list[dict[str, Any]]:
     """Every adapter version, parents before children, with the end of the snapshot its
-    succeeded run trained on (``None`` for a version-0 adapter or one registered by hand)."""
+    succeeded run trained on and the tenants that snapshot left out (``None`` for a version-0
+    adapter or one registered by hand)."""
     return conn.execute(
-        "SELECT a.adapter_version_id, a.specialist, a.version, a.parent_id, s.end_positions "
+        "SELECT a.adapter_version_id, a.specialist, a.version, a.parent_id, s.end_positions, "
+        "s.left_out_tenants "
         "FROM adapter_versions a LEFT JOIN training_runs r "
         "ON r.result_adapter_id = a.adapter_version_id AND r.status = 'succeeded' "
         "LEFT JOIN dataset_snapshots s USING (snapshot_id) ORDER BY a.adapter_version_id"

@@ -16,13 +16,14 @@ from core.settings import Settings
 from infra.postgres.db import Pool
 from infra.postgres.experience_joins import tenant_exists, training_consent
 from infra.postgres.exposure import forgotten_tenants
+from infra.postgres.promotions import request_promotion
 from learners.queue import configure as configure_celery
 from learners.queue import enqueue_training
 from macaron import wiring
 from macaron.cli.common import console, settings
 from server.exposure import exposure
 from server.forgetting import forget_tenant
-from server.unlearning import Retraining, queue_retraining
+from server.unlearning import Unlearning, queue_retraining
 
 TENANTS_KEY = "tenants"
 
@@ -93,7 +94,8 @@ def tenants_forget(
         typer.Option(
             "--retrain",
             help="Also queue, for each specialist whose active adapter learned from a forgotten "
-            "tenant, a successor trained from its newest unexposed ancestor without them.",
+            "tenant, a successor trained from its newest unexposed ancestor without them (or, "
+            "when they were all it learned from, ask the server to serve that ancestor).",
         ),
     ] = False,
 ) -> None:
@@ -107,7 +109,7 @@ def tenants_forget(
         log = wiring.event_log(cfg, pool, keys)
         try:
             done = forget_tenant(pool, log, keys, tenant)
-            queued = _retrain(cfg, pool, log) if retrain else []
+            unlearning = _retrain(cfg, pool, log) if retrain else Unlearning([], None)
         finally:
             log.close()
     erased = ", ".join(f"{n} {table}" for table, n in done.rows_erased.items() if n) or "none"
@@ -118,25 +120,33 @@ def tenants_forget(
             f"tenant {tenant} forgotten (event {done.event_id}): data key destroyed, "
             f"{done.keys_revoked} API key(s) revoked, rows erased: {erased}"
         )
-    for run in queued:
+    for run in unlearning.runs:
         console.print(
             f"queued run {run.run_id}: {run.specialist} from {run.parent} on {run.records} "
             "record(s) without the forgotten tenants"
         )
-    if retrain and not queued:
+    if unlearning.fallback is not None:
+        console.print(
+            f"asked the server to promote {unlearning.fallback.release_id}: "
+            f"{', '.join(unlearning.restored)} back in place (they learned from no one else)"
+        )
+    if retrain and not unlearning.runs and unlearning.fallback is None:
         console.print("nothing the active release serves learned from forgotten tenants")
 
 
-def _retrain(cfg: Settings, pool: Pool, log: EventLog) -> list[Retraining]:
+def _retrain(cfg: Settings, pool: Pool, log: EventLog) -> Unlearning:
     """Queue the successors that unlearn every forgotten tenant, append their requests, then
-    hand them to the workers."""
+    hand them to the workers; ask the server to promote the fallback release, if any."""
     with pool.connection() as conn, conn.transaction():
-        queued = queue_retraining(conn, log, forgotten_tenants(conn))
-    log.append([run.event for run in queued])
+        unlearning = queue_retraining(conn, log, forgotten_tenants(conn))
+    log.append([run.event for run in unlearning.runs])
     configure_celery(cfg)
-    for run in queued:
+    for run in unlearning.runs:
         enqueue_training(run.run_id)
-    return queued
+    if unlearning.fallback is not None:
+        by = f"tenants forget --retrain: {', '.join(unlearning.restored)} learned from no one else"
+        request_promotion(pool, unlearning.fallback.release_id, requested_by=by)
+    return unlearning
 
 
 @tenants_app.command("exposure")

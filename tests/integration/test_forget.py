@@ -268,10 +268,12 @@ def test_retraining_starts_before_the_exposure_and_leaves_the_tenant_out(
         assert exposure(conn, server.log, ["acme"]).active
 
     with server.pool.connection() as conn, conn.transaction():
-        [queued] = queue_retraining(conn, server.log, ["acme"])
+        unlearning = queue_retraining(conn, server.log, ["acme"])
+    [queued] = unlearning.runs
     assert queued.specialist == "agent" and queued.parent == "agent@0"
+    assert unlearning.fallback is None  # globex's records are left to learn from
     with server.pool.connection() as conn:
-        again = queue_retraining(conn, server.log, ["acme"])  # the same run, queued once
+        again = queue_retraining(conn, server.log, ["acme"]).runs  # the same run, queued once
         snapshot = dataset_snapshot(conn, queued.event.payload.snapshot_id)  # type: ignore[attr-defined]
         old = dataset_snapshot(conn, trained_on.snapshot_id)
     assert [r.run_id for r in again] == [queued.run_id]

@@ -170,6 +170,29 @@ def test_without_a_plan_the_rule_looks_once_as_decide_does() -> None:
         decide_at_look(_looks(candidate)[:1], PARENT, OWN, fixed)
 
 
+def test_an_unlearning_candidate_needs_no_gain_but_must_hold_its_own_suite() -> None:
+    """Judged against the release it would fall back to, a candidate that ties on its own suite
+    passes at the last look (the gain rule rejects the same outcomes), and one that loses its
+    own suite fails on that suite's guard, as a single look at every task does."""
+    tie = _looks(_candidate(None))
+    settled = decide_at_look(tie, PARENT, OWN, RULE, INHERITED, needs_gain=False)
+    assert settled is not None
+    decision, stop = settled
+    assert decision.passed and stop.why == "every guard is shown"
+    assert set(decision.guard_p_values) == set(PARENT) and decision.p_value <= 0.05
+    assert not decide(_candidate(None), PARENT, OWN, RULE).passed
+    assert decide(_candidate(None), PARENT, OWN, RULE, needs_gain=False).passed
+    lost = _looks(_candidate(False))
+    settled = next(
+        r
+        for k in range(1, 5)
+        if (r := decide_at_look(lost[:k], PARENT, OWN, RULE, INHERITED, needs_gain=False))
+    )
+    assert not settled[0].passed and settled[1].why.startswith(f"{OWN} is not shown")
+    fixed = decide(_candidate(False), PARENT, OWN, RULE, needs_gain=False)
+    assert not fixed.passed and fixed.reasons[-1].startswith(f"{OWN} is not shown")
+
+
 def test_the_simulated_type_one_error_stays_within_alpha() -> None:
     """The gain test alone (no minimum gain) with tasks flipping by chance, and the guard at a
     true drop of exactly its margin, on a suite run whole and on one whose 20 changed tasks of

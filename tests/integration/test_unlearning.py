@@ -1,0 +1,183 @@
+"""Unlearning by replay, end to end on the tiny model, with real PostgreSQL, Redis and a Celery
+worker process: two tenants teach genui, ``macaron train`` makes genui@1 from both and it is
+promoted. ``macaron tenants forget learner --retrain`` then queues a successor of genui@0 on
+the same range without the learner's records; the worker trains it, the contract judges it
+against the release it would fall back to, and it is promoted with a reason that names the
+forgetting. Its lineage holds no record of the forgotten tenant, whose words are in no table,
+file or log. Forgetting the other tenant too leaves genui@2 nothing to learn from: genui@0
+goes back in place."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from core.events import CandidateTrained, ReleasePromoted, TurnReceived
+from core.settings import Settings
+from infra.postgres.lineage import run_detail
+from infra.postgres.registry import active_release
+from learners.queue import configure as configure_celery
+from server.exposure import exposure
+from server.router import RouterService
+from tests.factories import run_macaron
+from tests.integration.test_forget import database_text
+from tests.integration.test_learning_loop import ANSWER, DATA, env_of
+from tests.serving import (
+    Running,
+    celery_worker,
+    following,
+    frames_until,
+    running_server,
+    send,
+    wait_for_promotion,
+)
+
+SECRET = f"learner-secret-{uuid.uuid4().hex[:12]}"
+
+
+def test_retraining_promotes_a_successor_that_never_saw_the_forgotten_tenant(
+    database_url: str,
+    celery_redis_url: str,
+    tiny_model: Path,
+    router: RouterService,
+    tmp_path: Path,
+) -> None:
+    settings = Settings(
+        home=tmp_path / "home",
+        database_url=database_url,
+        model_dir=tiny_model,
+        redis_url=celery_redis_url,
+        train_threshold=1000,  # trained by hand
+        harness_proposals=False,
+        contract_path=DATA / "contract-e2e.yaml",
+        training_config=DATA / "training-e2e.yaml",
+        task_visibility_timeout=120,
+        turns_per_minute=1000,
+        max_new_tokens=24,
+    )
+    configure_celery(settings)
+    log_path = tmp_path / "worker.log"
+    with (
+        running_server(settings, router=router) as served,
+        celery_worker(settings, log_path) as worker,
+        following(served),
+    ):
+        env = env_of(served)
+        for tenant in ("learner", "bystander"):
+            teach(served, tenant)
+        trained = run_macaron("train", "genui", **env)
+        assert trained.returncode == 0, trained.stdout + trained.stderr
+        first = wait_for_promotion(served, log_path, worker)
+        assert exposure_of(served, "learner") == (["genui@1"], True)
+        assert any(SECRET in str(e.payload) for e in served.events() if is_turn(e.payload))
+
+        forgot = run_macaron("tenants", "forget", "learner", "--yes", "--retrain", **env)
+        assert forgot.returncode == 0, forgot.stdout + forgot.stderr
+        assert "genui from genui@0 on" in forgot.stdout
+        second = promotion_after(served, first, log_path, worker)
+        assert_unlearned(served, second, log_path)
+
+        again = run_macaron("tenants", "forget", "bystander", "--yes", "--retrain", **env)
+        assert again.returncode == 0, again.stdout + again.stderr
+        assert "genui@0 back in place" in again.stdout
+        promotion_after(served, second, log_path, worker)
+        with served.server.pool.connection() as conn:
+            assert active_release(conn).adapters["genui"].name == "genui@0"
+        assert exposure_of(served, "bystander") == (["genui@1", "genui@2"], False)
+
+
+def teach(served: Running, tenant: str) -> None:
+    """Genui turns the tenant corrects with the answer it wanted; the learner's prompts hold
+    its secret."""
+    words = f" {SECRET}" if tenant == "learner" else ""
+    with served.connect(served.key(tenant)) as ws:
+        frames_until(ws, "ready")
+        for n, prompt in enumerate(["Show my build.", "Status please.", "Render health."]):
+            send(
+                ws,
+                type="user_turn",
+                client_msg_id=f"{tenant}-{n}",
+                content=prompt + words,
+                specialist_hint="genui",
+            )
+            turn_id = frames_until(ws, "turn_completed")[0]["turn_id"]
+            send(ws, type="feedback", turn_id=turn_id, kind="edit", edited_text=ANSWER)
+        send(ws, type="ping")
+        frames_until(ws, "pong")
+
+
+def is_turn(payload: object) -> bool:
+    return isinstance(payload, TurnReceived)
+
+
+def exposure_of(served: Running, tenant: str) -> tuple[list[str], bool]:
+    """The adapters that learned from ``tenant``, and whether the active release serves one."""
+    with served.server.pool.connection() as conn:
+        found = exposure(conn, served.server.log, [tenant])
+    return sorted(found.adapters), found.active
+
+
+def promotion_after(
+    served: Running, before: ReleasePromoted, log_path: Path, worker: subprocess.Popen[bytes]
+) -> ReleasePromoted:
+    """The promotion of a child of ``before``'s release."""
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline and worker.poll() is None:
+        for event in served.events("releases"):
+            found = event.payload
+            if isinstance(found, ReleasePromoted) and found.parent_release_id == before.release_id:
+                return found
+        time.sleep(1)
+    with served.server.pool.connection() as conn:
+        runs = conn.execute("SELECT status, error FROM training_runs").fetchall()
+        evaluations = conn.execute("SELECT passed, scores FROM evaluations").fetchall()
+    raise AssertionError(f"runs {runs}, evaluations {evaluations}\n{log_path.read_text()[-4000:]}")
+
+
+def assert_unlearned(served: Running, promoted: ReleasePromoted, log_path: Path) -> None:
+    """genui@2 (a child of genui@0) serves; it trained on the bystander's records alone, was
+    judged against the release with genui@0 in place, and its promotion names the forgetting.
+    The learner's secret is in no table, no file under the home (adapters, snapshots, logs) and
+    not in the worker's log."""
+    assert promoted.run_id is not None
+    with served.server.pool.connection() as conn:
+        release = active_release(conn)
+        detail = run_detail(conn, promoted.run_id)
+        row = conn.execute(
+            "SELECT p.reason, e.scores ->> 'parent_release_id' AS judged_against "
+            "FROM promotions p JOIN evaluations e USING (run_id) "
+            "WHERE p.to_release_id = %s AND p.kind = 'promoted'",
+            (promoted.release_id,),
+        ).fetchone()
+        fallback = conn.execute(
+            "SELECT ra.adapter_version_id FROM release_adapters ra "
+            "WHERE ra.release_id = %s AND ra.specialist = 'genui'",
+            (row["judged_against"] if row else None,),
+        ).fetchone()
+    assert release.release_id == promoted.release_id
+    genui = release.adapters["genui"]
+    assert genui.name == "genui@2"
+    assert row is not None and "unlearns 1 forgotten tenant(s)" in row["reason"]
+    assert fallback is not None and row["judged_against"] != promoted.parent_release_id
+    with served.server.pool.connection() as conn:
+        parent = conn.execute(
+            "SELECT parent_id FROM adapter_versions WHERE adapter_version_id = %s",
+            (genui.adapter_version_id,),
+        ).fetchone()
+    assert parent is not None and parent["parent_id"] == fallback["adapter_version_id"]  # genui@0
+    snapshot = detail["snapshot"]
+    assert isinstance(snapshot, dict) and snapshot["forgotten_tenants_left_out"] == 1
+    [retrained] = [
+        e.payload
+        for e in served.events()
+        if isinstance(e.payload, CandidateTrained) and e.payload.run_id == promoted.run_id
+    ]
+    assert retrained.metrics["tenants"] == 1  # the bystander
+    assert exposure_of(served, "learner") == (["genui@1"], False)
+    assert exposure_of(served, "bystander") == (["genui@1", "genui@2"], True)
+    files = [log_path, *(p for p in served.settings.home.rglob("*") if p.is_file())]
+    assert len(files) > 3  # the adapters, their snapshots' files and logs are there to search
+    assert not [path for path in files if SECRET.encode() in path.read_bytes()]
+    assert SECRET not in database_text(served)
