@@ -262,7 +262,7 @@ def processor_hosts(settings: Settings, log: EventLog, pool: Pool) -> list[Proce
         Projections(),
         ExperienceBuilder(settings.experience_filter),
         LiveScores(),
-        TrainingTrigger(settings.train_threshold, enqueue_training),
+        TrainingTrigger(settings.train_threshold, enqueue_training, log),
     ]
     if settings.router_threshold is not None:
         processors.append(RouterTrigger(settings.router_threshold, enqueue_router_training))

@@ -12,21 +12,30 @@ id as correlation id, name it in the snapshot). ``train_now`` snapshots the pend
 before the threshold (``macaron train``). Live rewards (``trajectory`` records) ride along:
 they are in the range and the hash but do not count toward the threshold (a busy agent would
 otherwise start runs with little else to learn from). The rules
-(``counted``, ``due``, ``training_request``) are pure; the state lives in PostgreSQL
-(``infra.postgres.trigger``).
+(``counted``, ``recounted``, ``due``, ``training_request``) are pure; the state lives in
+PostgreSQL (``infra.postgres.trigger``).
+
+A forgotten tenant's records read as ``Forgotten`` markers. When the trigger meets
+``TenantForgotten`` it counts every pending range again from the log without the records it
+can no longer read, and the range remembers whose they were; a marker met later adds its
+tenant the same way. The snapshot then leaves those tenants out and opens, where one made
+from the old count would be ``snapshot_forgotten``. A replay of the trigger never read those
+records, so where they made a range due, its counts differ from the live ones: the live run
+acted on them then.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from uuid import UUID
 
 from core.errors import AdapterNotFound, NothingToTrain, TrainingInFlight
-from core.events import ExperienceRecorded, NewEvent, TrainingRequested
-from core.experience import chain_record
+from core.events import ExperienceRecorded, NewEvent, TenantForgotten, TrainingRequested
+from core.events.privacy import Forgotten
+from core.experience import EMPTY_CHAIN, chain_record, experience_key
 from core.ids import derived_id
-from core.log import RecordedEvent
+from core.log import EventLog, RecordedEvent
 from core.release import AdapterRef
 from infra.postgres.backfills import is_backfill
 from infra.postgres.db import DictConnection
@@ -41,6 +50,7 @@ from infra.postgres.runs import (
 from infra.postgres.trigger import (
     PendingRecords,
     clear_pending,
+    every_pending,
     locked_pending,
     pending_records,
     save_pending,
@@ -69,12 +79,21 @@ class TrainingTrigger:
     name = "training-trigger-1"
     tables: tuple[str, ...] = ("trigger_state",)
 
-    def __init__(self, threshold: int, enqueue: Callable[[UUID, Mapping[str, str]], None]) -> None:
+    def __init__(
+        self,
+        threshold: int,
+        enqueue: Callable[[UUID, Mapping[str, str]], None],
+        log: EventLog,
+    ) -> None:
         self.threshold = threshold
         self.enqueue = enqueue
+        self.log = log
 
     def handle(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
         record = event.payload
+        if isinstance(record, TenantForgotten | Forgotten):
+            self._leave_out(conn, event)
+            return []
         if not isinstance(record, ExperienceRecorded):
             return []
         where = event.position
@@ -93,6 +112,27 @@ class TrainingTrigger:
         for event in derived:
             if isinstance(event.payload, TrainingRequested):
                 self.enqueue(event.payload.run_id, event.trace)
+
+    def _leave_out(self, conn: DictConnection, event: RecordedEvent) -> None:
+        """On ``TenantForgotten``, count every pending range again from the log; on a
+        ``Forgotten`` record (never counted), leave its tenant out of its specialist's
+        ranges."""
+        marker = event.payload
+        for pending in every_pending(conn):
+            key = experience_key(pending.specialist)
+            if pending.end_offset is None:
+                continue
+            if isinstance(marker, TenantForgotten):
+                events = self.log.read(
+                    start={pending.partition: pending.start_offset},
+                    end={pending.partition: pending.end_offset},
+                    key=key,
+                    types=["ExperienceRecorded"],
+                )
+                save_pending(conn, recounted(pending, events))
+            elif isinstance(marker, Forgotten) and event.envelope.key == key:
+                tenants = {*pending.left_out_tenants, event.envelope.tenant_id}
+                save_pending(conn, replace(pending, left_out_tenants=tuple(sorted(tenants))))
 
 
 def train_now(conn: DictConnection, specialist: str, filter_version: str) -> TrainingRequest:
@@ -163,6 +203,29 @@ def counted(
     )
 
 
+def recounted(pending: PendingRecords, events: Iterable[RecordedEvent]) -> PendingRecords:
+    """``pending`` counted again from its range's records (``events``): those of its filter
+    version that can be read are counted and chained; the tenants of those that cannot (the
+    ``Forgotten`` markers) are left out. Its end and backfills stay."""
+    fresh = replace(pending, count=0, running_hash=EMPTY_CHAIN)
+    left_out = set(pending.left_out_tenants)
+    for event in events:
+        record = event.payload
+        if isinstance(record, Forgotten):
+            left_out.add(event.envelope.tenant_id)
+        elif (
+            isinstance(record, ExperienceRecorded)
+            and record.filter_version == pending.filter_version
+        ):
+            fresh = counted(fresh, record, event.position.offset)
+    return replace(
+        fresh,
+        end_offset=pending.end_offset,
+        backfills=pending.backfills,
+        left_out_tenants=tuple(sorted(left_out)),
+    )
+
+
 def due(pending: PendingRecords, threshold: int) -> bool:
     """Whether the pending records are enough to train on (a run in flight still waits)."""
     return pending.count >= threshold
@@ -178,7 +241,8 @@ def training_request(
         raise ValueError("no record is pending")
     specialist, partition = pending.specialist, pending.partition
     start, end, version = pending.start_offset, pending.end_offset, pending.filter_version
-    snapshot_id = derived_id("snapshot", specialist, partition, start, end, version)
+    left_out = pending.left_out_tenants
+    snapshot_id = derived_id("snapshot", specialist, partition, start, end, version, *left_out)
     run_id = derived_id("run", snapshot_id)
     snapshot = SnapshotRange(
         snapshot_id=snapshot_id,
@@ -191,6 +255,7 @@ def training_request(
         record_count=pending.count,
         rewards_hashed=pending.rewards_hashed,
         backfills=pending.backfills,
+        left_out_tenants=left_out,
     )
     payload = TrainingRequested(
         run_id=run_id,

@@ -1,6 +1,7 @@
 """The training trigger's state (``trigger_state``): per specialist and filter version, the
 experience records counted since its last snapshot, where they start and end, their running
-hash and the backfills that appended any of them."""
+hash, the backfills that appended any of them and the forgotten tenants whose records in the
+range it left out."""
 
 from __future__ import annotations
 
@@ -31,6 +32,9 @@ class PendingRecords:
     end_offset: int | None = None
     backfills: tuple[UUID, ...] = ()
     """The backfills (``streams.backfill``) whose records are among them."""
+    left_out_tenants: tuple[str, ...] = ()
+    """Forgotten tenants whose records lie in the range, unreadable: neither counted nor
+    chained."""
 
 
 def pending_records(
@@ -61,6 +65,14 @@ def locked_pending(
     return None if row is None else _pending(row)
 
 
+def every_pending(conn: DictConnection) -> list[PendingRecords]:
+    """Every specialist's pending records, locked until the transaction ends."""
+    rows = conn.execute(
+        "SELECT * FROM trigger_state ORDER BY specialist, filter_version FOR UPDATE"
+    ).fetchall()
+    return [_pending(row) for row in rows]
+
+
 def _pending(row: DictRow) -> PendingRecords:
     return PendingRecords(
         specialist=row["specialist"],
@@ -72,18 +84,20 @@ def _pending(row: DictRow) -> PendingRecords:
         rewards_hashed=row["rewards_hashed"],
         end_offset=row["end_offset"],
         backfills=tuple(row["backfills"]),
+        left_out_tenants=tuple(row["left_out_tenants"]),
     )
 
 
 def save_pending(conn: DictConnection, pending: PendingRecords) -> None:
     conn.execute(
         "UPDATE trigger_state SET pending = %s, running_hash = %s, end_offset = %s, "
-        "backfills = %s WHERE specialist = %s AND filter_version = %s",
+        "backfills = %s, left_out_tenants = %s WHERE specialist = %s AND filter_version = %s",
         (
             pending.count,
             pending.running_hash,
             pending.end_offset,
             list(pending.backfills),
+            list(pending.left_out_tenants),
             pending.specialist,
             pending.filter_version,
         ),

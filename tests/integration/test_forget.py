@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psycopg
 import pytest
 
 from core.errors import MasterKeyInvalid, TenantForgotten
@@ -46,6 +47,7 @@ from server.unlearning import queue_retraining
 from streams.backfill import backfill
 from streams.replay import replay
 from streams.runner import catch_up
+from streams.trigger import train_now
 from tests.factories import run_macaron
 from tests.integration.test_harness import script
 from tests.serving import Running, frames_until, send, serving, successor
@@ -156,6 +158,24 @@ def test_a_forgotten_tenant_leaves_no_words_and_the_rest_verifies(served: Runnin
             assert rebuilt.digest == live, host.processor.name
     again = backfill(server.log, server.pool, "experience-1")  # derives globex's turns only
     assert again.forgotten == len(acme) and again.records > 0
+    assert_pending_records_left_acme_out(served)
+
+
+def assert_pending_records_left_acme_out(served: Running) -> None:
+    """Both tenants' agent records were pending when acme was forgotten: the trigger counted
+    them again, so the snapshot ``macaron train`` takes now leaves acme out and opens with
+    globex's records (rolled back: the next test trains the agent)."""
+    server = served.server
+    version = served.settings.experience_filter
+    with server.pool.connection() as conn, conn.transaction() as tx:
+        request = train_now(conn, "agent", version)
+        snapshot = dataset_snapshot(conn, request.snapshot.snapshot_id)
+        raise_rollback = psycopg.Rollback(tx)
+        assert snapshot is not None and snapshot["left_out_tenants"] == ["acme"]
+        opened = materialize(server.log, snapshot)
+        teaching = [r for r in opened.records if r.kind != "trajectory"]  # rewards ride along
+        assert opened.tenants == 1 and len(teaching) == snapshot["record_count"] > 0
+        raise raise_rollback
 
 
 def test_forgetting_is_idempotent_and_typed(served: Running) -> None:

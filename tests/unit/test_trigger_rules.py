@@ -11,12 +11,14 @@ from uuid import UUID
 import pytest
 
 from core.events import EventPayload, ExperienceRecorded, NewEvent, TrainingRequested
+from core.events.privacy import Forgotten
 from core.experience import EMPTY_CHAIN, chain_record
 from core.log import LogPosition, RecordedEvent
 from core.release import AdapterRef
+from infra.memory import InMemoryEventLog
 from infra.postgres.runs import SnapshotRange
 from infra.postgres.trigger import PendingRecords
-from streams.trigger import RECIPE, TrainingTrigger, counted, due, training_request
+from streams.trigger import RECIPE, TrainingTrigger, counted, due, recounted, training_request
 
 TURN = UUID("0190f0a0-0000-7000-8000-000000000001")
 EVENT = UUID("0190f0a0-0000-7000-8000-0000000000e1")
@@ -210,7 +212,9 @@ def test_the_hash_and_count_do_not_change_the_ids() -> None:
 
 def test_after_commit_enqueues_each_requested_run_with_its_trace() -> None:
     enqueued: list[tuple[UUID, Mapping[str, str]]] = []
-    trigger = TrainingTrigger(3, lambda run_id, trace: enqueued.append((run_id, trace)))
+    trigger = TrainingTrigger(
+        3, lambda run_id, trace: enqueued.append((run_id, trace)), InMemoryEventLog()
+    )
     pending = PendingRecords("coding", "experience-1", 0, 7, 4, "b" * 64)
     requested = training_request(ending(pending, 10), PARENT, EVENT).event
     traced = requested.model_copy(update={"trace": {"traceparent": "00-abc-def-01"}})
@@ -235,3 +239,31 @@ def test_each_filter_version_has_its_own_snapshot_ids() -> None:
     v2 = training_request(ending(replace(fresh(), filter_version="experience-2"), 10), PARENT)
     assert v2.snapshot.filter_version == "experience-2"
     assert v2.snapshot.snapshot_id != v1.snapshot.snapshot_id
+
+
+def test_a_range_counted_again_leaves_out_the_records_it_cannot_read() -> None:
+    """A range of three records whose middle one is now a forgotten tenant's marker counts the
+    other two, chains them alone, keeps its end and backfills and names the tenant; another
+    filter version's record is not counted, and the snapshot's id says who was left out."""
+    backfill = UUID("0190f0a0-0000-7000-8000-0000000000b1")
+    live = counted(counted(counted(fresh(), record(1), 10, backfill), record(2), 11), record(3), 12)
+    other = record(4).model_copy(update={"filter_version": "experience-2"})
+    marker = recorded(Forgotten(original_type="ExperienceRecorded"), offset=11)
+    forgotten = replace(marker.envelope, tenant_id="gone")
+    events = [
+        recorded(record(1), offset=10),
+        RecordedEvent(marker.position, forgotten, marker.payload),
+        recorded(other, offset=12),
+        recorded(record(3), offset=13),
+    ]
+    again = recounted(replace(live, end_offset=14), events)
+    expected = chain_record(chain_record(EMPTY_CHAIN, record(1)), record(3))
+    assert (again.count, again.running_hash) == (2, expected)
+    assert (again.end_offset, again.backfills, again.left_out_tenants) == (
+        14,
+        (backfill,),
+        ("gone",),
+    )
+    left = training_request(again, PARENT, EVENT).snapshot
+    kept = training_request(replace(again, left_out_tenants=()), PARENT, EVENT).snapshot
+    assert left.left_out_tenants == ("gone",) and left.snapshot_id != kept.snapshot_id
