@@ -364,9 +364,10 @@ def _settled(rt: Runtime, run: dict[str, Any]) -> RouterOutcome:
     with rt.pool.connection() as conn:
         if promoted_once(conn, run["release_id"]):  # perhaps rebased, perhaps rolled back since
             return RouterOutcome("promoted", run["router_version"], run["release_id"])
-    request = request_promotion(
-        rt.pool, run["release_id"], requested_by=f"router run {run['run_id']}"
-    )
+    by = f"router run {run['run_id']}"
+    if run["left_out_tenants"]:
+        by += f", which unlearns {len(run['left_out_tenants'])} forgotten tenant(s)"
+    request = request_promotion(rt.pool, run["release_id"], requested_by=by)
     final = wait_for_request(rt.pool, request, PROMOTION_TIMEOUT_S)
     status = "promoted" if final["status"] == "done" else f"promotion {final['status']}"
     return RouterOutcome(status, run["router_version"], run["release_id"])

@@ -7,8 +7,8 @@ on its specialist's experience key. That covers the snapshot and the older recor
 replays, unless the snapshot leaves the tenant out (a run that unlearns it: ``server.unlearning``).
 An adapter trained from an exposed parent is exposed too. A router version is
 exposed when one of the tenant's routing labels lies before the end of the labels its run was
-fitted on (a router is fitted afresh, so a parent passes nothing on). A release is exposed when
-any of its adapters or its router is.
+fitted on, unless the run left the tenant out (a router is fitted afresh, so a parent passes
+nothing on). A release is exposed when any of its adapters or its router is.
 """
 
 from __future__ import annotations
@@ -40,12 +40,7 @@ def exposure(conn: DictConnection, log: EventLog, tenants: Collection[str]) -> E
     """What learned from any record of ``tenants``."""
     found = _records_of(log, tenants)
     exposed = _exposed_adapters(conn, found)
-    labels = found.get(ROUTING_KEY, [])
-    routers = [
-        r["router_version"]
-        for r in trained_routers(conn)
-        if any(offset < r["labels_end"].get(str(part), 0) for part, offset, _ in labels)
-    ]
+    routers = _exposed_routers(conn, found)
     releases = [
         r
         for r in release_adapters(conn)
@@ -60,12 +55,13 @@ def exposure(conn: DictConnection, log: EventLog, tenants: Collection[str]) -> E
     )
 
 
-def exposed_adapters(
+def exposed_parts(
     conn: DictConnection, log: EventLog, tenants: Collection[str]
-) -> dict[int, str]:
+) -> tuple[dict[int, str], list[str]]:
     """The adapter versions that learned from any record of ``tenants`` (id ->
-    ``specialist@version``)."""
-    return _exposed_adapters(conn, _records_of(log, tenants))
+    ``specialist@version``), and the router versions fitted on any of their labels."""
+    found = _records_of(log, tenants)
+    return _exposed_adapters(conn, found), _exposed_routers(conn, found)
 
 
 Spot = tuple[int, int, str]
@@ -100,3 +96,15 @@ def _exposed_adapters(conn: DictConnection, found: dict[str, list[Spot]]) -> dic
             name = f"{adapter['specialist']}@{adapter['version']}"
             exposed[adapter["adapter_version_id"]] = name
     return exposed
+
+
+def _exposed_routers(conn: DictConnection, found: dict[str, list[Spot]]) -> list[str]:
+    labels = found.get(ROUTING_KEY, [])
+    return [
+        r["router_version"]
+        for r in trained_routers(conn)
+        if any(
+            offset < r["labels_end"].get(str(part), 0) and tenant not in r["left_out_tenants"]
+            for part, offset, tenant in labels
+        )
+    ]

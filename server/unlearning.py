@@ -13,6 +13,10 @@ The run is then trained and evaluated like any other, but against the release it
 back to (the active one with the ancestor in place), needing no gain there
 (``learners.evaluate``). Its lineage and the promotion request name the forgetting.
 
+When the active router was fitted on any of their routing labels, a router run refits it on
+every label in the log up to now: the forgotten ones read as ``Forgotten`` and are not fitted.
+It names the tenants it leaves out, and is judged and promoted like any router run.
+
 An adapter that learned only from forgotten tenants has nothing left to train on: its ancestor
 is what unlearning gives, so those specialists' ancestors go back in place in one release
 (``Unlearning.fallback``), for the caller to ask the server to promote.
@@ -26,17 +30,19 @@ from typing import Any
 from uuid import UUID
 
 from core.errors import TenantForgotten, TrainingInFlight
-from core.events import NewEvent, TrainingRequested
+from core.events import NewEvent, RouterTrainingRequested, RoutingLabelled, TrainingRequested
 from core.events.tenants import SYSTEM_TENANT
 from core.experience import EMPTY_CHAIN, chain_record, snapshot_events
 from core.ids import derived_id
 from core.log import EventLog
 from core.release import AdapterRef, Release
+from core.routing import ROUTER_RUNS_KEY, ROUTING_KEY
 from infra.postgres.db import DictConnection
-from infra.postgres.exposure import active_adapter_ids, producing_run, trained_adapters
+from infra.postgres.exposure import producing_run, trained_adapters
 from infra.postgres.registry import active_release, adapter_ref, adapter_version, file_release
+from infra.postgres.routers import queue_router_run, router_run
 from infra.postgres.runs import SnapshotRange, queue_run, record_snapshot, run_result
-from server.exposure import exposed_adapters
+from server.exposure import exposed_parts
 
 
 @dataclass(frozen=True)
@@ -59,17 +65,25 @@ class Unlearning:
     forgotten tenants (filed, not active); ``None`` when there are none."""
     restored: tuple[str, ...] = ()
     """Those ancestors (``specialist@version``)."""
+    router_run: NewEvent | None = None
+    """The ``RouterTrainingRequested`` of the router run that refits the active router without
+    them, for the caller to append before enqueueing it; ``None`` when it never saw them."""
 
 
 def queue_retraining(conn: DictConnection, log: EventLog, forgotten: Sequence[str]) -> Unlearning:
-    """Queue the successor runs (in the caller's transaction), and file the fallback release;
-    neither when nothing the active release serves learned from ``forgotten`` (every
-    forgotten tenant, so that the new snapshots open). Raises ``TrainingInFlight`` when a
-    specialist has a run queued or running."""
-    exposed = exposed_adapters(conn, log, forgotten)
+    """Queue the successor runs and the router run (in the caller's transaction), and file
+    the fallback release; none of them when nothing the active release serves learned from
+    ``forgotten`` (every forgotten tenant, so that the new snapshots open). Raises
+    ``TrainingInFlight`` when a specialist has a run queued or running, or a router run is."""
+    exposed, routers = exposed_parts(conn, log, forgotten)
+    active = active_release(conn)
+    router = (
+        _queue_router(conn, log, sorted(forgotten)) if active.router_version in routers else None
+    )
     adapters = {int(a["adapter_version_id"]): a for a in trained_adapters(conn)}
     queued, fallen_back = [], {}
-    for specialist, adapter_id in sorted(active_adapter_ids(conn).items()):
+    for specialist, ref in sorted(active.adapters.items()):
+        adapter_id = ref.adapter_version_id
         made_by = producing_run(conn, adapter_id)
         if adapter_id not in exposed or made_by is None:
             continue  # only a trained adapter (with a snapshot) can be exposed
@@ -82,10 +96,32 @@ def queue_retraining(conn: DictConnection, log: EventLog, forgotten: Sequence[st
         else:
             fallen_back[specialist] = _ref(conn, int(ancestor["adapter_version_id"]))
     if not fallen_back:
-        return Unlearning(queued, None)
-    fallback = active_release(conn).successor(adapters=fallen_back)
+        return Unlearning(queued, None, router_run=router)
+    fallback = active.successor(adapters=fallen_back)
     file_release(conn, fallback)
-    return Unlearning(queued, fallback, tuple(ref.name for ref in fallen_back.values()))
+    restored = tuple(ref.name for ref in fallen_back.values())
+    return Unlearning(queued, fallback, restored, router)
+
+
+def _queue_router(conn: DictConnection, log: EventLog, forgotten: list[str]) -> NewEvent:
+    """Queue the router run that refits on every label up to now without ``forgotten``'s (once
+    per set of forgotten tenants: a rerun finds the run queued before)."""
+    run_id = derived_id("router-run", "unlearning", *forgotten)
+    end = log.end_positions()
+    labels = log.read(key=ROUTING_KEY, end=end, types=["RoutingLabelled"])
+    count = sum(isinstance(e.payload, RoutingLabelled) for e in labels)
+    if not queue_router_run(conn, run_id, end, count, forgotten):
+        queued = router_run(conn, run_id)
+        if queued is None:
+            raise TrainingInFlight("a router run is queued or running; it goes first")
+        end = {int(p): o for p, o in queued["labels_end"].items()}
+        count = queued["label_count"]
+    requested = RouterTrainingRequested(
+        run_id=run_id, labels=count, labels_end={str(p): o for p, o in end.items()}
+    )
+    return NewEvent(
+        payload=requested, tenant_id=SYSTEM_TENANT, key=ROUTER_RUNS_KEY, event_id=run_id
+    )
 
 
 def _ref(conn: DictConnection, adapter_version_id: int) -> AdapterRef:

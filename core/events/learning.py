@@ -132,11 +132,13 @@ class TrainingRequested(EventPayload):
 
 class RouterTrainingRequested(EventPayload):
     """Enough new routing labels: a router successor is to be trained on every label of the
-    log before ``labels_end`` (with the seed examples) and judged by the routing suite."""
+    log before ``labels_end`` (with the seed examples) and judged by the routing suite.
+    ``labels`` counts the new ones, or for a run that unlearns forgotten tenants the readable
+    ones (0 when theirs were all there were: the seed examples alone are fitted)."""
 
     event_type = "RouterTrainingRequested"
     run_id: UUID
-    labels: int = Field(ge=1)
+    labels: int = Field(ge=0)
     labels_end: dict[str, int]
 
 

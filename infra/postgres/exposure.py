@@ -32,9 +32,11 @@ def release_adapters(conn: DictConnection) -> list[dict[str, Any]]:
 
 
 def trained_routers(conn: DictConnection) -> list[dict[str, Any]]:
-    """Every router version a run trained, with the end of the labels it was fitted on."""
+    """Every router version a run trained, with the end of the labels it was fitted on and the
+    forgotten tenants whose labels it left out."""
     return conn.execute(
-        "SELECT router_version, labels_end FROM router_runs WHERE router_version IS NOT NULL "
+        "SELECT router_version, labels_end, left_out_tenants FROM router_runs "
+        "WHERE router_version IS NOT NULL "
         "ORDER BY created_at"
     ).fetchall()
 
@@ -44,15 +46,6 @@ def forgotten_tenants(conn: DictConnection) -> list[str]:
         "SELECT tenant_id FROM tenant_data_keys WHERE forgotten_at IS NOT NULL ORDER BY tenant_id"
     ).fetchall()
     return [str(r["tenant_id"]) for r in rows]
-
-
-def active_adapter_ids(conn: DictConnection) -> dict[str, int]:
-    """The active release's adapter version ids, by specialist."""
-    rows = conn.execute(
-        "SELECT ra.specialist, ra.adapter_version_id FROM releases r "
-        "JOIN release_adapters ra USING (release_id) WHERE r.active"
-    ).fetchall()
-    return {str(r["specialist"]): int(r["adapter_version_id"]) for r in rows}
 
 
 def producing_run(conn: DictConnection, adapter_version_id: int) -> dict[str, Any] | None:

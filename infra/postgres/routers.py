@@ -4,7 +4,7 @@ retrained from; router runs (``router_runs``) and the router trigger's count of 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
@@ -53,14 +53,24 @@ def add_pending_label(conn: DictConnection) -> int:
 
 
 def queue_router_run(
-    conn: DictConnection, run_id: UUID, labels_end: Mapping[int, int], label_count: int
+    conn: DictConnection,
+    run_id: UUID,
+    labels_end: Mapping[int, int],
+    label_count: int,
+    left_out_tenants: Sequence[str] = (),
 ) -> bool:
     """Queue a router run and start counting labels again; ``False`` (nothing changed) when a
-    router run is in flight or this one exists."""
+    router run is in flight or this one exists. ``left_out_tenants``: the forgotten tenants
+    whose labels it unlearns."""
     row = conn.execute(
-        "INSERT INTO router_runs (run_id, labels_end, label_count, status) "
-        "VALUES (%s, %s, %s, 'queued') ON CONFLICT DO NOTHING RETURNING run_id",
-        (run_id, Jsonb({str(p): o for p, o in labels_end.items()}), label_count),
+        "INSERT INTO router_runs (run_id, labels_end, label_count, status, left_out_tenants) "
+        "VALUES (%s, %s, %s, 'queued', %s) ON CONFLICT DO NOTHING RETURNING run_id",
+        (
+            run_id,
+            Jsonb({str(p): o for p, o in labels_end.items()}),
+            label_count,
+            list(left_out_tenants),
+        ),
     ).fetchone()
     if row is not None:
         conn.execute("UPDATE router_trigger_state SET pending = 0 WHERE key = 'routing'")

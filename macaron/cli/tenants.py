@@ -18,7 +18,7 @@ from infra.postgres.experience_joins import tenant_exists, training_consent
 from infra.postgres.exposure import forgotten_tenants
 from infra.postgres.promotions import request_promotion
 from learners.queue import configure as configure_celery
-from learners.queue import enqueue_training
+from learners.queue import enqueue_router_training, enqueue_training
 from macaron import wiring
 from macaron.cli.common import console, settings
 from server.exposure import exposure
@@ -125,12 +125,14 @@ def tenants_forget(
             f"queued run {run.run_id}: {run.specialist} from {run.parent} on {run.records} "
             "record(s) without the forgotten tenants"
         )
+    if unlearning.router_run is not None:
+        console.print(f"queued router run {unlearning.router_run.event_id}: refitted without them")
     if unlearning.fallback is not None:
         console.print(
             f"asked the server to promote {unlearning.fallback.release_id}: "
             f"{', '.join(unlearning.restored)} back in place (they learned from no one else)"
         )
-    if retrain and not unlearning.runs and unlearning.fallback is None:
+    if retrain and not (unlearning.runs or unlearning.fallback or unlearning.router_run):
         console.print("nothing the active release serves learned from forgotten tenants")
 
 
@@ -139,10 +141,13 @@ def _retrain(cfg: Settings, pool: Pool, log: EventLog) -> Unlearning:
     hand them to the workers; ask the server to promote the fallback release, if any."""
     with pool.connection() as conn, conn.transaction():
         unlearning = queue_retraining(conn, log, forgotten_tenants(conn))
-    log.append([run.event for run in unlearning.runs])
+    router = unlearning.router_run
+    log.append([run.event for run in unlearning.runs] + ([] if router is None else [router]))
     configure_celery(cfg)
     for run in unlearning.runs:
         enqueue_training(run.run_id)
+    if router is not None:
+        enqueue_router_training(router.event_id)
     if unlearning.fallback is not None:
         by = f"tenants forget --retrain: {', '.join(unlearning.restored)} learned from no one else"
         request_promotion(pool, unlearning.fallback.release_id, requested_by=by)

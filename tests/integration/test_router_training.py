@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from subprocess import Popen
 from uuid import uuid4
 
 from core.errors import ContractInvalid
@@ -25,8 +26,18 @@ from infra.postgres.routers import queue_router_run, router_model
 from learners.queue import configure as configure_celery
 from learners.router_training import train_router_run
 from macaron import wiring
-from server.router import SentenceEmbedder
-from tests.serving import celery_worker, following, frames_until, running_server, send
+from server.exposure import exposure
+from server.router import RouterService, SentenceEmbedder
+from tests.factories import run_macaron
+from tests.integration.test_learning_loop import env_of
+from tests.serving import (
+    Running,
+    celery_worker,
+    following,
+    frames_until,
+    running_server,
+    send,
+)
 
 SUITE = Path(__file__).resolve().parents[2] / "learners" / "routing-v1.jsonl"
 HINTED = [
@@ -108,6 +119,45 @@ def test_routing_labels_train_a_router_that_is_judged_and_promoted(
         assert (redelivered.status, redelivered.release_id) == ("promoted", release.release_id)
         evaluations = [e.payload for e in served.events() if isinstance(e.payload, RouterEvaluated)]
         assert evaluations == [evaluated]  # the verdict's id is derived: recorded once
+        assert_router_unlearns(served, own, worker, log_path)
+
+
+def assert_router_unlearns(
+    served: Running, own: RouterService, worker: Popen[bytes], log_path: Path
+) -> None:
+    """Forgetting the user whose labels the active router was fitted on, with ``--retrain``,
+    queues a router run that refits without them; it is judged and promoted like any other,
+    and no router the server now routes with saw them."""
+    exposed = own.version
+    with served.server.pool.connection() as conn:
+        assert exposure(conn, served.server.log, ["router-user"]).routers == (exposed,)
+    forgot = run_macaron("tenants", "forget", "router-user", "--yes", "--retrain", **env_of(served))
+    assert forgot.returncode == 0, forgot.stdout + forgot.stderr
+    assert "queued router run" in forgot.stdout
+    deadline = time.monotonic() + 300
+    while own.version == exposed:
+        assert worker.poll() is None, log_path.read_text()[-4000:]
+        assert time.monotonic() < deadline, log_path.read_text()[-4000:]
+        time.sleep(0.5)
+    [unlearned] = [
+        e.payload
+        for e in served.events()
+        if isinstance(e.payload, RouterEvaluated) and e.payload.parent_router_version == exposed
+    ]
+    [requested] = [
+        e.payload
+        for e in served.events()
+        if isinstance(e.payload, RouterTrainingRequested) and e.payload.run_id == unlearned.run_id
+    ]
+    assert unlearned.passed and requested.labels == 0  # the user's labels read as forgotten
+    with served.server.pool.connection() as conn:
+        found = exposure(conn, served.server.log, ["router-user"])
+        reason = conn.execute(
+            "SELECT reason FROM promotions WHERE to_release_id = %s",
+            (served.server.chat.release.release_id,),
+        ).fetchone()
+    assert found.routers == (exposed,) and not found.active
+    assert reason is not None and "unlearns 1 forgotten tenant(s)" in reason["reason"]
 
 
 def test_a_router_taught_wrong_is_refused_and_the_active_one_routes_on(
