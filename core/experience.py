@@ -152,11 +152,13 @@ def snapshot_events(log: EventLog, snapshot: Mapping[str, Any]) -> SnapshotEvent
     left_out = set(snapshot.get("left_out_tenants") or ())
     records, older, forgotten = [], [], 0
     for event in log.read(key=experience_key(snapshot["specialist"]), types=["ExperienceRecorded"]):
+        if event.envelope.tenant_id in left_out:
+            continue  # unreadable, or soon: a process's key cache may still open it
         payload: Any = event.payload
         offset = event.position.offset
         in_range = event.position.partition == partition and start <= offset < end
         if isinstance(payload, Forgotten):  # its filter version is unreadable too
-            forgotten += in_range and event.envelope.tenant_id not in left_out
+            forgotten += in_range
             continue
         if payload.filter_version != snapshot["filter_version"]:
             continue

@@ -176,7 +176,7 @@ def decide_at_look(
             decision = Decision(
                 passed=not failed,
                 gain=tallies[specialist].projected(),
-                p_value=(gain or guards[specialist]).p_value,
+                p_value=gain.p_value if gain else _sign_p(tallies[specialist]),
                 regressions={suite: -tallies[suite].projected() for suite in guards},
                 reasons=failed,
                 guard_p_values={suite: t.p_value for suite, t in guards.items() if t.fractions},
@@ -187,6 +187,12 @@ def decide_at_look(
     if len(looks) >= len(plan.looks):
         raise ValueError("the last look leaves tasks unknown")
     return None
+
+
+def _sign_p(tally: _Tally) -> float:
+    """The own suite's sign-test p-value, reported (not tested) when no gain is needed, as
+    ``core.contract.decide`` reports it."""
+    return sign_test_p_value(tally.wins, tally.losses)
 
 
 def _complete(known: Known) -> dict[str, list[bool]]:

@@ -38,7 +38,7 @@ from infra.postgres.runs import (
     evaluated_outcomes,
     record_evaluation,
     record_release_score,
-    tenants_left_out,
+    tenants_unlearned,
     training_run,
 )
 from learners.contract_runner import (
@@ -129,7 +129,7 @@ def _fallback(conn: DictConnection, run: dict[str, Any], release: Release) -> Re
     """For a run that unlearns forgotten tenants, the release it is judged against: ``release``
     with the run's parent adapter in place, filed (not active) so its outcomes are recorded
     once; ``None`` for any other run."""
-    if not tenants_left_out(conn, run["run_id"]):
+    if not tenants_unlearned(conn, run["run_id"]):
         return None
     ancestor = _adapter(conn, run["parent_adapter_id"])
     fallback = release.successor(adapters={str(run["specialist"]): ancestor})

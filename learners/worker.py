@@ -25,7 +25,7 @@ from rich.progress import Progress
 from core.errors import PromotionInProgress
 from infra import observe
 from infra.postgres.promotions import last_request_of_run, request_promotion, wait_for_request
-from infra.postgres.runs import tenants_left_out
+from infra.postgres.runs import tenants_unlearned
 from learners.evaluate import evaluate_run
 from learners.queue import app, enqueue_training
 from learners.rollout_job import RolloutJob, run_rollouts
@@ -165,7 +165,7 @@ def _promote(run_id: str, release_id: str) -> dict[str, Any]:
     rt = runtime()
     with rt.pool.connection() as conn:
         done = last_request_of_run(conn, uuid.UUID(run_id))
-        left_out = tenants_left_out(conn, uuid.UUID(run_id))
+        left_out = tenants_unlearned(conn, uuid.UUID(run_id))
     if done is not None and done["status"] != "failed":
         return {"status": done["status"], "reason": done["reason"]}
     by = f"run {run_id}"

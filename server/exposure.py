@@ -4,23 +4,31 @@ A record's envelope keeps its tenant, key and position after the tenant is forgo
 content is gone. So exposure can be told from the log and the lineage at any time. An adapter is
 exposed when one of the tenant's records lies before the end of the snapshot its run trained on,
 on its specialist's experience key. That covers the snapshot and the older records a run
-replays, unless the snapshot leaves the tenant out (a run that unlearns it: ``server.unlearning``).
+replays, unless the run could not read them: its snapshot leaves the tenant out (a run that
+unlearns it: ``server.unlearning``), or it was queued after the tenant was forgotten.
 An adapter trained from an exposed parent is exposed too. A router version is
 exposed when one of the tenant's routing labels lies before the end of the labels its run was
-fitted on, unless the run left the tenant out (a router is fitted afresh, so a parent passes
-nothing on). A release is exposed when any of its adapters or its router is.
+fitted on, unless the run could not read them, likewise (a router is fitted afresh, so a
+parent passes nothing on). A release is exposed when any of its adapters or its router is.
 """
 
 from __future__ import annotations
 
 from collections.abc import Collection
 from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
 
 from core.experience import experience_key
 from core.log import EventLog
 from core.routing import ROUTING_KEY
 from infra.postgres.db import DictConnection
-from infra.postgres.exposure import release_adapters, trained_adapters, trained_routers
+from infra.postgres.exposure import (
+    forgotten_times,
+    release_adapters,
+    trained_adapters,
+    trained_routers,
+)
 
 
 @dataclass(frozen=True)
@@ -82,14 +90,23 @@ def _records_of(log: EventLog, tenants: Collection[str]) -> dict[str, list[Spot]
     return found
 
 
+def _could_read(tenant: str, run: dict[str, Any], forgotten_at: dict[str, datetime]) -> bool:
+    """Whether a run could read ``tenant``'s records: not when it left the tenant out, nor when
+    it was queued after the tenant was forgotten (they read as ``Forgotten`` by then)."""
+    gone = forgotten_at.get(tenant)
+    return tenant not in (run["left_out_tenants"] or ()) and (
+        gone is None or run["queued_at"] < gone
+    )
+
+
 def _exposed_adapters(conn: DictConnection, found: dict[str, list[Spot]]) -> dict[int, str]:
     exposed: dict[int, str] = {}
+    forgotten_at = forgotten_times(conn)
     for adapter in trained_adapters(conn):
         ends = adapter["end_positions"] or {}
-        left_out = set(adapter["left_out_tenants"] or ())
         spots = found.get(experience_key(adapter["specialist"]), [])
         direct = any(
-            offset < ends.get(str(part), 0) and tenant not in left_out
+            offset < ends.get(str(part), 0) and _could_read(tenant, adapter, forgotten_at)
             for part, offset, tenant in spots
         )
         if direct or adapter["parent_id"] in exposed:
@@ -100,11 +117,12 @@ def _exposed_adapters(conn: DictConnection, found: dict[str, list[Spot]]) -> dic
 
 def _exposed_routers(conn: DictConnection, found: dict[str, list[Spot]]) -> list[str]:
     labels = found.get(ROUTING_KEY, [])
+    forgotten_at = forgotten_times(conn)
     return [
         r["router_version"]
         for r in trained_routers(conn)
         if any(
-            offset < r["labels_end"].get(str(part), 0) and tenant not in r["left_out_tenants"]
+            offset < r["labels_end"].get(str(part), 0) and _could_read(tenant, r, forgotten_at)
             for part, offset, tenant in labels
         )
     ]

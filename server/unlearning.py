@@ -103,9 +103,10 @@ def queue_retraining(conn: DictConnection, log: EventLog, forgotten: Sequence[st
     return Unlearning(queued, fallback, restored, router)
 
 
-def _queue_router(conn: DictConnection, log: EventLog, forgotten: list[str]) -> NewEvent:
+def _queue_router(conn: DictConnection, log: EventLog, forgotten: list[str]) -> NewEvent | None:
     """Queue the router run that refits on every label up to now without ``forgotten``'s (once
-    per set of forgotten tenants: a rerun finds the run queued before)."""
+    per set of forgotten tenants: a rerun finds the run queued before, and ``None`` once that
+    run was judged: its router was refused, the exposed one serves on)."""
     run_id = derived_id("router-run", "unlearning", *forgotten)
     end = log.end_positions()
     labels = log.read(key=ROUTING_KEY, end=end, types=["RoutingLabelled"])
@@ -114,6 +115,8 @@ def _queue_router(conn: DictConnection, log: EventLog, forgotten: list[str]) -> 
         queued = router_run(conn, run_id)
         if queued is None:
             raise TrainingInFlight("a router run is queued or running; it goes first")
+        if queued["status"] not in ("queued", "running"):
+            return None
         end = {int(p): o for p, o in queued["labels_end"].items()}
         count = queued["label_count"]
     requested = RouterTrainingRequested(
@@ -152,6 +155,7 @@ def _queue(
         snapshot_id=snapshot.snapshot_id,
         kind="adapter",
         recipe=recipe,
+        unlearning=True,
     )
     if not queued and run_result(conn, run_id) is None:
         raise TrainingInFlight(f"a run of {specialist} is queued or running; it goes first")

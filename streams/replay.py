@@ -25,7 +25,8 @@ class Replayed:
     handled: int
     """Events read, forgotten ones included."""
     forgotten: int
-    """Events of forgotten tenants among them: read as markers, which no rule takes."""
+    """Events of forgotten tenants among them: read as markers, which no rule learns from (the
+    training trigger only leaves their tenants out of its ranges)."""
 
 
 def replay(

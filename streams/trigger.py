@@ -91,14 +91,18 @@ class TrainingTrigger:
 
     def handle(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
         record = event.payload
-        if isinstance(record, TenantForgotten | Forgotten):
-            self._leave_out(conn, event)
+        if isinstance(record, TenantForgotten):
+            self._recount(conn, record.tenant)
             return []
+        if isinstance(record, Forgotten) and record.original_type == "ExperienceRecorded":
+            _leave_out(conn, event.envelope.key, event.envelope.tenant_id)
         if not isinstance(record, ExperienceRecorded):
             return []
         where = event.position
         specialist, version = record.specialist, record.filter_version
         pending = pending_records(conn, specialist, version, where.partition, where.offset)
+        if event.envelope.tenant_id in pending.left_out_tenants:
+            return []  # forgotten, though a process's key cache could still open it
         backfill = event.envelope.correlation_id
         replayed = backfill if backfill is not None and is_backfill(conn, backfill) else None
         pending = counted(pending, record, where.offset, replayed)
@@ -113,26 +117,27 @@ class TrainingTrigger:
             if isinstance(event.payload, TrainingRequested):
                 self.enqueue(event.payload.run_id, event.trace)
 
-    def _leave_out(self, conn: DictConnection, event: RecordedEvent) -> None:
-        """On ``TenantForgotten``, count every pending range again from the log; on a
-        ``Forgotten`` record (never counted), leave its tenant out of its specialist's
-        ranges."""
-        marker = event.payload
+    def _recount(self, conn: DictConnection, tenant: str) -> None:
+        """Count every pending range again from the log without ``tenant``'s records."""
         for pending in every_pending(conn):
-            key = experience_key(pending.specialist)
             if pending.end_offset is None:
                 continue
-            if isinstance(marker, TenantForgotten):
-                events = self.log.read(
-                    start={pending.partition: pending.start_offset},
-                    end={pending.partition: pending.end_offset},
-                    key=key,
-                    types=["ExperienceRecorded"],
-                )
-                save_pending(conn, recounted(pending, events))
-            elif isinstance(marker, Forgotten) and event.envelope.key == key:
-                tenants = {*pending.left_out_tenants, event.envelope.tenant_id}
-                save_pending(conn, replace(pending, left_out_tenants=tuple(sorted(tenants))))
+            events = self.log.read(
+                start={pending.partition: pending.start_offset},
+                end={pending.partition: pending.end_offset},
+                key=experience_key(pending.specialist),
+                types=["ExperienceRecorded"],
+            )
+            save_pending(conn, recounted(pending, events, tenant))
+
+
+def _leave_out(conn: DictConnection, key: str, tenant: str) -> None:
+    """A forgotten tenant's record (never counted) on ``key``: its specialist's ranges leave
+    the tenant out."""
+    for pending in every_pending(conn):
+        if pending.end_offset is not None and experience_key(pending.specialist) == key:
+            tenants = tuple(sorted({*pending.left_out_tenants, tenant}))
+            save_pending(conn, replace(pending, left_out_tenants=tenants))
 
 
 def train_now(conn: DictConnection, specialist: str, filter_version: str) -> TrainingRequest:
@@ -203,16 +208,20 @@ def counted(
     )
 
 
-def recounted(pending: PendingRecords, events: Iterable[RecordedEvent]) -> PendingRecords:
-    """``pending`` counted again from its range's records (``events``): those of its filter
-    version that can be read are counted and chained; the tenants of those that cannot (the
-    ``Forgotten`` markers) are left out. Its end and backfills stay."""
+def recounted(
+    pending: PendingRecords, events: Iterable[RecordedEvent], forgotten: str
+) -> PendingRecords:
+    """``pending`` counted again from its range's records (``events``) once ``forgotten`` is
+    forgotten: those of its filter version that can be read are counted and chained; the
+    tenants of those that cannot (the ``Forgotten`` markers, and ``forgotten``'s records,
+    which a process's key cache may still open for a moment) are left out. Its end and
+    backfills stay."""
     fresh = replace(pending, count=0, running_hash=EMPTY_CHAIN)
     left_out = set(pending.left_out_tenants)
     for event in events:
-        record = event.payload
-        if isinstance(record, Forgotten):
-            left_out.add(event.envelope.tenant_id)
+        record, tenant = event.payload, event.envelope.tenant_id
+        if isinstance(record, Forgotten) or tenant == forgotten or tenant in left_out:
+            left_out.add(tenant)
         elif (
             isinstance(record, ExperienceRecorded)
             and record.filter_version == pending.filter_version
@@ -242,7 +251,8 @@ def training_request(
     specialist, partition = pending.specialist, pending.partition
     start, end, version = pending.start_offset, pending.end_offset, pending.filter_version
     left_out = pending.left_out_tenants
-    snapshot_id = derived_id("snapshot", specialist, partition, start, end, version, *left_out)
+    tagged = ("left-out", *left_out) if left_out else ()  # never an unlearning run's id
+    snapshot_id = derived_id("snapshot", specialist, partition, start, end, version, *tagged)
     run_id = derived_id("run", snapshot_id)
     snapshot = SnapshotRange(
         snapshot_id=snapshot_id,

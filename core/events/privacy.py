@@ -81,7 +81,8 @@ class DataKeys(Protocol):
 
 class Forgotten(EventPayload):
     """What an event of a forgotten tenant reads as: its type, and nothing of what it held.
-    Never stored; processors match no handler for it and go on."""
+    Never stored; processors take nothing from it (the training trigger notes whose record it
+    was, to leave that tenant out of its ranges) and go on."""
 
     event_type = "Forgotten"
     original_type: str

@@ -3,6 +3,7 @@ every adapter version with the snapshot its run trained on, and every release's 
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from infra.postgres.db import DictConnection
@@ -10,11 +11,11 @@ from infra.postgres.db import DictConnection
 
 def trained_adapters(conn: DictConnection) -> list[dict[str, Any]]:
     """Every adapter version, parents before children, with the end of the snapshot its
-    succeeded run trained on and the tenants that snapshot left out (``None`` for a version-0
-    adapter or one registered by hand)."""
+    succeeded run trained on, the tenants that snapshot left out and when the run was queued
+    (``None`` for a version-0 adapter or one registered by hand)."""
     return conn.execute(
         "SELECT a.adapter_version_id, a.specialist, a.version, a.parent_id, s.end_positions, "
-        "s.left_out_tenants "
+        "s.left_out_tenants, r.created_at AS queued_at "
         "FROM adapter_versions a LEFT JOIN training_runs r "
         "ON r.result_adapter_id = a.adapter_version_id AND r.status = 'succeeded' "
         "LEFT JOIN dataset_snapshots s USING (snapshot_id) ORDER BY a.adapter_version_id"
@@ -32,13 +33,22 @@ def release_adapters(conn: DictConnection) -> list[dict[str, Any]]:
 
 
 def trained_routers(conn: DictConnection) -> list[dict[str, Any]]:
-    """Every router version a run trained, with the end of the labels it was fitted on and the
-    forgotten tenants whose labels it left out."""
+    """Every router version a run trained, with the end of the labels it was fitted on, the
+    forgotten tenants whose labels it left out and when the run was queued."""
     return conn.execute(
-        "SELECT router_version, labels_end, left_out_tenants FROM router_runs "
+        "SELECT router_version, labels_end, left_out_tenants, created_at AS queued_at "
+        "FROM router_runs "
         "WHERE router_version IS NOT NULL "
         "ORDER BY created_at"
     ).fetchall()
+
+
+def forgotten_times(conn: DictConnection) -> dict[str, datetime]:
+    """When each forgotten tenant was forgotten."""
+    rows = conn.execute(
+        "SELECT tenant_id, forgotten_at FROM tenant_data_keys WHERE forgotten_at IS NOT NULL"
+    ).fetchall()
+    return {str(r["tenant_id"]): r["forgotten_at"] for r in rows}
 
 
 def forgotten_tenants(conn: DictConnection) -> list[str]:

@@ -78,14 +78,15 @@ def queue_run(
     snapshot_id: UUID,
     kind: RunKind,
     recipe: str,
+    unlearning: bool = False,
 ) -> bool:
     """Queue the run; ``False`` when it was not (it exists, or a run of the specialist is in
-    flight)."""
+    flight). ``unlearning``: it retrains without forgotten tenants (``server.unlearning``)."""
     inserted = conn.execute(
         "INSERT INTO training_runs (run_id, specialist, parent_adapter_id, snapshot_id, "
-        "kind, recipe, status) VALUES (%s, %s, %s, %s, %s, %s, 'queued') "
+        "kind, recipe, status, unlearning) VALUES (%s, %s, %s, %s, %s, %s, 'queued', %s) "
         "ON CONFLICT DO NOTHING RETURNING run_id",
-        (run_id, specialist, parent_adapter_id, snapshot_id, kind, recipe),
+        (run_id, specialist, parent_adapter_id, snapshot_id, kind, recipe, unlearning),
     ).fetchone()
     return inserted is not None
 
@@ -272,11 +273,12 @@ def contract_scores(conn: DictConnection) -> list[dict[str, Any]]:
     return sorted(found, key=lambda r: (r["released_at"], r["contract_version"]))
 
 
-def tenants_left_out(conn: DictConnection, run_id: UUID) -> int:
-    """How many forgotten tenants the run's snapshot leaves out (a retraining: 1 or more)."""
+def tenants_unlearned(conn: DictConnection, run_id: UUID) -> int:
+    """How many forgotten tenants the run unlearns: those its snapshot leaves out, when it is
+    an unlearning run (0 for any other, whose snapshot may leave some out too)."""
     row = conn.execute(
         "SELECT cardinality(s.left_out_tenants) AS n FROM training_runs r "
-        "JOIN dataset_snapshots s USING (snapshot_id) WHERE r.run_id = %s",
+        "JOIN dataset_snapshots s USING (snapshot_id) WHERE r.run_id = %s AND r.unlearning",
         (run_id,),
     ).fetchone()
     return 0 if row is None else int(row["n"])

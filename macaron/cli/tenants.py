@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.table import Table
 
-from core.errors import ConfigError
+from core.errors import ConfigError, PromotionInProgress
 from core.events import NewEvent, TenantTrainingSet
 from core.log import EventLog
 from core.settings import Settings
@@ -150,7 +150,13 @@ def _retrain(cfg: Settings, pool: Pool, log: EventLog) -> Unlearning:
         enqueue_router_training(router.event_id)
     if unlearning.fallback is not None:
         by = f"tenants forget --retrain: {', '.join(unlearning.restored)} learned from no one else"
-        request_promotion(pool, unlearning.fallback.release_id, requested_by=by)
+        try:
+            request_promotion(pool, unlearning.fallback.release_id, requested_by=by)
+        except PromotionInProgress as exc:
+            console.print(
+                f"{exc.message}: once it is done, run "
+                f"`macaron promote {unlearning.fallback.release_id}`"
+            )
     return unlearning
 
 

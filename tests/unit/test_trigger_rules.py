@@ -242,28 +242,27 @@ def test_each_filter_version_has_its_own_snapshot_ids() -> None:
 
 
 def test_a_range_counted_again_leaves_out_the_records_it_cannot_read() -> None:
-    """A range of three records whose middle one is now a forgotten tenant's marker counts the
-    other two, chains them alone, keeps its end and backfills and names the tenant; another
+    """A range whose second record is now an earlier-forgotten tenant's marker, and whose fifth
+    is a record of the tenant being forgotten (a key cache could still open it), counts the
+    other two, chains them alone, keeps its end and backfills and names both tenants; another
     filter version's record is not counted, and the snapshot's id says who was left out."""
     backfill = UUID("0190f0a0-0000-7000-8000-0000000000b1")
     live = counted(counted(counted(fresh(), record(1), 10, backfill), record(2), 11), record(3), 12)
     other = record(4).model_copy(update={"filter_version": "experience-2"})
     marker = recorded(Forgotten(original_type="ExperienceRecorded"), offset=11)
-    forgotten = replace(marker.envelope, tenant_id="gone")
+    leaving = recorded(record(5), offset=14)
     events = [
         recorded(record(1), offset=10),
-        RecordedEvent(marker.position, forgotten, marker.payload),
+        RecordedEvent(marker.position, replace(marker.envelope, tenant_id="gone"), marker.payload),
         recorded(other, offset=12),
         recorded(record(3), offset=13),
+        RecordedEvent(leaving.position, replace(leaving.envelope, tenant_id="leaving"), record(5)),
     ]
-    again = recounted(replace(live, end_offset=14), events)
+    again = recounted(replace(live, end_offset=15), events, "leaving")
     expected = chain_record(chain_record(EMPTY_CHAIN, record(1)), record(3))
     assert (again.count, again.running_hash) == (2, expected)
-    assert (again.end_offset, again.backfills, again.left_out_tenants) == (
-        14,
-        (backfill,),
-        ("gone",),
-    )
+    assert (again.end_offset, again.backfills) == (15, (backfill,))
+    assert again.left_out_tenants == ("gone", "leaving")
     left = training_request(again, PARENT, EVENT).snapshot
     kept = training_request(replace(again, left_out_tenants=()), PARENT, EVENT).snapshot
-    assert left.left_out_tenants == ("gone",) and left.snapshot_id != kept.snapshot_id
+    assert left.left_out_tenants == ("gone", "leaving") and left.snapshot_id != kept.snapshot_id
