@@ -287,8 +287,7 @@ def test_retraining_starts_before_the_exposure_and_leaves_the_tenant_out(
         activate_release(conn, child.release_id, "test")
         assert not exposure(conn, server.log, ["acme"]).active  # queued after: acme unreadable
         conn.execute(  # as if queued before acme was forgotten
-            "UPDATE training_runs SET created_at = created_at - interval '1 day' "
-            "WHERE run_id = %s",
+            "UPDATE training_runs SET created_at = created_at - interval '1 day' WHERE run_id = %s",
             (run_id,),
         )
         assert exposure(conn, server.log, ["acme"]).active

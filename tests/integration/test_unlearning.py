@@ -12,7 +12,11 @@ from __future__ import annotations
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import redis
 
 from core.events import CandidateTrained, ReleasePromoted, TurnReceived
 from core.settings import Settings
@@ -181,3 +185,25 @@ def assert_unlearned(served: Running, promoted: ReleasePromoted, log_path: Path)
     assert len(files) > 3  # the adapters, their snapshots' files and logs are there to search
     assert not [path for path in files if SECRET.encode() in path.read_bytes()]
     assert SECRET not in database_text(served)
+    assert served.settings.redis_url is not None
+    assert SECRET not in redis_text(served.settings.redis_url)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def redis_text(url: str) -> str:
+    """Every key of the Redis database with its value, whatever its type (Celery's queues,
+    results and bindings, the rate limits' windows), as text."""
+    client = redis.Redis.from_url(url, decode_responses=False)
+    read: dict[str, Callable[[Any], object]] = {
+        "string": client.get,
+        "list": lambda key: client.lrange(key, 0, -1),
+        "hash": client.hgetall,
+        "set": client.smembers,
+        "zset": lambda key: client.zrange(key, 0, -1),
+    }
+    found = [repr((key, read[_text(client.type(key))](key))) for key in client.scan_iter()]
+    assert found  # Celery's bindings at least
+    return "\n".join(found)
