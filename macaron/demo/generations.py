@@ -336,6 +336,8 @@ class _Demo:
             serving.harness_version,
             outcomes.scores(),
             outcomes.format_scores(),
+            mode=self.traffic.mode,
+            hints=self.traffic.hints,
         )
 
     def _run_ids(self) -> list[UUID]:

@@ -117,7 +117,8 @@ def test_the_self_mode_demo_trains_a_successor_without_any_reference_answer(
         mode="self",
         samples=4,
     )
-    _, first = report.generations
+    base, first = report.generations
+    assert (base.mode, base.hints) == ("self", "none")  # measured only, in the demo's mode
     assert (first.mode, first.turns, first.simulated_pass_rate) == ("self", 0, {})
     phases = first.phase_seconds
     assert set(phases) == {"traffic", "adapter runs", "harness proposals", "measure"}
