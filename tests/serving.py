@@ -266,16 +266,25 @@ def celery_worker(settings: Settings, log_path: Path) -> Iterator[subprocess.Pop
 
 
 def wait_for_promotion(
-    served: Running, log_path: Path, worker: subprocess.Popen[bytes], timeout_s: float = 600
+    served: Running,
+    log_path: Path,
+    worker: subprocess.Popen[bytes],
+    timeout_s: float = 600,
+    parent: str | None = None,
 ) -> ReleasePromoted:
-    """The first promotion of a child release; fails on a rejection, a dead worker or the
-    timeout, with the runs, the evaluations and the end of the worker's log."""
+    """The latest promotion of a child release (of ``parent`` when given); fails on a
+    rejection, a dead worker or the timeout, with the runs, the evaluations and the end of the
+    worker's log."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         found = [
-            e.payload for e in served.events("releases") if isinstance(e.payload, ReleasePromoted)
+            e.payload
+            for e in served.events("releases")
+            if isinstance(e.payload, ReleasePromoted)
+            and e.payload.parent_release_id is not None
+            and parent in (None, e.payload.parent_release_id)
         ]
-        if len(found) > 0 and found[-1].parent_release_id is not None:
+        if found:
             return found[-1]
         rejected = [e for e in served.events() if isinstance(e.payload, PromotionRejected)]
         if rejected or worker.poll() is not None:

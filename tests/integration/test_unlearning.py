@@ -9,8 +9,6 @@ goes back in place."""
 
 from __future__ import annotations
 
-import subprocess
-import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -80,13 +78,13 @@ def test_retraining_promotes_a_successor_that_never_saw_the_forgotten_tenant(
         forgot = run_macaron("tenants", "forget", "learner", "--yes", "--retrain", **env)
         assert forgot.returncode == 0, forgot.stdout + forgot.stderr
         assert "genui from genui@0 on" in forgot.stdout
-        second = promotion_after(served, first, log_path, worker)
+        second = wait_for_promotion(served, log_path, worker, parent=first.release_id)
         assert_unlearned(served, second, log_path)
 
         again = run_macaron("tenants", "forget", "bystander", "--yes", "--retrain", **env)
         assert again.returncode == 0, again.stdout + again.stderr
         assert "genui@0 back in place" in again.stdout
-        promotion_after(served, second, log_path, worker)
+        wait_for_promotion(served, log_path, worker, parent=second.release_id)
         with served.server.pool.connection() as conn:
             assert active_release(conn).adapters["genui"].name == "genui@0"
         assert exposure_of(served, "bystander") == (["genui@1", "genui@2"], False)
@@ -121,23 +119,6 @@ def exposure_of(served: Running, tenant: str) -> tuple[list[str], bool]:
     with served.server.pool.connection() as conn:
         found = exposure(conn, served.server.log, [tenant])
     return sorted(found.adapters), found.active
-
-
-def promotion_after(
-    served: Running, before: ReleasePromoted, log_path: Path, worker: subprocess.Popen[bytes]
-) -> ReleasePromoted:
-    """The promotion of a child of ``before``'s release."""
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline and worker.poll() is None:
-        for event in served.events("releases"):
-            found = event.payload
-            if isinstance(found, ReleasePromoted) and found.parent_release_id == before.release_id:
-                return found
-        time.sleep(1)
-    with served.server.pool.connection() as conn:
-        runs = conn.execute("SELECT status, error FROM training_runs").fetchall()
-        evaluations = conn.execute("SELECT passed, scores FROM evaluations").fetchall()
-    raise AssertionError(f"runs {runs}, evaluations {evaluations}\n{log_path.read_text()[-4000:]}")
 
 
 def assert_unlearned(served: Running, promoted: ReleasePromoted, log_path: Path) -> None:
