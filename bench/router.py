@@ -38,6 +38,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Literal
 
 import torch
 from transformers.utils import logging as transformers_logging
@@ -45,14 +46,15 @@ from transformers.utils import logging as transformers_logging
 from bench.report import Row, report, row
 from core.engine import GenerationRequest, SamplingParams
 from core.events import RoutingLabelled
-from core.routing import LabelledTurn, RouterDecision, decide
+from core.router_features import router_features
+from core.routing import RouterDecision, decide
+from core.routing_labels import LabelledTurn
 from core.settings import Settings
 from engines.local import LocalEngine
 from learners.router_training import (
     SEED_EXAMPLES,
     ClassifierTrainer,
     TrainingConfig,
-    fit_router,
     load_examples,
 )
 from learners.tasks import BANK_V1, load_bank
@@ -144,9 +146,13 @@ def accuracy(route: Callable[[str], RouterDecision], turns: Sequence[LabelledTur
     return 100 * sum(route(t.text).specialist == t.specialist for t in turns) / len(turns)
 
 
-def router_on(embedder: SentenceEmbedder, seed: Sequence[LabelledTurn]) -> RouterService:
-    """A router service that starts with, and retrains on, the ``seed`` examples."""
-    trainer = ClassifierTrainer(embedder, seed)
+def router_on(
+    embedder: SentenceEmbedder, seed: Sequence[LabelledTurn], schema_version: Literal[1, 2] = 2
+) -> RouterService:
+    """A router service that starts with, and retrains on, the ``seed`` examples, fitting
+    routers of ``schema_version``."""
+    config = TrainingConfig(schema_version=schema_version)
+    trainer = ClassifierTrainer(embedder, seed, config=config)
     return RouterService(embedder, trainer, trainer.seed_model())
 
 
@@ -173,20 +179,26 @@ def labelled_traffic(
     return labels
 
 
+Accuracies = dict[int, tuple[float, float]]
+
+
 def accuracy_after_traffic(
     embedder: SentenceEmbedder, seed: Sequence[LabelledTurn], heldout: Sequence[LabelledTurn]
-) -> dict[int, tuple[float, float]]:
+) -> tuple[Accuracies, Accuracies]:
     """Held-out accuracy, and accuracy on the bank prompts never labelled (the last 120 of
-    them, shuffled with seed 0), of the seed router retrained on the labels of the first N."""
+    them, shuffled with seed 0), of the seed router retrained on the labels of the first N:
+    routers of schema 2 (the words beside the embedding), then of schema 1 (the embedding
+    alone) on the same labels."""
     bank = [LabelledTurn(text=t.prompt, specialist=t.specialist) for t in load_bank(BANK_V1)]
     random.Random(0).shuffle(bank)
     labels = labelled_traffic(embedder, seed, bank[: max(TRAFFIC)])
     unseen = bank[max(TRAFFIC) :]
-    found = {}
-    for n in TRAFFIC:
-        router = router_on(embedder, seed)
-        router.retrain(labels[:n])
-        found[n] = accuracy(router.route, heldout), accuracy(router.route, unseen)
+    found: tuple[Accuracies, Accuracies] = ({}, {})
+    for schema_version, accuracies in zip((2, 1), found, strict=True):
+        for n in TRAFFIC:
+            router = router_on(embedder, seed, schema_version)
+            router.retrain(labels[:n])
+            accuracies[n] = accuracy(router.route, heldout), accuracy(router.route, unseen)
     return found
 
 
@@ -240,11 +252,12 @@ def busy_latencies(
 
 
 def fit_time_ms(embedder: SentenceEmbedder, seed: Sequence[LabelledTurn]) -> float:
-    """Milliseconds to fit the classifier on the seed set, embedded beforehand."""
-    seed_features = embedder.embed([e.text for e in seed])
-    specialists = tuple(dict.fromkeys(e.specialist for e in seed))
+    """Milliseconds to fit the classifier on the seed set, embedded beforehand (the words
+    hashed in the fit's time)."""
+    trainer = ClassifierTrainer(embedder, seed)
+    trainer.seed_model()  # embeds the seed set
     started = time.perf_counter()
-    fit_router(seed_features, seed, specialists, TrainingConfig())
+    trainer.seed_model()
     return (time.perf_counter() - started) * 1000
 
 
@@ -252,10 +265,12 @@ def accuracy_rows(
     int8_accuracy: float,
     float_accuracy: float,
     baseline: float,
-    after: dict[int, tuple[float, float]],
+    after: tuple[Accuracies, Accuracies],
     fit_ms: float,
 ) -> list[Row]:
-    """Held-out accuracy (int8, float32), after labelled traffic, and the fit's time."""
+    """Held-out accuracy (int8, float32), after labelled traffic (schema 2; schema 1 on the
+    same labels beside it), and the fit's time."""
+    words, alone = after
     return [
         row(
             "held-out accuracy (vs word naive Bayes)",
@@ -274,13 +289,24 @@ def accuracy_rows(
         *(
             row(
                 f"{where} accuracy after {n} labelled traffic turns (vs none)",
-                after[n][i],
+                words[n][i],
                 "%",
-                after[0][i],
+                words[0][i],
                 f">= {CORRECTED_TARGET:g} %",
             )
             for n in TRAFFIC
             if n
+            for i, where in enumerate(("held-out", "unlabelled traffic"))
+        ),
+        *(
+            row(
+                f"{where} accuracy after {n} labelled traffic turns, embedding alone (vs words)",
+                alone[n][i],
+                "%",
+                words[n][i],
+                "report",
+            )
+            for n in TRAFFIC
             for i, where in enumerate(("held-out", "unlabelled traffic"))
         ),
         row(
@@ -315,7 +341,8 @@ def main() -> None:
     float32 = SentenceEmbedder(int8=False)
     fit_ms = fit_time_ms(embedder, seed)
     turns = fifty_word_turns([t.text for t in heldout])
-    features = {text: embedder.embed_one(text) for text in turns}
+    schema = router.model.schema_version
+    features = {text: router_features(schema, embedder.embed_one(text), text) for text in turns}
 
     float_router = router_on(float32, seed)
     unpinned = router_on(SentenceEmbedder(threads=None), seed)

@@ -19,7 +19,8 @@ from transformers.utils import logging as transformers_logging
 
 from bench.report import Row, report, row
 from bench.router import HELDOUT
-from core.routing import LabelledTurn, RouterDecision
+from core.routing import RouterDecision
+from core.routing_labels import LabelledTurn
 from learners.router_training import load_examples, load_follow_ups
 from learners.tasks import BANK_V1, load_bank
 from macaron import wiring

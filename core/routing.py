@@ -1,19 +1,19 @@
 """Routing policy: which specialist answers a user turn.
 
-Pure: features (a sentence embedding), the active specialists and the turn's context go in, a
-decision comes out. The classifier is data (one weight row and bias per specialist), so a logged
-decision can be recomputed from its turn, context and router version. This module also turns
-routing experience (``RoutingLabelled``) into training examples (the learners read it from the
-log); routing's errors (``RoutingError`` and its kinds) live here too.
+Pure: features (``core.router_features``), the active specialists and the turn's context go in,
+a decision comes out. The classifier is data (one weight row and bias per specialist), so a
+logged decision can be recomputed from its turn, context and router version. Routing's errors
+(``RoutingError`` and its kinds) live here too; ``core.routing_labels`` turns routing experience
+into training examples.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection, Sequence
 from operator import mul
-from typing import Annotated, Protocol, Self
+from typing import Annotated, Literal, Self
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -23,11 +23,9 @@ from core.errors import MacaronError
 from core.events import (
     HarnessStamp,
     RouterDecided,
-    RoutingLabelled,
     RoutingReason,
-    RoutingSource,
-    SpecialistAdded,
 )
+from core.router_features import extra_features
 
 
 class RoutingError(MacaronError):
@@ -129,11 +127,13 @@ def specialist_name(name: str) -> str:
 
 
 class RouterModel(BaseModel):
-    """A trained router classifier: ``logit[s] = weights[s] . features + bias[s]``.
+    """A trained router classifier: ``logit[s] = weights[s] . features + bias[s]``, over the
+    features of its ``schema_version`` (``core.router_features``; stored models without one
+    are schema 1, and an unknown one does not validate).
 
     ``version`` is a content hash of everything that determines decisions (specialists, weights,
-    bias) and of the training data's digest, so it changes whenever retraining changes anything,
-    and a stored model that was altered no longer validates.
+    bias, schema) and of the training data's digest, so it changes whenever retraining changes
+    anything, and a stored model that was altered no longer validates.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
@@ -142,6 +142,7 @@ class RouterModel(BaseModel):
     weights: tuple[tuple[float, ...], ...]
     bias: tuple[float, ...]
     training_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
+    schema_version: Literal[1, 2] = 1
     version: str
 
     @classmethod
@@ -151,16 +152,18 @@ class RouterModel(BaseModel):
         weights: Sequence[Sequence[float]],
         bias: Sequence[float],
         training_digest: str,
+        schema_version: Literal[1, 2] = 1,
     ) -> RouterModel:
         """Build a model and stamp it with its content version."""
         rows = tuple(tuple(float(w) for w in row) for row in weights)
         biases = tuple(float(b) for b in bias)
-        version = model_version(tuple(specialists), rows, biases, training_digest)
+        version = model_version(tuple(specialists), rows, biases, training_digest, schema_version)
         return cls(
             specialists=tuple(specialists),
             weights=rows,
             bias=biases,
             training_digest=training_digest,
+            schema_version=schema_version,
             version=version,
         )
 
@@ -168,6 +171,11 @@ class RouterModel(BaseModel):
     def dim(self) -> int:
         """Length of the feature vectors this model scores."""
         return len(self.weights[0])
+
+    @property
+    def embedding_dim(self) -> int:
+        """Length of the sentence embeddings its features begin with."""
+        return self.dim - extra_features(self.schema_version)
 
     @model_validator(mode="after")
     def _consistent(self) -> Self:
@@ -178,7 +186,11 @@ class RouterModel(BaseModel):
             raise ValueError(f"need one weight row and one bias per specialist ({n})")
         if not self.weights[0] or any(len(row) != len(self.weights[0]) for row in self.weights):
             raise ValueError("weight rows must be non-empty and of one length")
-        expected = model_version(self.specialists, self.weights, self.bias, self.training_digest)
+        if self.embedding_dim < 1:
+            raise ValueError(f"schema {self.schema_version} takes more than {self.dim} features")
+        expected = model_version(
+            self.specialists, self.weights, self.bias, self.training_digest, self.schema_version
+        )
         if self.version != expected:
             raise ValueError(f"version {self.version!r} does not match the content ({expected})")
         return self
@@ -189,14 +201,18 @@ def model_version(
     weights: tuple[tuple[float, ...], ...],
     bias: tuple[float, ...],
     training_digest: str,
+    schema_version: int,
 ) -> str:
-    """``router-`` and the first 12 hex digits of the sha256 over the model's canonical JSON."""
-    content = {
+    """``router-`` and the first 12 hex digits of the sha256 over the model's canonical JSON
+    (schema 1 unnamed, so versions stored before schemas existed still match)."""
+    content: dict[str, object] = {
         "specialists": list(specialists),
         "weights": [list(row) for row in weights],
         "bias": list(bias),
         "training_digest": training_digest,
     }
+    if schema_version != 1:
+        content["schema_version"] = schema_version
     return "router-" + sha256_hex(canonical_json(content))[:12]
 
 
@@ -326,75 +342,3 @@ def _softmax(logits: Sequence[float]) -> list[float]:
     exps = [math.exp(x - top) for x in logits]
     total = math.fsum(exps)
     return [e / total for e in exps]
-
-
-# --- training examples from the log ---------------------------------------------------------
-
-
-class LabelledTurn(BaseModel):
-    """One training example for the router; ``weight`` scales its share of its specialist."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
-
-    text: str = Field(min_length=1)
-    specialist: SpecialistName
-    weight: float = Field(default=1.0, gt=0.0)
-
-
-CORRECTING: frozenset[RoutingSource] = frozenset({"correction", "kept"})
-"""Label sources where a user said the router was wrong (weighed by ``correction_weight``)."""
-API_MODEL_WEIGHT = 0.25  # an API client's fixed ``model`` field, whatever its words
-_WEIGHTS: dict[str, float] = {"hint": 1.0, "up": 1.0, "api_model": API_MODEL_WEIGHT}
-
-
-def labels_of(
-    labels: Iterable[RoutingLabelled], *, correction_weight: float = 1.0
-) -> list[LabelledTurn]:
-    """The training examples routing experience gives (``streams.routing_rules`` derives it
-    from the log), in the order of each turn's latest label: a turn's latest label wins, a
-    correction or a kept answer of another specialist weighs ``correction_weight``, and an API
-    client's ``model`` field ``API_MODEL_WEIGHT``."""
-    latest: dict[UUID, RoutingLabelled] = {}
-    for label in labels:
-        latest.pop(label.turn_id, None)
-        latest[label.turn_id] = label
-    return [
-        LabelledTurn(
-            text=label.text,
-            specialist=label.specialist,
-            weight=correction_weight if label.source in CORRECTING else _WEIGHTS[label.source],
-        )
-        for label in latest.values()
-    ]
-
-
-class RouterFit(BaseModel):
-    """What a router fit covers: its specialists, in order (the active router's, with one added
-    or one left out), and the example turns of those added at run time."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    specialists: tuple[SpecialistName, ...] = Field(min_length=1)
-    added: dict[SpecialistName, tuple[str, ...]] = Field(default_factory=dict)
-
-
-def added_examples(events: Iterable[SpecialistAdded]) -> dict[str, tuple[str, ...]]:
-    """Each specialist added at run time with its example turns (the latest addition of a name
-    wins: one added again after its release was refused)."""
-    return {event.specialist: event.examples for event in events}
-
-
-class RouterTrainer(Protocol):
-    """What the learning loop and the router service need to train and judge router versions
-    (the composition root hands them ``learners.router_training.ClassifierTrainer``, on the
-    seed examples)."""
-
-    def retrain(self, labels: Iterable[RoutingLabelled], fit: RouterFit) -> RouterModel:
-        """A classifier of ``fit``'s specialists, fitted on their seed and added examples and
-        on ``labels`` (those of other specialists left out)."""
-        ...
-
-    def outcomes(self, model: RouterModel, turns: Sequence[LabelledTurn]) -> dict[str, list[bool]]:
-        """Per specialist, whether each of its ``turns`` (in order) is routed to it by
-        ``model`` (every specialist of the model active)."""
-        ...

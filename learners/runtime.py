@@ -12,7 +12,7 @@ from core.engine import Engine
 from core.errors import MacaronError
 from core.ids import derived_id
 from core.log import EventLog
-from core.routing import RouterTrainer
+from core.routing_labels import RouterTrainer
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
 from infra.postgres.db import Pool

@@ -24,13 +24,13 @@ from core.routing import (
     SPECIALISTS_KEY,
     ExamplesInvalid,
     InsufficientTrainingData,
-    RouterFit,
     RouterModel,
     SpecialistExists,
     SpecialistRequired,
     UnknownSpecialist,
     specialist_name,
 )
+from core.routing_labels import RouterFit
 from infra.identity_adapter import register_identity_adapter, store_identity_adapter
 from infra.jsonl import load_jsonl
 from infra.postgres.db import DictConnection

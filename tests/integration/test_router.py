@@ -13,18 +13,27 @@ import pytest
 import torch
 
 from core.events import RoutingLabelled, RoutingSource
+from core.router_features import WORD_BUCKETS
 from core.routing import (
     DEFAULT_SPECIALISTS,
     InsufficientTrainingData,
-    LabelledTurn,
-    RouterFit,
+    RouterInvalid,
+    RouterModel,
     RoutingError,
 )
-from learners.router_training import SEED_EXAMPLES, load_examples, load_follow_ups
+from core.routing_labels import LabelledTurn, RouterFit
+from learners.router_training import (
+    SEED_EXAMPLES,
+    ClassifierTrainer,
+    TrainingConfig,
+    load_examples,
+    load_follow_ups,
+)
 from macaron import wiring
 from server.router import RouterService, SentenceEmbedder
 
 HELDOUT = Path(__file__).resolve().parents[2] / "learners" / "routing-v1.jsonl"
+DIGEST = "0" * 64
 
 LEGAL_EXAMPLES = (
     "Is a verbal agreement legally binding?",
@@ -155,6 +164,29 @@ def test_heldout_accuracy_of_the_seed_router(
         assert right[specialist] / total[specialist] >= 0.80, specialist
     assert all(d.reason == "classifier" for d in decisions)
     assert all(d.router_version == seed_router.version for d in decisions)
+
+
+def test_a_router_of_schema_1_still_loads_and_routes_on_the_embedding_alone(
+    embedder: SentenceEmbedder, heldout: list[LabelledTurn]
+) -> None:
+    """Routers fitted before the words (schema 1) are served as they were: their decisions
+    read the embedding alone. New fits are schema 2, and a router made for another embedder
+    is refused."""
+    router = wiring.seed_router(embedder)
+    assert router.model.schema_version == 2
+    assert router.model.dim == embedder.dim + WORD_BUCKETS
+    seed = load_examples(SEED_EXAMPLES)
+    old = ClassifierTrainer(embedder, seed, config=TrainingConfig(schema_version=1)).seed_model()
+    assert (old.schema_version, old.dim) == (1, embedder.dim)
+    router.serve_model(old)
+    decided = [router.route(t.text) for t in heldout]
+    assert {d.router_version for d in decided} == {old.version}
+    old_accuracy = sum(d.specialist == t.specialist for d, t in zip(decided, heldout, strict=True))
+    assert old_accuracy / len(heldout) >= 0.90
+    narrow = RouterModel.create(old.specialists, [r[:8] for r in old.weights], old.bias, DIGEST)
+    with pytest.raises(RouterInvalid, match="embeddings of 8 features"):
+        router.serve_model(narrow)
+    assert router.version == old.version
 
 
 def test_follow_ups_stay_and_changes_of_subject_leave(seed_router: RouterService) -> None:

@@ -19,7 +19,8 @@ from core.events import (
     RouterTrainingRequested,
     RoutingLabelled,
 )
-from core.routing import ROUTING_KEY, LabelledTurn
+from core.routing import ROUTING_KEY
+from core.routing_labels import LabelledTurn
 from core.settings import Settings
 from infra.jsonl import load_jsonl
 from infra.postgres.routers import queue_router_run, router_model

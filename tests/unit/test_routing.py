@@ -21,23 +21,22 @@ from core.events import (
     RoutingLabelled,
     RoutingSource,
 )
+from core.router_features import WORD_BUCKETS, router_features, word_features
 from core.routing import (
-    API_MODEL_WEIGHT,
     CLEARLY_OTHER,
     DEFAULT_SPECIALISTS,
     FOLLOW_UP_CLEAR,
     InvalidFeatures,
     InvalidSpecialistName,
-    LabelledTurn,
     NoActiveSpecialist,
     RouterDecision,
     RouterModel,
     UnknownSpecialist,
     decide,
     is_follow_up,
-    labels_of,
     specialist_name,
 )
+from core.routing_labels import API_MODEL_WEIGHT, LabelledTurn, labels_of
 
 DIGEST = "0" * 64
 
@@ -175,6 +174,35 @@ def test_router_version_is_a_content_hash() -> None:
     assert nudged.version != MODEL.version
     other_data = RouterModel.create(MODEL.specialists, MODEL.weights, MODEL.bias, "1" * 64)
     assert other_data.version != MODEL.version
+
+
+def test_a_model_of_schema_2_scores_the_embedding_and_the_words() -> None:
+    """Schema 2 adds the turn's hashed words to the embedding; a model stored before schemas
+    existed is schema 1 with the version it had; an unknown schema does not validate."""
+    words = word_features("Plot my running pace per km, per km")
+    assert len(words) == WORD_BUCKETS and math.isclose(math.fsum(w * w for w in words), 1.0)
+    assert words == word_features("plot MY running pace per km per km!")  # case, punctuation
+    assert sum(w > 0 for w in words) == 6 + 6  # distinct words and distinct pairs of words
+    assert word_features("") == [0.0] * WORD_BUCKETS
+    embedding = [0.5, 0.5, 0.5, 0.5]
+    assert router_features(1, embedding, "hi there") == embedding
+    assert router_features(2, embedding, "hi there") == [*embedding, *word_features("hi there")]
+
+    wide = [[*row, *([0.0] * WORD_BUCKETS)] for row in MODEL.weights]
+    two = RouterModel.create(MODEL.specialists, wide, MODEL.bias, DIGEST, schema_version=2)
+    assert (two.dim, two.embedding_dim) == (4 + WORD_BUCKETS, 4)
+    features = router_features(2, towards(1), "draw a chart of my pace")
+    assert decide(features, two, ALL).specialist == MODEL.specialists[1]
+    as_one = RouterModel.create(MODEL.specialists, wide, MODEL.bias, DIGEST)
+    assert as_one.version != two.version  # the schema is part of the content
+
+    stored = MODEL.model_dump(mode="json")
+    del stored["schema_version"]
+    assert RouterModel.model_validate(stored) == MODEL  # written before schemas: schema 1
+    with pytest.raises(ValidationError, match="schema_version"):
+        RouterModel.model_validate(two.model_dump(mode="json") | {"schema_version": 3})
+    with pytest.raises(ValidationError, match="takes more than 4 features"):
+        RouterModel.create(MODEL.specialists, MODEL.weights, MODEL.bias, DIGEST, schema_version=2)
 
 
 def test_a_stored_model_round_trips_and_an_altered_one_does_not_validate() -> None:
