@@ -162,11 +162,13 @@ DEFAULT_ANSWER_TOKENS = 256
 
 class RoutingRule(_Frozen):
     """How a router version is judged: on a held-out file of labelled turns (``suite``, next to
-    the contract), the candidate's accuracy must be shown non-inferior to its parent's within
+    the contract; with ``follow_ups``, a file of messages after a previous turn, routed in
+    that context), the candidate's accuracy must be shown non-inferior to its parent's within
     ``margin`` (Tango's paired score test at ``alpha``), and no specialist's recall may drop by
     more than ``max_recall_drop``."""
 
     suite: str = Field(pattern=r"^[A-Za-z0-9._-]+\.jsonl$")
+    follow_ups: str | None = Field(default=None, pattern=r"^[A-Za-z0-9._-]+\.jsonl$")
     margin: float = Field(gt=0.0, lt=1.0)
     alpha: float = Field(gt=0.0, lt=1.0)
     max_recall_drop: float = Field(ge=0.0, le=1.0)

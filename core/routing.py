@@ -275,7 +275,7 @@ def decide(
     specialist an operator switched off); otherwise the most probable one (ties go to the
     earlier specialist of the model), unless it is unclear and the context says otherwise:
     with client tools (``tool_callers``: the specialists that call tools), the most probable
-    of them, below ``CLEARLY_OTHER``; for a short follow-up (``is_follow_up``), ``previous``
+    of them, below ``CLEARLY_OTHER``; for a short follow-up (``following``), ``previous``
     (the specialist of the conversation's previous turn), below ``FOLLOW_UP_CLEAR``.
     """
     _check(features, model, active)
@@ -332,9 +332,10 @@ def _in_context(
     return best, "classifier"
 
 
-def is_follow_up(text: str) -> bool:
-    """Whether a message is short enough to read as a follow-up of the previous turn."""
-    return len(text.split()) <= FOLLOW_UP_WORDS
+def following(text: str, previous: str | None) -> str | None:
+    """``previous`` (the specialist of the conversation's previous turn) when the message is
+    short enough to read as its follow-up, else ``None``: the context ``decide`` reads."""
+    return previous if len(text.split()) <= FOLLOW_UP_WORDS else None
 
 
 def _softmax(logits: Sequence[float]) -> list[float]:

@@ -75,11 +75,11 @@ class Settings(BaseSettings):
     train_threshold: int = Field(
         default=32, ge=1, le=1_000_000, description="new experience records that start a run"
     )
-    router_threshold: int | None = Field(
-        default=None,
-        ge=1,
+    router_threshold: int = Field(
+        default=50,
+        ge=0,
         le=1_000_000,
-        description="new routing labels that start a router run (unset: no router runs)",
+        description="new routing labels that start a router run (0: no router runs)",
     )
     experience_filter: str = Field(
         default=FILTER_VERSION,

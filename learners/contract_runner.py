@@ -38,9 +38,10 @@ CONTRACT_V1 = Path(__file__).with_name("contract-v1.yaml")
 CONTRACT_V2 = Path(__file__).with_name("contract-v2.yaml")
 CONTRACT_V2S = Path(__file__).with_name("contract-v2s.yaml")
 CONTRACT_V3 = Path(__file__).with_name("contract-v3.yaml")
-CONTRACTS = (CONTRACT_V1, CONTRACT_V2, CONTRACT_V2S, CONTRACT_V3)
+CONTRACT_V4 = Path(__file__).with_name("contract-v4.yaml")
+CONTRACTS = (CONTRACT_V1, CONTRACT_V2, CONTRACT_V2S, CONTRACT_V3, CONTRACT_V4)
 """Every contract version, oldest first: a bank is held out from all of them."""
-DEFAULT_CONTRACT = CONTRACT_V3
+DEFAULT_CONTRACT = CONTRACT_V4
 """The contract the loop judges by unless `MACARON_CONTRACT_PATH` names another."""
 CONCURRENCY = 16
 """Requests in flight at once per contract run (the local engine's batch): the engine batches

@@ -1,36 +1,24 @@
-"""Router training, in one room: the labelled examples (the seed set and the follow-up suite
-ship here), the fit of the router's classifier (a multinomial logistic regression over sentence
-embeddings and hashed words, ``core.router_features``, as plain data,
-``core.routing.RouterModel``, named by a digest of everything the fit depends on), the trainer
-the router service and the learning loop retrain with, the router run.
-
-A router run trains a successor classifier on the seed examples and every routing label of the
-log up to the run's end, judges it against the router of the active release on the contract's
-routing suite (``core.contract.decide_routing``), and, when it passes, registers it, files a
-release naming it (adapters and harness unchanged) and has the serving process promote it.
-``RouterEvaluated`` records the verdict either way.
+"""Router training: the labelled examples (the seed set and the follow-up suite ship here),
+the fit of the router's classifier (a multinomial logistic regression over sentence embeddings
+and hashed words, ``core.router_features``, as plain data, ``core.routing.RouterModel``, named
+by a digest of everything the fit depends on), and the trainer the router service and the
+learning loop (``learners.router_run``) retrain with.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, Protocol, Self
-from uuid import UUID
+from typing import Literal, Protocol, Self
 
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.canonical import canonical_json, sha256_hex
-from core.contract import decide_routing
-from core.errors import ContractInvalid
-from core.events import NewEvent, RouterEvaluated, RoutingLabelled, SpecialistAdded
-from core.ids import derived_id
+from core.events import RoutingLabelled, SpecialistAdded
 from core.log import EventLog
 from core.router_features import extra_features, word_features
 from core.routing import (
-    ROUTER_RUNS_KEY,
     ROUTING_KEY,
     SPECIALISTS_KEY,
     InsufficientTrainingData,
@@ -38,20 +26,10 @@ from core.routing import (
     RoutingError,
     UnknownSpecialist,
     decide,
+    following,
 )
 from core.routing_labels import FollowUp, LabelledTurn, RouterFit, added_examples, labels_of
 from infra.jsonl import load_jsonl
-from infra.postgres.promotions import promoted_once, request_promotion, wait_for_request
-from infra.postgres.registry import active_release, file_release
-from infra.postgres.routers import (
-    claim_router_run,
-    finish_router_run,
-    register_router,
-    router_model,
-    router_run,
-)
-from learners.contract_runner import load_contract
-from learners.runtime import RunBusy, RunFailed, Runtime
 
 EMBEDDER_NAME = "sentence-transformers/all-MiniLM-L6-v2, int8 linear layers"  # every fit's features
 SEED_EXAMPLES = Path(__file__).resolve().with_name("routing-seed.jsonl")
@@ -233,12 +211,14 @@ class ClassifierTrainer:
 
     def outcomes(self, model: RouterModel, turns: Sequence[LabelledTurn]) -> dict[str, list[bool]]:
         """Per specialist, whether each of its ``turns`` (in order) goes to it under ``model``,
-        every specialist of ``model`` active (a turn of a specialist it lacks goes wrong)."""
+        every specialist of ``model`` active (a turn of a specialist it lacks goes wrong); a
+        ``FollowUp`` is routed after its previous turn, as the server routes it."""
         features = self._features_of([t.text for t in turns], model.schema_version).tolist()
         active = frozenset(model.specialists)
         found: dict[str, list[bool]] = {}
         for turn, row in zip(turns, features, strict=True):
-            chosen = decide(row, model, active).specialist
+            previous = turn.previous if isinstance(turn, FollowUp) else None
+            chosen = decide(row, model, active, previous=following(turn.text, previous)).specialist
             found.setdefault(turn.specialist, []).append(chosen == turn.specialist)
         return found
 
@@ -258,142 +238,3 @@ class ClassifierTrainer:
             return embedded
         words = torch.tensor([word_features(t) for t in texts], dtype=embedded.dtype)
         return torch.cat([embedded, words], dim=1)
-
-
-# --- the router run -----------------------------------------------------------------------------
-
-
-PROMOTION_TIMEOUT_S = 300.0
-LEASE_S = 600
-"""A router run's lease: a worker that died mid-run leaves it to the next after this long."""
-
-
-@dataclass(frozen=True)
-class RouterOutcome:
-    """What a router run ended as: ``refused``, ``promoted``, ``promotion failed``."""
-
-    status: str
-    router_version: str | None = None
-    release_id: str | None = None
-
-
-def train_router_run(rt: Runtime, run_id: UUID) -> RouterOutcome:
-    """Train and judge the run's router successor, record the verdict, and have a release
-    naming it promoted when it passed. A redelivered run that was judged already only records
-    the verdict again and asks for the promotion it may lack; one a live worker holds is
-    ``RunBusy``."""
-    with rt.pool.connection() as conn, conn.transaction():
-        run = claim_router_run(conn, run_id, LEASE_S)
-        done = router_run(conn, run_id) if run is None else None
-    if run is None:
-        if done is None:
-            raise RunFailed(f"no router run {run_id}")
-        if done["status"] in ("queued", "running"):
-            raise RunBusy(f"router run {run_id} is held by a worker whose lease is live")
-        return _settled(rt, done)
-    try:
-        judged = _judged(rt, run)
-    except Exception as exc:
-        with rt.pool.connection() as conn, conn.transaction():
-            finish_router_run(conn, run_id, status="failed", error=repr(exc)[:2000])
-        raise
-    return _settled(rt, judged)
-
-
-def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
-    """Fit the successor, judge it against the active release's router, register it, file the
-    release naming it when it passed; returns the run as recorded."""
-    with rt.pool.connection() as conn:
-        release = active_release(conn)
-        parent = router_model(conn, release.router_version)
-    contract = load_contract(rt.contract_path)
-    if contract.routing is None:
-        raise ContractInvalid(f"contract {contract.version} has no routing suite")
-    suite_path = rt.contract_path.parent / contract.routing.suite
-    suite = load_jsonl(suite_path, LabelledTurn, ContractInvalid)
-    if not suite:
-        raise ContractInvalid(f"{suite_path}: the routing suite has no turns")
-    end = {int(p): o for p, o in run["labels_end"].items()}
-    labels = logged_labels(rt.log, end)
-    trainer = rt.router_trainer()
-    candidate = trainer.retrain(labels, router_fit(rt.log, parent.specialists))
-    judged = trainer.outcomes(candidate, suite), trainer.outcomes(parent, suite)
-    decision = decide_routing(*judged, contract.routing)
-    passed = decision.passed and candidate.version != parent.version
-    child = release.successor(router_version=candidate.version) if passed else None
-    evaluation = {
-        "contract_version": contract.version,
-        "labels": len(labels),
-        "labels_left_out": sum(t.specialist not in parent.specialists for t in labels_of(labels)),
-        "candidate_accuracy": _accuracy(judged[0]),
-        "parent_accuracy": _accuracy(judged[1]),
-        "gain": decision.gain,
-        "p_value": decision.p_value,
-        "recall_drops": decision.regressions,
-        "reasons": decision.reasons or ([] if passed else ["the labels change nothing"]),
-    }
-    with rt.pool.connection() as conn, conn.transaction():
-        register_router(conn, candidate, parent=parent.version)
-        if child is not None:
-            file_release(conn, child)
-        finish_router_run(
-            conn,
-            run["run_id"],
-            status="passed" if passed else "refused",
-            parent=parent.version,
-            router_version=candidate.version,
-            release_id=None if child is None else child.release_id,
-            evaluation=evaluation,
-        )
-        recorded = router_run(conn, run["run_id"])
-    if recorded is None:
-        raise RunFailed(f"router run {run['run_id']} is gone")
-    return recorded
-
-
-def _settled(rt: Runtime, run: dict[str, Any]) -> RouterOutcome:
-    """Record the verdict of a judged run (again, for a redelivery: its id is derived) and ask
-    for the promotion of a passed run's release unless it was promoted once (as it is, or
-    rebased onto a release promoted since; a rollback since is the operator's word)."""
-    if run["status"] not in ("passed", "refused"):
-        return RouterOutcome(run["status"], run["router_version"], run["release_id"])
-    rt.log.append([_evaluated(run)])
-    if run["status"] == "refused":
-        return RouterOutcome("refused", run["router_version"])
-    with rt.pool.connection() as conn:
-        if promoted_once(conn, run["release_id"]):  # perhaps rebased, perhaps rolled back since
-            return RouterOutcome("promoted", run["router_version"], run["release_id"])
-    by = f"router run {run['run_id']}"
-    if run["left_out_tenants"]:
-        by += f", which unlearns {len(run['left_out_tenants'])} forgotten tenant(s)"
-    request = request_promotion(rt.pool, run["release_id"], requested_by=by)
-    final = wait_for_request(rt.pool, request, PROMOTION_TIMEOUT_S)
-    status = "promoted" if final["status"] == "done" else f"promotion {final['status']}"
-    return RouterOutcome(status, run["router_version"], run["release_id"])
-
-
-def _accuracy(outcomes: dict[str, list[bool]]) -> float:
-    every = [ok for turns in outcomes.values() for ok in turns]
-    return sum(every) / len(every)
-
-
-def _evaluated(run: dict[str, Any]) -> NewEvent:
-    """``RouterEvaluated`` from the run as recorded."""
-    evaluation = run["evaluation"]
-    return NewEvent(
-        payload=RouterEvaluated(
-            run_id=run["run_id"],
-            router_version=run["router_version"],
-            parent_router_version=run["parent_router_version"],
-            contract_version=evaluation["contract_version"],
-            candidate_accuracy=evaluation["candidate_accuracy"],
-            parent_accuracy=evaluation["parent_accuracy"],
-            passed=run["status"] == "passed",
-            reasons=evaluation["reasons"],
-            labels_left_out=evaluation.get("labels_left_out", 0),  # none counted before v2
-        ),
-        tenant_id="system",
-        key=ROUTER_RUNS_KEY,
-        event_id=derived_id("router-evaluated", run["run_id"]),
-        causation_id=run["run_id"],
-    )

@@ -29,7 +29,7 @@ from infra.postgres.runs import tenants_unlearned
 from learners.evaluate import evaluate_run
 from learners.queue import app, enqueue_training
 from learners.rollout_job import RolloutJob, run_rollouts
-from learners.router_training import PROMOTION_TIMEOUT_S, train_router_run
+from learners.router_run import PROMOTION_TIMEOUT_S, train_router_run
 from learners.runs import carry_out_run
 from learners.runtime import RunBusy, Runtime
 

@@ -264,7 +264,7 @@ def processor_hosts(settings: Settings, log: EventLog, pool: Pool) -> list[Proce
         LiveScores(),
         TrainingTrigger(settings.train_threshold, enqueue_training, log),
     ]
-    if settings.router_threshold is not None:
+    if settings.router_threshold:
         processors.append(RouterTrigger(settings.router_threshold, enqueue_router_training))
     return [ProcessorHost(p, log, pool) for p in processors]
 

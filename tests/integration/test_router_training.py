@@ -1,15 +1,21 @@
 """The router in the learning loop, with real PostgreSQL, Redis, a Celery worker process and
-the real embedding model: users' routing labels start a router run; the worker trains a
-successor on them, judges it on the contract's routing suite, and the server promotes a release
-naming it, swapping the router in the flip; a successor taught wrong is refused."""
+the real embedding model: users' reroutes and thumbs-up start a router run at the default
+threshold; the worker trains a successor on them, judges it on the contract's routing suite and
+follow-ups, and the server promotes a release naming it, swapping the router in the flip; a
+successor taught wrong is refused."""
 
 from __future__ import annotations
 
+import random
 import time
+from collections import Counter
 from pathlib import Path
 from subprocess import Popen
 from uuid import uuid4
 
+from websockets.sync.client import ClientConnection
+
+from core.contract import Task
 from core.errors import ContractInvalid
 from core.events import (
     NewEvent,
@@ -25,7 +31,8 @@ from core.settings import Settings
 from infra.jsonl import load_jsonl
 from infra.postgres.routers import queue_router_run, router_model
 from learners.queue import configure as configure_celery
-from learners.router_training import train_router_run
+from learners.router_run import train_router_run
+from learners.tasks import BANK_V1, load_bank
 from macaron import wiring
 from server.exposure import exposure
 from server.router import RouterService, SentenceEmbedder
@@ -41,15 +48,29 @@ from tests.serving import (
 )
 
 SUITE = Path(__file__).resolve().parents[2] / "learners" / "routing-v1.jsonl"
-HINTED = [
-    ("Can you check what is on my calendar and add a reminder?", "agent"),
-    ("Write a Python function that reverses a linked list.", "coding"),
-    ("Show me a card with today's weather.", "genui"),
-    ("What do you think about rainy days?", "chat"),
-]
 
 
-def test_routing_labels_train_a_router_that_is_judged_and_promoted(
+def teach(ws: ClientConnection, tasks: list[Task]) -> Counter[str]:
+    """Each task's prompt in a conversation of its own, without a hint: a turn the router sent
+    elsewhere is rerouted to the task's specialist (a ``correction``), one it got right gets a
+    thumbs-up (``up``); returns how many of each."""
+    given: Counter[str] = Counter()
+    for n, task in enumerate(tasks):
+        send(ws, type="hello")
+        frames_until(ws, "ready")
+        send(ws, type="user_turn", client_msg_id=f"t{n}", content=task.prompt)
+        first = frames_until(ws, "turn_completed")[0]
+        if first["specialist"] == task.specialist:
+            send(ws, type="feedback", turn_id=first["turn_id"], kind="up")
+            given["up"] += 1
+        else:
+            send(ws, type="reroute", turn_id=first["turn_id"], specialist=task.specialist)
+            frames_until(ws, "turn_completed")
+            given["correction"] += 1
+    return given
+
+
+def test_reroutes_train_a_router_that_the_loop_judges_and_promotes_by_default(
     database_url: str, celery_redis_url: str, tiny_model: Path, tmp_path: Path
 ) -> None:
     settings = Settings(
@@ -57,7 +78,6 @@ def test_routing_labels_train_a_router_that_is_judged_and_promoted(
         database_url=database_url,
         model_dir=tiny_model,
         redis_url=celery_redis_url,
-        router_threshold=len(HINTED),
         train_threshold=1000,
         harness_proposals=False,
         turns_per_minute=1000,
@@ -67,6 +87,8 @@ def test_routing_labels_train_a_router_that_is_judged_and_promoted(
     configure_celery(settings)
     own = wiring.seed_router(SentenceEmbedder())  # the test swaps its classifier
     seed_version = own.version
+    tasks = load_bank(BANK_V1)
+    traffic = random.Random(0).sample(tasks, settings.router_threshold)
     log_path = tmp_path / "worker.log"
     with (
         celery_worker(settings, log_path) as worker,
@@ -75,9 +97,7 @@ def test_routing_labels_train_a_router_that_is_judged_and_promoted(
         served.connect(served.key("router-user")) as ws,
     ):
         frames_until(ws, "ready")
-        for n, (text, hint) in enumerate(HINTED):
-            send(ws, type="user_turn", client_msg_id=f"h{n}", content=text, specialist_hint=hint)
-            frames_until(ws, "turn_completed")
+        given = teach(ws, traffic)
         deadline = time.monotonic() + 300
         while own.version == seed_version:
             assert worker.poll() is None, log_path.read_text()[-4000:]
@@ -86,11 +106,12 @@ def test_routing_labels_train_a_router_that_is_judged_and_promoted(
 
         events = [e.payload for e in served.events()]
         labels = [p for p in events if isinstance(p, RoutingLabelled)]
-        assert {(label.text, label.specialist, label.source) for label in labels} == {
-            (text, hint, "hint") for text, hint in HINTED
+        assert Counter(label.source for label in labels) == given and given["correction"] > 0
+        assert {(label.text, label.specialist) for label in labels} == {
+            (task.prompt, task.specialist) for task in traffic
         }
         [requested] = [p for p in events if isinstance(p, RouterTrainingRequested)]
-        assert requested.labels == len(HINTED)
+        assert requested.labels == len(traffic) == Settings.model_fields["router_threshold"].default
         [evaluated] = [p for p in events if isinstance(p, RouterEvaluated)]
         assert evaluated.run_id == requested.run_id and evaluated.passed, evaluated.reasons
         assert evaluated.parent_router_version == seed_version

@@ -36,6 +36,7 @@ from core.engine import GenerationChunk, GenerationRequest
 from core.errors import ContractInvalid, TaskBankInvalid
 from core.harness.artifact import root_version
 from core.harness.hcp import build_context
+from core.routing_labels import FollowUp
 from core.statistics import non_inferiority_p_value, sign_test_p_value
 from engines.instant import InstantEngine, fixed_reply
 from learners import sandbox
@@ -44,9 +45,12 @@ from learners.contract_runner import (
     CONTRACT_V1,
     CONTRACT_V2,
     CONTRACT_V3,
+    CONTRACT_V4,
+    DEFAULT_CONTRACT,
     load_contract,
     run_contract,
 )
+from learners.router_run import routing_suite
 from learners.sandbox import python_tests_pass
 from learners.tasks import BANK_V1, load_bank
 
@@ -330,6 +334,20 @@ def test_contract_v3_is_v2_with_every_task_checking_content() -> None:
             assert isinstance(v3, GenUIChecker) and set(case.checker.must_contain) <= set(
                 v3.must_contain
             )
+
+
+def test_contract_v4_is_v3_with_follow_ups_in_its_routing_suite() -> None:
+    """v4 judges adapters as v3 does; its router versions are also judged on the multi-turn
+    cases, each a ``FollowUp`` routed after its previous turn. It is the default."""
+    v4 = load_contract(CONTRACT_V4)
+    assert DEFAULT_CONTRACT == CONTRACT_V4 and v4.version == "contract-4"
+    assert (v4.suites, v4.rule, v4.answer_tokens) == (V3.suites, V3.rule, V3.answer_tokens)
+    assert v4.routing is not None and V3.routing is not None and V3.routing.follow_ups is None
+    assert v4.routing.model_copy(update={"follow_ups": None}) == V3.routing
+    turns = routing_suite(CONTRACT_V4.parent, v4.routing)
+    follow_ups = [t for t in turns if isinstance(t, FollowUp)]
+    assert (len(turns), len(follow_ups)) == (248 + 60, 60)
+    assert turns[-60:] == follow_ups and len(routing_suite(CONTRACT_V3.parent, V3.routing)) == 248
 
 
 SUBTRACT = next(t for t in V3_TASKS if t.prompt == "Subtract 19 from 250.")

@@ -33,7 +33,7 @@ from core.routing import (
     RouterModel,
     UnknownSpecialist,
     decide,
-    is_follow_up,
+    following,
     specialist_name,
 )
 from core.routing_labels import API_MODEL_WEIGHT, LabelledTurn, labels_of
@@ -397,5 +397,7 @@ def test_a_clear_change_of_subject_a_hint_client_tools_and_an_inactive_previous_
 
 
 def test_a_follow_up_is_six_words_at_most() -> None:
-    assert is_follow_up("and in Fahrenheit?") and is_follow_up("add a test for negative numbers")
-    assert not is_follow_up("Write a Python function that converts Celsius to Fahrenheit.")
+    assert following("and in Fahrenheit?", "agent") == "agent"
+    assert following("add a test for negative numbers", "coding") == "coding"
+    assert following("Write a Python function that turns Celsius into Fahrenheit", "agent") is None
+    assert following("and in Fahrenheit?", None) is None
