@@ -27,7 +27,13 @@ from bench.workload import make_adapters, workload
 from core.settings import default_home
 from engines.base_model import load_base_model
 from engines.decoder import KVCache, forward
-from engines.lora_layers import BatchAdapters, install, read_adapter, read_adapter_config
+from engines.lora_layers import (
+    BatchAdapters,
+    adapter_dtype,
+    install,
+    read_adapter,
+    read_adapter_config,
+)
 from engines.prompts import chat_prompt_ids
 from infra.models import pull_model
 
@@ -61,10 +67,10 @@ def profiled(model_dir: Path, adapters: dict[str, Path], dtype: torch.dtype, tok
     driven here in this thread (the profiler sees only its own thread) without the scheduler,
     sampling or detokenization around them."""
     tokenizer, model = load_base_model(model_dir, dtype)
-    batch = BatchAdapters()
+    batch = BatchAdapters(dtype=adapter_dtype(dtype, "cpu"))  # as the engine holds them
     shapes = install(model, batch)
     weights = {
-        name: read_adapter(name, path, read_adapter_config(path), shapes, dtype)
+        name: read_adapter(name, path, read_adapter_config(path), shapes, batch.dtype)
         for name, path in adapters.items()
     }
     runs = workload(list(adapters), 8, base=False)

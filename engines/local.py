@@ -33,6 +33,7 @@ from engines.lora_layers import (
     AdapterConfig,
     BatchAdapters,
     LoRAWeights,
+    adapter_dtype,
     check_rank,
     install,
     read_adapter,
@@ -73,7 +74,7 @@ class LocalEngine:
         self.dtype, self.device = dtype, device
         self.tokenizer, self.model = load_base_model(model_dir, dtype)
         self.model.to(device)
-        batch = BatchAdapters()
+        self._batch_adapters = batch = BatchAdapters(dtype=adapter_dtype(dtype, device))
         self._shapes = install(self.model, batch)
         self._adapters: AdapterTable[LoRAWeights] = AdapterTable()
         self._lock = threading.Lock()
@@ -105,14 +106,16 @@ class LocalEngine:
         check_rank(name, config, self.limits.max_rank)
         with self._lock:
             self._make_room(name, self._adapter_bytes(config))
-        weights = read_adapter(name, folder, config, self._shapes, self.dtype, self.device)
+        weights = read_adapter(
+            name, folder, config, self._shapes, self._batch_adapters.dtype, self.device
+        )
         with self._lock:
             self._make_room(name, weights.nbytes)
             self._adapters.put(name, weights)
 
     def _adapter_bytes(self, config: AdapterConfig) -> int:
         """What an adapter with ``config`` will take in memory, known before reading it."""
-        element = torch.tensor([], dtype=self.dtype).element_size()
+        element = torch.tensor([], dtype=self._batch_adapters.dtype).element_size()
         return sum(
             config.rank * (fan_in + fan_out) * element
             for (_, proj), (fan_in, fan_out) in self._shapes.items()

@@ -97,6 +97,14 @@ def check_rank(name: str, config: AdapterConfig, max_rank: int) -> None:
         )
 
 
+def adapter_dtype(dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
+    """The dtype adapters are held and applied in, for a base model served in ``dtype``:
+    float32 on the CPU, where a product as narrow as a LoRA rank ran 4-8 times slower in
+    bfloat16 than in float32 (``bench/engine_profile.py``), and where PEFT keeps them in
+    float32 too (``autocast_adapter_dtype``); the base model's dtype on CUDA."""
+    return dtype if torch.device(device).type == "cuda" else torch.float32
+
+
 def read_adapter(
     name: str,
     folder: Path,
@@ -146,8 +154,11 @@ class BatchAdapters:
     path): it gathers nothing, and the decode batch's gather is kept across it.
     """
 
-    def __init__(self, shapes: dict[Slot, tuple[int, int]] | None = None) -> None:
+    def __init__(
+        self, shapes: dict[Slot, tuple[int, int]] | None = None, dtype: torch.dtype = torch.float32
+    ) -> None:
         self.shapes = shapes or {}
+        self.dtype = dtype  # the adapters' (``adapter_dtype``)
         self.uniform: LoRAWeights | None = None
         self.gathered: dict[Slot, Gathered] = {}
         self.segments: dict[Slot, tuple[LoRAStack, torch.Tensor]] = {}  # stack, adapter per token
@@ -207,24 +218,26 @@ class MultiLoRALinear(nn.Module):
         self.batch = batch
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The base layer's output plus each row's adapter delta, computed in the adapters'
+        dtype (``adapter_dtype``) and rounded to the base layer's once, as PEFT adds it."""
         y: torch.Tensor = self.base(x)
+        dtype = self.batch.dtype
         uniform = self.batch.uniform
         if uniform is not None:
             pair = uniform.pairs.get(self.slot)
-            if pair is not None:
-                a, b = pair
-                y = y + F.linear(F.linear(x, a), b) * uniform.config.scaling
-            return y
-        gathered = self.batch.gathered.get(self.slot)
-        if gathered is not None:
-            return expand_gathered(y, shrink_gathered(x, gathered), gathered)
-        segment = self.batch.segments.get(self.slot)
-        if segment is not None:
+            if pair is None:
+                return y
+            a, b = pair
+            out = y.to(dtype) + F.linear(F.linear(x.to(dtype), a), b) * uniform.config.scaling
+        elif (gathered := self.batch.gathered.get(self.slot)) is not None:
+            out = expand_gathered(y.to(dtype), shrink_gathered(x.to(dtype), gathered), gathered)
+        elif (segment := self.batch.segments.get(self.slot)) is not None:
             stack, idx = segment
-            tokens = x.reshape(-1, x.shape[-1])
-            h = lora_shrink(tokens, stack, idx)
-            return lora_expand(y.reshape(-1, y.shape[-1]), h, stack, idx).view(y.shape)
-        return y
+            h = lora_shrink(x.to(dtype).reshape(-1, x.shape[-1]), stack, idx)
+            out = lora_expand(y.to(dtype).reshape(-1, y.shape[-1]), h, stack, idx).view(y.shape)
+        else:
+            return y
+        return out.to(y.dtype)
 
 
 def install(model: nn.Module, batch: BatchAdapters) -> dict[Slot, tuple[int, int]]:
