@@ -20,7 +20,7 @@ from itertools import islice
 from typing import Any
 from uuid import UUID
 
-from core.errors import BackfillRunning, RangeOutsideLog
+from core.errors import RangeOutsideLog
 from core.events import ExperienceRecorded, NewEvent
 from core.events.privacy import Forgotten
 from core.experience import known_filter
@@ -93,9 +93,7 @@ def backfill(
     backfill_id = derived_id(
         "backfill", filter_version, sorted(first.items()), sorted(last.items())
     )
-    with pool.connection() as lock:
-        if not store.try_lock(lock, backfill_id):
-            raise BackfillRunning(f"backfill {backfill_id} is running in another process")
+    with pool.connection() as lock, store.locked(lock, backfill_id):
         with pool.connection() as conn, conn.transaction():
             row = store.begin_backfill(conn, backfill_id, filter_version, first, last)
             read = load_positions(conn, _name(backfill_id))

@@ -4,12 +4,14 @@ records it appended, whether it is done."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from core.errors import BackfillRunning
 from infra.postgres.db import DictConnection
 
 
@@ -69,13 +71,20 @@ def finish_backfill(conn: DictConnection, backfill_id: UUID, records: int) -> di
     return dict(row)
 
 
-def try_lock(conn: DictConnection, backfill_id: UUID) -> bool:
-    """Hold the backfill's session lock on ``conn`` (one run at a time); ``False`` if another
-    session holds it."""
-    row = conn.execute(
-        "SELECT pg_try_advisory_lock(hashtext(%s)) AS locked", (f"backfill:{backfill_id}",)
-    ).fetchone()
-    return row is not None and bool(row["locked"])
+@contextmanager
+def locked(conn: DictConnection, backfill_id: UUID) -> Iterator[None]:
+    """Hold the backfill's session lock on ``conn`` (one run at a time) while the block runs,
+    and release it after: a pooled connection outlives the block, and a lock it kept would
+    refuse the next run of the same backfill on another connection. ``BackfillRunning`` if
+    another session holds it."""
+    key = f"backfill:{backfill_id}"
+    row = conn.execute("SELECT pg_try_advisory_lock(hashtext(%s)) AS locked", (key,)).fetchone()
+    if row is None or not row["locked"]:
+        raise BackfillRunning(f"backfill {backfill_id} is running in another process")
+    try:
+        yield
+    finally:
+        conn.execute("SELECT pg_advisory_unlock(hashtext(%s))", (key,))
 
 
 def is_backfill(conn: DictConnection, backfill_id: UUID) -> bool:

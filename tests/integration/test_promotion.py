@@ -290,13 +290,15 @@ def test_a_release_naming_another_router_version_routes_with_it_from_the_flip(
                 create_release(conn, child, active=False)
             request_id = request_promotion(pool, child.release_id, requested_by="t")
             assert wait_for_request(pool, request_id, 60)["status"] == "done"
-            assert (chat.release.release_id, own.version) == (child.release_id, leaning.version)
+            assert _serving(chat, child.release_id) == child.release_id
+            assert own.version == leaning.version
             assert _chat_turn(ws, "after")[0]["adapter_version"] == "coding@0"
             decided = [e.payload for e in served.events() if isinstance(e.payload, RouterDecided)]
             assert decided[-1].router_version == leaning.version
 
             back = request_promotion(pool, root.release_id, kind="rollback", requested_by="t")
             assert wait_for_request(pool, back, 60)["status"] == "done"
+            assert _serving(chat, root.release_id) == root.release_id
             assert own.version == seed.version
             assert _chat_turn(ws, "back")[0]["adapter_version"] == "chat@0"
 
@@ -346,7 +348,9 @@ def test_a_candidate_judged_before_a_router_promotion_is_rebased_onto_it(
             for r in (router_child, harness_child)
         ]
         assert [f["status"] for f in finals] == ["done", "done"]
-        assert chat.release == router_child.successor(harness=harness)
+        expected = router_child.successor(harness=harness)
+        assert _serving(chat, expected.release_id) == expected.release_id
+        assert chat.release == expected
         assert finals[1]["reason"] == (
             f"rebased onto {router_child.release_id} as {chat.release.release_id}"
         )
@@ -372,6 +376,17 @@ def test_a_candidate_judged_before_a_router_promotion_is_rebased_onto_it(
         )
         assert refused["status"] == "failed" and "evaluated again" in refused["reason"], refused
         assert own.version == leaning.version
+
+
+def _serving(chat: Any, release_id: str, timeout: float = 10.0) -> str:
+    """The id of the release ``chat`` serves once it is ``release_id`` (or at the timeout): the
+    listener marks a request done when the flip commits and then swaps what this process
+    serves, so a test that read the request's status may look a moment too early."""
+    deadline = time.monotonic() + timeout
+    while chat.release.release_id != release_id and time.monotonic() < deadline:
+        time.sleep(0.05)
+    served: str = chat.release.release_id
+    return served
 
 
 def _chat_turn(ws: Any, msg: str) -> list[dict[str, Any]]:

@@ -116,7 +116,7 @@ def test_both_hosts_give_the_same_outputs(
             for _ in range(2):  # a second pass takes the derived events, then nothing
                 for host in hosts:
                     catch_up(host)
-            assert [catch_up(h) for h in hosts] == [0, 0, 0, 0]
+            assert [catch_up(h) for h in hosts] == [0] * len(hosts)
             with pool.connection() as conn:
                 by_runner = outputs(conn, hosts)
             derived = [e for e in log.read() if isinstance(e.payload, ExperienceRecorded)]
