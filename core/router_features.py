@@ -6,7 +6,7 @@
   words, each hashed (blake2b, stable across processes) into one of ``WORD_BUCKETS`` buckets,
   present or not, the bucket vector L2-normalised. A linear classifier on the embedding alone
   could not keep the seed set's boundaries while it learned the traffic's; with the words it
-  keeps both (``docs/serving.md``, "The classifier").
+  keeps both (``docs/serving.md``, Router, "Features").
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import re
 from collections.abc import Sequence
 
 WORD_BUCKETS = 2048
-SCHEMA_VERSIONS = (1, 2)
 _WORD = re.compile(r"[a-z0-9']+")
 
 
