@@ -92,34 +92,66 @@ def token_nll(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.T
     parts) and this batch's rows share no longer one, else this batch's own (one replayed row
     without the system prompt shortens the step's prefix, not the other parts'). Its tokens
     carry no loss, so the result is the full computation's (the same terms; gradients flow
-    through the shared keys and values). Logits, a vocabulary wide per position, are computed
-    only where a label follows (``logits_to_keep``)."""
-    rows, width = batch.input_ids.shape
+    through the shared keys and values).
+
+    The rows after the prefix are packed into one sequence without padding (``Packed``): each
+    token attends to the prefix and to its own row's tokens before it, at its own position.
+    Logits, a vocabulary wide per position, are computed only where a label follows."""
     if prefix is None or prefix.length < shared_prefix(batch):
         prefix = compute_prefix(model, batch)  # this batch's rows share more than the step's
     shared = prefix.length if prefix else 0
-    keep = width - max(_first_label(batch) - 1, shared)
-    if prefix:
-        logits = model(
-            input_ids=batch.input_ids[:, shared:],
-            attention_mask=batch.attention_mask,
-            past_key_values=prefix.cache(rows),
-            position_ids=torch.arange(shared, width, device=batch.input_ids.device).expand(
-                rows, -1
-            ),
-            logits_to_keep=keep,
-        ).logits
-    else:
-        logits = model(
-            input_ids=batch.input_ids, attention_mask=batch.attention_mask, logits_to_keep=keep
-        ).logits
-    nll: torch.Tensor = F.cross_entropy(
-        logits[:, :-1].transpose(1, 2).float(),
-        batch.labels[:, width - keep + 1 :],
-        ignore_index=IGNORE,
-        reduction="none",
+    packed = Packed.of(batch, shared)
+    causal = model.get_base_model()  # the causal LM with the adapter's layers in it
+    hidden = causal.model(
+        input_ids=packed.ids[None],
+        attention_mask=packed.mask(shared)[None, None],
+        past_key_values=prefix.cache(1) if prefix else None,
+        position_ids=packed.positions[None],
+    ).last_hidden_state[0]
+    labelled = (packed.targets != IGNORE).nonzero()[:, 0]
+    picked: torch.Tensor = F.cross_entropy(
+        causal.lm_head(hidden[labelled]).float(), packed.targets[labelled], reduction="none"
     )
-    return nll
+    rows, width = batch.input_ids.shape
+    start = max(_first_label(batch) - 1, shared)
+    grid = picked.new_zeros((rows, width - start - 1))
+    return grid.index_put((packed.rows[labelled], packed.positions[labelled] - start), picked)
+
+
+@dataclass(frozen=True)
+class Packed:
+    """A batch's rows after their shared prefix, end to end in one sequence: each token's id,
+    row, position in its row, and the label it predicts (the row's next token's; ``IGNORE``
+    after a row's last token). Padding is left out."""
+
+    ids: torch.Tensor
+    rows: torch.Tensor
+    positions: torch.Tensor
+    targets: torch.Tensor
+
+    @classmethod
+    def of(cls, batch: Batch, shared: int) -> Packed:
+        lengths = batch.attention_mask.sum(dim=1).tolist()
+        end = batch.labels.new_full((1,), IGNORE)
+        return cls(
+            ids=torch.cat([batch.input_ids[r, shared:n] for r, n in enumerate(lengths)]),
+            rows=torch.cat([torch.full((n - shared,), r) for r, n in enumerate(lengths)]),
+            positions=torch.cat([torch.arange(shared, n) for n in lengths]),
+            targets=torch.cat(
+                [torch.cat([batch.labels[r, shared + 1 : n], end]) for r, n in enumerate(lengths)]
+            ),
+        ).to(batch.input_ids.device)
+
+    def to(self, device: torch.device) -> Packed:
+        return Packed(*(t.to(device) for t in (self.ids, self.rows, self.positions, self.targets)))
+
+    def mask(self, shared: int) -> torch.Tensor:
+        """Which keys each token attends to (True): the ``shared`` prefix, then the tokens of
+        its own row up to itself."""
+        own = (self.rows[:, None] == self.rows[None, :]) & (
+            self.positions[None, :] <= self.positions[:, None]
+        )
+        return torch.cat([own.new_ones((len(self.ids), shared)), own], dim=1)
 
 
 def _first_label(batch: Batch) -> int:
