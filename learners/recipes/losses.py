@@ -86,8 +86,8 @@ def token_nll(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.T
     label is ``IGNORE``), shape (batch, positions): the last ``positions`` label positions, from
     the first answer token of any row to the end (the positions before carry no loss).
 
-    The prompt prefix the rows share (the specialist's system prompt and exemplars: about 400
-    of the ~600 tokens of a GenUI example) is computed once, its keys and values read by every
+    The prompt prefix the rows share (the specialist's system prompt and exemplars: about 190
+    of the ~260 tokens of a GenUI example) is computed once, its keys and values read by every
     row: ``prefix`` when the caller computed it for more rows than ``batch`` (a training step's
     parts) and this batch's rows share no longer one, else this batch's own (one replayed row
     without the system prompt shortens the step's prefix, not the other parts'). Its tokens
