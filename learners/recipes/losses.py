@@ -132,18 +132,18 @@ class Packed:
     @classmethod
     def of(cls, batch: Batch, shared: int) -> Packed:
         lengths = batch.attention_mask.sum(dim=1).tolist()
+        device = batch.input_ids.device
         end = batch.labels.new_full((1,), IGNORE)
         return cls(
             ids=torch.cat([batch.input_ids[r, shared:n] for r, n in enumerate(lengths)]),
-            rows=torch.cat([torch.full((n - shared,), r) for r, n in enumerate(lengths)]),
-            positions=torch.cat([torch.arange(shared, n) for n in lengths]),
+            rows=torch.cat(
+                [torch.full((n - shared,), r, device=device) for r, n in enumerate(lengths)]
+            ),
+            positions=torch.cat([torch.arange(shared, n, device=device) for n in lengths]),
             targets=torch.cat(
                 [torch.cat([batch.labels[r, shared + 1 : n], end]) for r, n in enumerate(lengths)]
             ),
-        ).to(batch.input_ids.device)
-
-    def to(self, device: torch.device) -> Packed:
-        return Packed(*(t.to(device) for t in (self.ids, self.rows, self.positions, self.targets)))
+        )
 
     def mask(self, shared: int) -> torch.Tensor:
         """Which keys each token attends to (True): the ``shared`` prefix, then the tokens of

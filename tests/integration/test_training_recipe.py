@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from safetensors.torch import load_file
+from torch.nn import functional as F
 from transformers import AutoTokenizer
 
 from core.engine import GenerationRequest, SamplingParams
@@ -482,6 +483,10 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_loss_and_gradient
     targets = sum(int((row.labels[:, 1:] != IGNORE).sum()) for row in rows)
     alone = loss_and_grads(lambda: sum(token_nll(model, row).sum() for row in rows) / targets)
     assert all(shared_prefix(row) == 0 for row in rows)
+    with torch.no_grad():  # a row alone, as the model's own forward pass scores it
+        logits = model(input_ids=rows[0].input_ids).logits[0, :-1]
+        whole = F.cross_entropy(logits, rows[0].labels[0, 1:], reduction="sum")
+        assert float(token_nll(model, rows[0]).sum()) == pytest.approx(float(whole), rel=1e-5)
     assert together[0] == pytest.approx(alone[0], rel=1e-5)
     assert len(together[1]) == len(alone[1]) > 0
     for mine, theirs in zip(together[1], alone[1], strict=True):
