@@ -26,7 +26,8 @@ from bench.report import Row, report, row
 from bench.workload import make_adapters, workload
 from core.settings import default_home
 from engines.base_model import load_base_model
-from engines.decoder import KVCache, forward
+from engines.decoder import forward
+from engines.kv_pool import KVPool
 from engines.lora_layers import (
     BatchAdapters,
     adapter_dtype,
@@ -84,16 +85,17 @@ def profiled(model_dir: Path, adapters: dict[str, Path], dtype: torch.dtype, tok
                 chat_prompt_ids(tokenizer, [{"role": "user", "content": f"Tell me of {n}."}])
                 for n in range(len(assign))
             ]
-            caches = [KVCache(len(p) + tokens) for p in prompts]
+            pool = KVPool(model, len(prompts))
+            slots = [pool.acquire() for _ in prompts]
             last = []
-            for cache, weight, prompt in zip(caches, per_row, prompts, strict=True):
+            for slot, weight, prompt in zip(slots, per_row, prompts, strict=True):
                 batch.assign([weight], len(prompt))
-                last.append(int(forward(model, [cache], [list(prompt)])[0].argmax()))
+                last.append(int(forward(model, [slot], [list(prompt)])[0].argmax()))
             with profile(activities=[ProfilerActivity.CPU]) as prof:
                 start = time.perf_counter()
                 for _ in range(tokens):
                     batch.assign(per_row, 1)
-                    logits = forward(model, caches, [[t] for t in last])
+                    logits = forward(model, slots, [[t] for t in last])
                     last = [int(t) for t in logits.argmax(dim=-1)]
                 wall = time.perf_counter() - start
             totals: dict[str, float] = defaultdict(float)

@@ -2,9 +2,9 @@
 later prompts that begin the same way on the same adapter weights (the harness's system
 prompt, an earlier turn of the conversation, the other samples of one prompt).
 
-An entry is a prompt's cache as its request computed it (views of that request's buffers: its
-answer is written after the prompt, never over it). A new prompt takes a copy of the longest
-common prefix among the entries for its adapter and computes only the rest. Entries are
+An entry is a copy of a prompt's keys and values as its request computed them (a request's
+slot in the KV pool is reused once it ends). A new prompt takes a copy of the longest common
+prefix among the entries for its adapter into its slot and computes only the rest. Entries are
 evicted least recently used first when their bytes pass the cap, and dropped when their
 adapter is unloaded."""
 
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.decoder import KVCache
+from engines.kv_pool import KVSlot
 from engines.lora_layers import LoRAWeights
 from infra.observe import prefix_cache_evictions, prefix_cache_hits
 
@@ -31,8 +31,7 @@ class _Entry:
 
     @property
     def nbytes(self) -> int:
-        storages = {t.untyped_storage().data_ptr(): t for t in (*self.keys, *self.values)}
-        return sum(t.untyped_storage().nbytes() for t in storages.values())
+        return sum(t.numel() * t.element_size() for t in (*self.keys, *self.values))
 
 
 def _common_length(a: list[int], b: list[int]) -> int:
@@ -52,9 +51,9 @@ class PrefixCache:
         self._lock = threading.Lock()
         self.stats = {"hits": 0, "tokens_reused": 0, "evictions": 0, "entries": 0, "bytes": 0}
 
-    def cache_for(self, adapter: LoRAWeights | None, prompt: list[int], capacity: int) -> KVCache:
-        """A KV cache for ``prompt`` holding its longest cached prefix (all but its last token
-        at most, whose logits the caller needs), or an empty one."""
+    def load(self, adapter: LoRAWeights | None, prompt: list[int], slot: KVSlot) -> None:
+        """Copy ``prompt``'s longest cached prefix (all but its last token at most, whose
+        logits the caller needs) into the empty ``slot``; nothing when none is cached."""
         with self._lock:
             best, length = None, 0
             for entry in self._entries:
@@ -64,27 +63,21 @@ class PrefixCache:
                         best, length = entry, common
             length = min(length, len(prompt) - 1)
             if best is None or length < MIN_PREFIX_TOKENS:
-                return KVCache(capacity)
+                return
             self._entries.remove(best)
             self._entries.append(best)
             self.stats["hits"] += 1
             self.stats["tokens_reused"] += length
         prefix_cache_hits.add(1)
-        keys = [k[:, :, :length] for k in best.keys]
-        values = [v[:, :, :length] for v in best.values]
-        return KVCache.of_prefix(keys, values, capacity)
+        slot.load([k[:, :, :length] for k in best.keys], [v[:, :, :length] for v in best.values])
 
-    def add(self, adapter: LoRAWeights | None, prompt: list[int], cache: KVCache) -> None:
-        """Keep ``cache``'s first ``len(prompt)`` tokens as ``prompt``'s entry, replacing the
-        entries it extends; nothing when an entry already covers the whole prompt."""
-        if self.max_bytes <= 0 or len(prompt) < MIN_PREFIX_TOKENS:
+    def add(self, adapter: LoRAWeights | None, prompt: list[int], slot: KVSlot) -> None:
+        """Keep a copy of ``slot``'s first ``len(prompt)`` tokens as ``prompt``'s entry,
+        replacing the entries it extends; nothing when an entry already covers the whole
+        prompt."""
+        if self.max_bytes <= 0 or len(prompt) < MIN_PREFIX_TOKENS or self._covered(adapter, prompt):
             return
-        entry = _Entry(
-            adapter,
-            list(prompt),
-            [k[:, :, : len(prompt)] for k in cache.keys],
-            [v[:, :, : len(prompt)] for v in cache.values],
-        )
+        entry = _Entry(adapter, list(prompt), *slot.prefix(len(prompt)))
         if entry.nbytes > self.max_bytes:
             return
         with self._lock:
@@ -93,8 +86,6 @@ class PrefixCache:
                 for e in self._entries
                 if e.adapter is adapter
             }
-            if len(prompt) in shared.values():
-                return
             extended = {
                 i for i, e in enumerate(self._entries) if shared.get(id(e)) == len(e.tokens)
             }
@@ -108,6 +99,12 @@ class PrefixCache:
             self._count()
         if evicted:
             prefix_cache_evictions.add(evicted)
+
+    def _covered(self, adapter: LoRAWeights | None, prompt: list[int]) -> bool:
+        with self._lock:
+            return any(
+                e.adapter is adapter and e.tokens[: len(prompt)] == prompt for e in self._entries
+            )
 
     def invalidate(self, adapter_name: str) -> None:
         """Drop every entry computed with the adapter named ``adapter_name``."""

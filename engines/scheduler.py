@@ -1,12 +1,13 @@
 """Iteration-level batching for the local engine: one worker thread owns the model. Each turn
-of its loop admits queued requests, computes one pass of prompts (several requests' prompts
-batched, a long prompt in chunks, within a budget of tokens, so streaming answers never wait
-long for their next token) and advances every answering request by one token, whatever adapter
-each uses. A request whose prompt and adapter equal those of a request in the batch forks it:
-it takes a copy of that prompt's KV cache and last logits, not a pass of its own. Callers hand
-requests over through a bounded queue and get chunks back on their own event loop. A request
-with a grammar has the tokens its grammar forbids masked out of its row before sampling, and
-ends when the grammar is complete."""
+of its loop admits queued requests (each takes a slot of the worker's ``KVPool``), computes one
+pass of prompts (several requests' prompts batched, a long prompt in chunks, within a budget of
+tokens, so streaming answers never wait long for their next token) and advances every
+answering request by one token, whatever adapter each uses. A request whose prompt and adapter
+equal those of a request in the batch forks it: its slot takes a copy of that prompt's keys
+and values, and it takes the prompt's last logits, not a pass of its own. Callers hand requests
+over through a bounded queue and get chunks back on their own event loop. A request with a
+grammar has the tokens its grammar forbids masked out of its row before sampling, and ends
+when the grammar is complete."""
 
 from __future__ import annotations
 
@@ -19,17 +20,22 @@ import torch
 
 from core.engine import FinishReason
 from core.errors import EngineError, EngineOverloaded, EngineUnavailable, MacaronError
-from engines.decoder import KVCache, forward
+from engines.decoder import forward
 from engines.grammar import constrained, new_bitmask
+from engines.kv_pool import KVPool, KVSlot
 from engines.lora_layers import BatchAdapters, LoRAWeights
 from engines.prefixes import PrefixCache
 from engines.sequence import Generation, eos_ids, prefill_rows, sample
 
-KV_RESERVE = 128  # answer tokens a new request's KV cache has room for before it doubles
-
 
 def _engine_error(exc: Exception) -> MacaronError:
     return exc if isinstance(exc, MacaronError) else EngineError(f"generation failed: {exc}")
+
+
+def _slot(item: Generation) -> KVSlot:
+    if item.slot is None:
+        raise EngineError("a request in the batch holds no KV slot")
+    return item.slot
 
 
 class BatchScheduler:
@@ -56,6 +62,7 @@ class BatchScheduler:
         self._prefill_budget = prefill_budget
         self._eos = eos_ids(model)
         self._bitmask = new_bitmask(max_batch, model.config.vocab_size)
+        self._pool = KVPool(model, max_batch)
         self._pending: queue.Queue[Generation] = queue.Queue(max_queue)
         self._prefilling: list[Generation] = []  # prompts being computed, forks on each
         self._active: list[Generation] = []  # answering
@@ -136,17 +143,12 @@ class BatchScheduler:
                 self.stats["forks"] += 1
                 continue
             try:
-                item.cache = self._prefixes.cache_for(
-                    item.adapter, item.prompt_ids, self._capacity(item)
-                )
+                item.slot = self._pool.acquire()
+                self._prefixes.load(item.adapter, item.prompt_ids, item.slot)
             except Exception as exc:  # one bad request must not stop the engine
                 self._finish(item, "cancelled", error=_engine_error(exc))
                 continue
             self._prefilling.append(item)
-
-    @staticmethod
-    def _capacity(item: Generation) -> int:
-        return len(item.prompt_ids) + min(item.params.max_tokens, KV_RESERVE)
 
     def _prefill(self) -> None:
         """One pass over the next prompt chunks; a request whose prompt is done starts
@@ -155,9 +157,7 @@ class BatchScheduler:
         rows = prefill_rows(self._prefilling, self._prefill_budget)
         if not rows:
             return
-        chunks = [
-            r.prompt_ids[r.cache.length : r.cache.length + self._prefill_budget] for r in rows
-        ]
+        chunks = [r.prompt_ids[r.computed : r.computed + self._prefill_budget] for r in rows]
         try:
             logits = self._forward(rows, chunks)
         except Exception as exc:  # fail this pass's requests, keep the engine serving
@@ -174,13 +174,13 @@ class BatchScheduler:
 
     def _drop_cancelled_prefills(self) -> None:
         """Finish cancelled prompts and forks; a live fork of a cancelled prompt takes its
-        cache over and goes on computing it."""
+        slot over and goes on computing it."""
         kept = []
         for leader in self._prefilling:
             group = [leader, *leader.forks]
             live = [g for g in group if not g.cancelled.is_set()]
             if live and live[0] is not leader:
-                live[0].cache, leader.cache = leader.cache, KVCache()
+                live[0].slot, leader.slot = leader.slot, None
             leader.forks = []
             for item in group:
                 if item.cancelled.is_set():
@@ -196,7 +196,7 @@ class BatchScheduler:
         item.prompt_logits = logits
         group, item.forks = [item, *item.forks], []
         try:
-            self._prefixes.add(item.adapter, item.prompt_ids, item.cache)
+            self._prefixes.add(item.adapter, item.prompt_ids, _slot(item))
         except Exception as exc:  # one bad request must not stop the engine
             for member in group:
                 self._finish(member, "cancelled", error=_engine_error(exc))
@@ -205,19 +205,16 @@ class BatchScheduler:
 
     def _begin(self, members: list[Generation], source: Generation) -> None:
         """``members`` start answering from ``source``'s computed prompt: each but ``source``
-        takes a copy of its cache, and every one samples its first token from the prompt's
-        last logits."""
+        takes a slot holding a copy of its prompt's keys and values, and every one samples its
+        first token from the prompt's last logits."""
         try:
             n, logits = len(source.prompt_ids), source.prompt_logits
             if logits is None:
                 raise EngineError("a request was forked before its prompt was computed")
             for fork in members:
                 if fork is not source:
-                    fork.cache = KVCache.of_prefix(
-                        [k[:, :, :n] for k in source.cache.keys],
-                        [v[:, :, :n] for v in source.cache.values],
-                        self._capacity(fork),
-                    )
+                    fork.slot = self._pool.acquire()
+                    fork.slot.copy_from(_slot(source), n)
             grammars = [m.grammar for m in members]
             rows = constrained(logits.repeat(len(members), 1), grammars, self._bitmask)
         except Exception as exc:  # one bad request must not stop the engine
@@ -236,7 +233,9 @@ class BatchScheduler:
 
     def _step(self) -> None:
         """One token for every active request that is not cancelled, in one pass."""
-        running = [r for r in self._active if not r.cancelled.is_set()]
+        running = sorted(  # rows in slot order: one view of the pool's first slots
+            (r for r in self._active if not r.cancelled.is_set()), key=lambda r: _slot(r).index
+        )
         for item in self._active:
             if item.cancelled.is_set():
                 self._finish(item, "cancelled")
@@ -258,7 +257,7 @@ class BatchScheduler:
 
     def _forward(self, items: list[Generation], tokens: list[list[int]]) -> torch.Tensor:
         self._adapters.assign([r.adapter for r in items], max(len(t) for t in tokens))
-        return forward(self._model, [r.cache for r in items], tokens)
+        return forward(self._model, [_slot(r) for r in items], tokens)
 
     def _advance_safely(self, item: Generation, logits: torch.Tensor) -> None:
         try:
@@ -290,8 +289,9 @@ class BatchScheduler:
         tokens: tuple[int, ...] = (),
         error: BaseException | None = None,
     ) -> None:
-        """End ``item``: free its cache and adapter, and send its last chunk or its error."""
-        item.cache.clear()
+        """End ``item``: free its slot and adapter, and send its last chunk or its error."""
+        self._pool.release(item.slot)
+        item.slot = None
         item.prompt_logits = None
         if reason == "cancelled":
             self.stats["cancelled"] += 1

@@ -1,4 +1,4 @@
-"""One request on its way through the local engine's batch: its adapter, KV cache, the answer
+"""One request on its way through the local engine's batch: its adapter, KV slot, the answer
 so far (decoded incrementally), what of it was streamed, and where its chunks go."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import torch
 import xgrammar as xgr
 
 from core.engine import FinishReason, GenerationChunk, GenerationRequest, SamplingParams
-from engines.decoder import KVCache
 from engines.detok import IncrementalText
+from engines.kv_pool import KVSlot
 from engines.lora_layers import LoRAWeights
 
 
@@ -39,7 +39,7 @@ def sample(logits: torch.Tensor, params: SamplingParams, generator: torch.Genera
 class Generation:
     """A request in the batch. While its prompt is computed it may carry ``forks``: requests
     with the same prompt on the same adapter weights (the samples of one rollout group), which
-    take a copy of its cache and ``prompt_logits`` when the prompt is done instead of computing
+    take a copy of its slot and ``prompt_logits`` when the prompt is done instead of computing
     it again."""
 
     request: GenerationRequest
@@ -49,7 +49,7 @@ class Generation:
     sink: asyncio.Queue[GenerationChunk | BaseException]
     detok: IncrementalText
     cancelled: threading.Event = field(default_factory=threading.Event)
-    cache: KVCache = field(default_factory=KVCache)
+    slot: KVSlot | None = None  # its keys and values, from its admission to its end
     forks: list[Generation] = field(default_factory=list)
     prompt_logits: torch.Tensor | None = None  # its prompt's last, once computed (for forks)
     emitted: int = 0  # characters of ``detok.text`` streamed so far
@@ -66,7 +66,12 @@ class Generation:
 
     @property
     def prompt_done(self) -> bool:
-        return self.cache.length >= len(self.prompt_ids)
+        return self.computed >= len(self.prompt_ids)
+
+    @property
+    def computed(self) -> int:
+        """Tokens its slot holds."""
+        return self.slot.length if self.slot is not None else 0
 
     def same_prompt(self, other: Generation) -> bool:
         """Would ``other``'s prompt pass compute exactly this one's (a fork can share it)?"""
@@ -129,7 +134,7 @@ def prefill_rows(prefilling: list[Generation], budget: int) -> list[Generation]:
     rows: list[Generation] = []
     longest = 0
     for item in prefilling:
-        n = min(len(item.prompt_ids) - item.cache.length, budget)
+        n = min(len(item.prompt_ids) - item.computed, budget)
         if rows and (len(rows) + 1) * max(longest, n) > budget:
             break
         rows.append(item)

@@ -211,7 +211,9 @@ def test_bfloat16_follows_peft_in_bfloat16(
     ties). The tolerance, per family over a fixed prompt set with and without an adapter: on
     average, the engine's answers stay with PEFT's bf16 answers for at least as many tokens as
     PEFT's bf16 answers stay with its own float32 ones (the engine's rounding differs from
-    PEFT's by less than bf16 differs from float32), and half of them or more agree whole."""
+    PEFT's by less than bf16 differs from float32), and as many of them or more agree whole.
+    (The engine's decode attention masks each row's keys within the batch's longest, which
+    rounds the last bf16 bit otherwise than PEFT's unmasked attention of one row.)"""
     adapter = make_adapter(
         family_model, tmp_path_factory.mktemp("bf16") / "a", 8, ["q_proj", "v_proj", "up_proj"], 4
     )
@@ -232,7 +234,8 @@ def test_bfloat16_follows_peft_in_bfloat16(
     engine_parts = [first_divergence(g, e) for g, e in zip(got, in_bf16, strict=True)]
     dtype_parts = [first_divergence(b, f) for b, f in zip(in_bf16, in_float32, strict=True)]
     assert sum(engine_parts) >= sum(dtype_parts), (engine_parts, dtype_parts)
-    assert sum(d == NEW_TOKENS for d in engine_parts) >= len(plan) / 2, engine_parts
+    whole = [sum(d == NEW_TOKENS for d in parts) for parts in (engine_parts, dtype_parts)]
+    assert whole[0] >= whole[1], (engine_parts, dtype_parts)
 
 
 def test_the_served_dtype_is_checked(tmp_path: Path) -> None:

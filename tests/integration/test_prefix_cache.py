@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from core.engine import GenerationRequest, SamplingParams
+from engines.kv_pool import GROWTH_RESERVE
 from engines.local import EngineLimits, LocalEngine
 from engines.prefixes import MIN_PREFIX_TOKENS
-from engines.scheduler import KV_RESERVE
 from tests.factories import make_adapter
 from tests.integration.test_local_engine import collect, peft_greedy, tokens
 
@@ -142,7 +142,7 @@ def test_an_answer_longer_than_the_first_kv_buffer_is_pefts(
     engine: LocalEngine, tiny_model: Path
 ) -> None:
     prompt = tuple(engine.encode("Tell me a long story about a dragon."))
-    n = KV_RESERVE + 40  # the buffer doubles once on the way
+    n = GROWTH_RESERVE + 40  # the pool grows on the way
     assert answer(engine, prompt, max_tokens=n, ignore_eos=True) == peft_greedy(
         tiny_model, None, list(prompt), n
     )
