@@ -25,6 +25,7 @@ from core.errors import (
     EngineOverloaded,
     EngineUnavailable,
 )
+from engines import threads
 from engines.adapter_table import AdapterTable
 from engines.base_model import load_base_model
 from engines.detok import IncrementalText
@@ -87,6 +88,7 @@ class LocalEngine:
             max_batch=self.limits.max_batch,
             max_queue=self.limits.max_queue,
             prefill_budget=self.limits.prefill_budget,
+            threads=threads.hand_over(),
         )
         self.stats = self._scheduler.stats
         vocab = self.model.config.vocab_size
@@ -234,3 +236,4 @@ class LocalEngine:
     def close(self) -> None:
         """Stop the worker; every request still queued or running gets ``EngineUnavailable``."""
         self._scheduler.close()
+        threads.take_back()

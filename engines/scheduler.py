@@ -26,6 +26,7 @@ from engines.kv_pool import KVPool, KVSlot
 from engines.lora_layers import BatchAdapters, LoRAWeights
 from engines.prefixes import PrefixCache
 from engines.sequence import Generation, eos_ids, prefill_rows, sample
+from engines.threads import pin
 
 
 def _engine_error(exc: Exception) -> MacaronError:
@@ -39,8 +40,9 @@ def _slot(item: Generation) -> KVSlot:
 
 
 class BatchScheduler:
-    """The worker thread over ``model``: ``submit`` queues a ``Generation``, the worker streams
-    its chunks back; ``release`` hands each finished request's adapter back to the engine."""
+    """The worker thread over ``model``, computing on ``threads`` intra-op threads
+    (``engines.threads``): ``submit`` queues a ``Generation``, the worker streams its chunks
+    back; ``release`` hands each finished request's adapter back to the engine."""
 
     def __init__(
         self,
@@ -52,8 +54,10 @@ class BatchScheduler:
         max_batch: int,
         max_queue: int,
         prefill_budget: int,
+        threads: int,
     ) -> None:
         self._model = model
+        self._threads = threads
         self._adapters = adapters
         self._release = release
         self._prefixes = prefixes
@@ -66,7 +70,7 @@ class BatchScheduler:
         self._pending: queue.Queue[Generation] = queue.Queue(max_queue)
         self._prefilling: list[Generation] = []  # prompts being computed, forks on each
         self._active: list[Generation] = []  # answering
-        counters = ("max_batch", "steps", "tokens", "cancelled", "active")
+        counters = ("max_batch", "steps", "tokens", "cancelled", "active", "threads")
         prefill = ("prefill_passes", "prefill_tokens", "forks")
         self.stats = dict.fromkeys((*counters, *prefill), 0)
         self._stopping = threading.Event()
@@ -99,6 +103,7 @@ class BatchScheduler:
                 break
 
     def _run(self) -> None:
+        self.stats["threads"] = pin(self._threads)
         with torch.inference_mode():
             while not self._stopping.is_set():
                 try:
