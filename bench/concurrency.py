@@ -6,17 +6,13 @@ one batch. In float32, and in bfloat16 where the CPU has it natively.
 
 Target (issue 35): 32 concurrent requests >= 1.6x the tokens/s of 8.
 
-Read the ratios with care (measured 2026-12-04, not explained yet): the engine's 8-request
-throughput depends on ``max_batch`` itself, through the size of the grammar bitmask the
-scheduler allocates at start (one int32 row per batch row), which this workload never uses.
-8 requests on 8 adapters ran at 96-99 tokens/s in bfloat16 with ``max_batch`` 16 or 17 and at
-47-50 with 32 or 64; with ``max_batch`` 16 and a 64-row bitmask, 57; with 64 and a 16-row
-bitmask, 95 (float32, ``max_batch`` 16 against 64: 77 against 45). Raising glibc's mmap
-threshold did not change it. So the 8-request baseline here, at ``max_batch`` 64, runs slower
-than the serving engine's.
+The table before ``engines/threads.py`` read low at 8 requests: the scheduler allocated its
+grammar bitmask (one row per batch row) on the building thread, above about 21 rows that ran in
+parallel and left a second OpenMP team in the process, and the engine's steps ran about 2x
+slower (see ``docs/serving.md``, threads).
 
 The contract and the rollouts keep `learners.contract_runner.CONCURRENCY` (16) requests in
-flight; this table is what that number is chosen by, once the effect above is understood.
+flight; this table is what that number is chosen by.
 
 Usage: python -m bench.concurrency [--model PATH] [--tokens T]
 """
