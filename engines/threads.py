@@ -7,8 +7,8 @@ process has more OpenMP threads than cores, and libgomp cuts the time its idle w
 before they sleep: every parallel operation of the engine then wakes a sleeping thread. On
 this 2-core machine the engine's decode steps ran about 2x slower that way (8 requests on 8
 adapters, bf16: 131 tokens/s against 60, with 270,000 context switches in 30 s instead of
-5,000). A Celery worker that trains and then evaluates or rolls out in one thread is such a
-process, and so was the scheduler building a grammar bitmask of more than about 21 rows.
+5,000). The scheduler building a grammar bitmask of more than about 21 rows on the building
+thread made such a process; so may a Celery worker that trains, then evaluates, on one thread.
 
 So while an engine lives, its worker thread computes on the count of threads its building
 thread had, and the building thread, like every thread that first computes after it, on one

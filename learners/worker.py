@@ -11,13 +11,11 @@ and installs it here (``install_runtime``, by ``macaron worker``); the tasks fin
 
 from __future__ import annotations
 
-import contextvars
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 from celery import Task
 from celery.exceptions import Retry
@@ -36,7 +34,6 @@ from learners.runs import carry_out_run
 from learners.runtime import RunBusy, Runtime
 
 _runtime: Runtime | None = None
-T = TypeVar("T")
 
 
 def install_runtime(runtime: Runtime) -> None:
@@ -48,16 +45,6 @@ def runtime() -> Runtime:
     if _runtime is None:
         raise RuntimeError("the worker's runtime was not installed (start it with macaron worker)")
     return _runtime
-
-
-def _own_thread(work: Callable[[], T]) -> T:
-    """``work()`` on a thread that ends with it (its exception raised here). torch keeps a team
-    of OpenMP threads per thread that computed in parallel, for the life of that thread; a
-    training step on this one, the solo worker's only thread, would leave its team beside the
-    team of every local engine a later task starts here, and the two teams slow each other
-    about 2x on a small CPU (``engines.threads``)."""
-    with ThreadPoolExecutor(1, thread_name_prefix="macaron-task") as pool:
-        return pool.submit(contextvars.copy_context().run, work).result()  # the trace goes on
 
 
 @contextmanager
@@ -88,15 +75,13 @@ def train_successor(self: Task, run_id: str) -> str:
     rt = runtime()
     with _step(self, "train_successor", run_id) as span, Progress(transient=True) as bar:
         task = bar.add_task(f"training run {run_id}", total=rt.training.steps)
-        task_id = self.request.id  # the request is this thread's; progress comes from another
 
         def progress(step: int, steps: int, losses: dict[str, float]) -> None:
             bar.update(task, completed=step, total=steps)
-            meta = {"step": step, "steps": steps, **losses}
-            self.update_state(task_id=task_id, state="PROGRESS", meta=meta)
+            self.update_state(state="PROGRESS", meta={"step": step, "steps": steps, **losses})
 
         try:
-            adapter = _own_thread(lambda: carry_out_run(rt, uuid.UUID(run_id), progress))
+            adapter = carry_out_run(rt, uuid.UUID(run_id), progress)
         except RunBusy as exc:  # a redelivery while the lease of a dead worker runs out
             raise self.retry(
                 countdown=rt.settings.training_lease_seconds / 2, max_retries=None
@@ -165,7 +150,7 @@ def train_router(self: Task, run_id: str) -> dict[str, Any]:
     suite, and promote a release naming it when it passes (``learners.router_training``)."""
     with _step(self, "train_router", run_id) as span:
         try:
-            outcome = _own_thread(lambda: train_router_run(runtime(), uuid.UUID(run_id)))
+            outcome = train_router_run(runtime(), uuid.UUID(run_id))
         except (RunBusy, PromotionInProgress) as exc:  # a live lease, or another promotion
             raise self.retry(countdown=15, max_retries=None) from exc
         span.set_attribute("macaron.router_outcome", outcome.status)
