@@ -14,7 +14,7 @@ from core.errors import AdapterInvalid, ContextLengthExceeded, EngineError
 from engines.vllm.errors import ReplicaLost, error_info
 
 log = logging.getLogger(__name__)
-CONNECT_TIMEOUT_S = 2.0
+CONNECT_TIMEOUT_S = 10.0
 ADMIN_TIMEOUT_S = 120.0  # loading an adapter can take a while on a busy replica
 
 
