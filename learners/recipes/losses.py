@@ -63,7 +63,7 @@ class Prefix:
             use_cache=True,
             logits_to_keep=1,
         )
-        states = [(layer.keys, layer.values) for layer in cache.layers]
+        states = _keys_and_values(cache)
         return Prefix(self.length + ids.shape[1], states, states, self.config)
 
     def backward(self) -> None:
@@ -78,6 +78,11 @@ class Prefix:
             torch.autograd.backward([s for s, _ in pairs], [g for _, g in pairs])
 
 
+def _keys_and_values(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Each layer's cached keys and values."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
+
+
 def compute_prefix(model: Any, batch: Batch, *, detached: bool = False) -> Prefix | None:
     """The prefix every row of ``batch`` shares (``shared_prefix``), computed once; ``None``
     when the rows share too little. ``detached``: for parts that each run their backward (call
@@ -86,7 +91,7 @@ def compute_prefix(model: Any, batch: Batch, *, detached: bool = False) -> Prefi
     if not shared:
         return None
     out = model(input_ids=batch.input_ids[:1, :shared], use_cache=True, logits_to_keep=1)
-    states = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+    states = _keys_and_values(out.past_key_values)
     read = states
     if detached:
         read = [
