@@ -193,12 +193,20 @@ TINY_WINDOW = 16  # the tiny Mistral's attention window: short, so tests reach p
 
 
 def make_tiny_model(
-    out: Path, tokenizer: Any, *, seed: int = 0, hidden_size: int = 64, family: str = "llama"
+    out: Path,
+    tokenizer: Any,
+    *,
+    seed: int = 0,
+    hidden_size: int = 64,
+    family: str = "llama",
+    windows: bool = True,
 ) -> Path:
     """A tiny random model of ``family`` with the given tokenizer: seconds to make, for tests.
     Four attention heads: ``hidden_size=128`` gives head size 32, the smallest vLLM's CPU
     backend runs. Qwen2's projections of queries, keys and values carry biases, and its second
-    layer sees only the last ``TINY_WINDOW`` positions; every layer of the tiny Mistral does."""
+    layer sees only the last ``TINY_WINDOW`` positions; every layer of the tiny Mistral does.
+    ``windows=False``: no sliding window on any layer, as Qwen2.5 checkpoints ship (vLLM 0.32
+    refuses a Qwen2 that windows some layers and not others)."""
     import torch
     from transformers import (
         LlamaConfig,
@@ -229,11 +237,12 @@ def make_tiny_model(
     model: Any
     if family == "qwen2":
         config = Qwen2Config(
-            **shape, use_sliding_window=True, sliding_window=TINY_WINDOW, max_window_layers=1
+            **shape, use_sliding_window=windows, sliding_window=TINY_WINDOW, max_window_layers=1
         )  # its second layer sees a window, its first everything: Qwen2's layer_types
         model = _random_biases(Qwen2ForCausalLM(config))
     elif family == "mistral":
-        model = MistralForCausalLM(MistralConfig(**shape, sliding_window=TINY_WINDOW))
+        window = TINY_WINDOW if windows else None
+        model = MistralForCausalLM(MistralConfig(**shape, sliding_window=window))
     else:
         model = LlamaForCausalLM(LlamaConfig(**shape))
     out.mkdir(parents=True, exist_ok=True)
@@ -241,7 +250,7 @@ def make_tiny_model(
     tokenizer.save_pretrained(out)
     manifest = {
         "name": f"tiny-random-{family}",
-        "source": {"seed": seed, "family": family},
+        "source": {"seed": seed, "family": family, "windows": windows},
         "licence": "Apache-2.0",
         "weights": {p.name: sha256_file(p) for p in _weights(out)},
     }
