@@ -208,14 +208,6 @@ def make_tiny_model(
     ``windows=False``: no sliding window on any layer, as Qwen2.5 checkpoints ship (vLLM 0.32
     refuses a Qwen2 that windows some layers and not others)."""
     import torch
-    from transformers import (
-        LlamaConfig,
-        LlamaForCausalLM,
-        MistralConfig,
-        MistralForCausalLM,
-        Qwen2Config,
-        Qwen2ForCausalLM,
-    )
 
     if family not in TINY_FAMILIES:
         raise ValueError(f"no tiny {family!r} model; one of {', '.join(TINY_FAMILIES)}")
@@ -234,17 +226,7 @@ def make_tiny_model(
         "eos_token_id": tokenizer.eos_token_id,
         "pad_token_id": tokenizer.pad_token_id,
     }
-    model: Any
-    if family == "qwen2":
-        config = Qwen2Config(
-            **shape, use_sliding_window=windows, sliding_window=TINY_WINDOW, max_window_layers=1
-        )  # its second layer sees a window, its first everything: Qwen2's layer_types
-        model = _random_biases(Qwen2ForCausalLM(config))
-    elif family == "mistral":
-        window = TINY_WINDOW if windows else None
-        model = MistralForCausalLM(MistralConfig(**shape, sliding_window=window))
-    else:
-        model = LlamaForCausalLM(LlamaConfig(**shape))
+    model = _random_model(family, shape, windows)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -256,6 +238,28 @@ def make_tiny_model(
     }
     (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return out
+
+
+def _random_model(family: str, shape: dict[str, Any], windows: bool) -> Any:
+    """A random model of ``family`` in ``shape`` (``make_tiny_model``'s)."""
+    from transformers import (
+        LlamaConfig,
+        LlamaForCausalLM,
+        MistralConfig,
+        MistralForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
+
+    if family == "qwen2":
+        config = Qwen2Config(
+            **shape, use_sliding_window=windows, sliding_window=TINY_WINDOW, max_window_layers=1
+        )  # its second layer sees a window, its first everything: Qwen2's layer_types
+        return _random_biases(Qwen2ForCausalLM(config))
+    if family == "mistral":
+        window = TINY_WINDOW if windows else None
+        return MistralForCausalLM(MistralConfig(**shape, sliding_window=window))
+    return LlamaForCausalLM(LlamaConfig(**shape))
 
 
 def _random_biases(model: Any) -> Any:
