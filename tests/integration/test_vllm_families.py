@@ -23,7 +23,11 @@ from infra.models import TINY_WINDOW, make_tiny_model
 from infra.vllm_cpu import start_replica, vllm_python
 from tests.factories import make_adapter
 from tests.integration.test_local_engine import peft_greedy
-from tests.integration.test_model_families import BF16_PROMPTS, first_divergence
+from tests.integration.test_model_families import (
+    BF16_PROMPTS,
+    NEW_TOKENS,
+    assert_follows_peft_in_bfloat16,
+)
 from tests.integration.test_vllm_fleet import ALL_LINEAR, collect
 from tests.integration.test_vllm_fleet import request as greedy
 
@@ -38,7 +42,6 @@ PROMPTS = [
     "def add(a, b):",
     "Tell me about the bridges of Paris, one by one, from east to west, with their years.",
 ]
-NEW_TOKENS = 24
 Served = tuple[Path, FleetEngine]
 
 
@@ -126,9 +129,4 @@ def test_bfloat16_answers_through_the_fleet_follow_peft_in_bfloat16(
     def peft(dtype: torch.dtype) -> list[list[int]]:
         return [peft_greedy(model, adapters[n], list(p), NEW_TOKENS, dtype) for n, p in cases]
 
-    in_bf16, in_float32 = peft(torch.bfloat16), peft(torch.float32)
-    fleet_parts = [first_divergence(g, b) for g, b in zip(got, in_bf16, strict=True)]
-    dtype_parts = [first_divergence(b, f) for b, f in zip(in_bf16, in_float32, strict=True)]
-    assert sum(fleet_parts) >= sum(dtype_parts), (fleet_parts, dtype_parts)
-    whole = [sum(d == NEW_TOKENS for d in parts) for parts in (fleet_parts, dtype_parts)]
-    assert whole[0] >= whole[1], (fleet_parts, dtype_parts)
+    assert_follows_peft_in_bfloat16(got, peft(torch.bfloat16), peft(torch.float32))
