@@ -117,11 +117,11 @@ def token_nll(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.T
     The rows after the prefix are packed into one sequence without padding (``Packed``): each
     token attends to the prefix and to its own row's tokens before it, at its own position.
     Logits, a vocabulary wide per position, are computed only where a label follows."""
-    shared = shared_prefix(batch)
+    common = shared_prefix(batch)
     if prefix is None:
         prefix = compute_prefix(model, batch)
-    elif prefix.length < shared:  # this batch's rows share more than the step's: extend it
-        prefix = prefix.extended(model, batch.input_ids[:1, prefix.length : shared])
+    elif prefix.length < common:  # this batch's rows share more than the step's: extend it
+        prefix = prefix.extended(model, batch.input_ids[:1, prefix.length : common])
     shared = prefix.length if prefix else 0
     packed = Packed.of(batch, shared)
     causal = model.get_base_model()  # the causal LM with the adapter's layers in it
