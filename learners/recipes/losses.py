@@ -51,21 +51,6 @@ class Prefix:
             config=self.config,
         )
 
-    def extended(self, model: Any, ids: torch.Tensor) -> Prefix:
-        """This prefix and ``ids`` (one row) after it, computed on top of it: the tokens a
-        part's rows share past the step's prefix, not the whole prefix again."""
-        cache = self.cache(1)
-        positions = torch.arange(self.length, self.length + ids.shape[1], device=ids.device)
-        model(
-            input_ids=ids,
-            past_key_values=cache,
-            position_ids=positions[None],
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        states = _keys_and_values(cache)
-        return Prefix(self.length + ids.shape[1], states, states, self.config)
-
     def backward(self) -> None:
         """Backpropagate what the parts gathered on ``read`` through the prefix."""
         pairs = [
@@ -78,11 +63,6 @@ class Prefix:
             torch.autograd.backward([s for s, _ in pairs], [g for _, g in pairs])
 
 
-def _keys_and_values(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Each layer's cached keys and values."""
-    return [(layer.keys, layer.values) for layer in cache.layers]
-
-
 def compute_prefix(model: Any, batch: Batch, *, detached: bool = False) -> Prefix | None:
     """The prefix every row of ``batch`` shares (``shared_prefix``), computed once; ``None``
     when the rows share too little. ``detached``: for parts that each run their backward (call
@@ -91,7 +71,7 @@ def compute_prefix(model: Any, batch: Batch, *, detached: bool = False) -> Prefi
     if not shared:
         return None
     out = model(input_ids=batch.input_ids[:1, :shared], use_cache=True, logits_to_keep=1)
-    states = _keys_and_values(out.past_key_values)
+    states = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
     read = states
     if detached:
         read = [
@@ -109,19 +89,16 @@ def token_nll(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.T
     The prompt prefix the rows share (the specialist's system prompt and exemplars: about 190
     of the ~260 tokens of a GenUI example) is computed once, its keys and values read by every
     row: ``prefix`` when the caller computed it for more rows than ``batch`` (a training step's
-    parts), extended by the tokens this batch's rows share past it, else this batch's own (one
-    replayed row without the system prompt shortens the step's prefix, not the other parts'). Its
-    tokens carry no loss, so the result is the full computation's (the same terms; gradients
-    flow through the shared keys and values).
+    parts) and this batch's rows share no longer one, else this batch's own (one replayed row
+    without the system prompt shortens the step's prefix, not the other parts'). Its tokens
+    carry no loss, so the result is the full computation's (the same terms; gradients flow
+    through the shared keys and values).
 
     The rows after the prefix are packed into one sequence without padding (``Packed``): each
     token attends to the prefix and to its own row's tokens before it, at its own position.
     Logits, a vocabulary wide per position, are computed only where a label follows."""
-    common = shared_prefix(batch)
-    if prefix is None:
-        prefix = compute_prefix(model, batch)
-    elif prefix.length < common:  # this batch's rows share more than the step's: extend it
-        prefix = prefix.extended(model, batch.input_ids[:1, prefix.length : common])
+    if prefix is None or prefix.length < shared_prefix(batch):
+        prefix = compute_prefix(model, batch)  # this batch's rows share more than the step's
     shared = prefix.length if prefix else 0
     packed = Packed.of(batch, shared)
     causal = model.get_base_model()  # the causal LM with the adapter's layers in it

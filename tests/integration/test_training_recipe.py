@@ -451,19 +451,16 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_loss_and_gradient
     tiny_model: Path, parent: Path
 ) -> None:
     """A batch whose rows share a long system prompt computes it once; the loss and the LoRA
-    gradients are those of computing every row whole (each row alone shares nothing). A part
-    of a training step whose rows share more than the step's prefix computes only the tokens
-    past it."""
+    gradients are those of computing every row whole (each row alone shares nothing)."""
     model, tokenizer = load_model(tiny_model, parent)
     _perturb(model)
     end = end_of_turn_ids(tokenizer)
     system = ChatMessage(role="system", content="You design small interfaces. " * 8)
-    topics = ["a greeting", "a hello card", "a hello box", "a hello panel"]
     items = [
         tokenize_turn(
             tokenizer, [system, ChatMessage(role="user", content=f"Show me {t}")], TREE, end, 512
         )
-        for t in topics
+        for t in TOPICS[:4]
     ]
     batch = collate(items, pad_id=end[-1])
     shared = shared_prefix(batch)
@@ -500,25 +497,11 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_loss_and_gradient
     model.zero_grad()
     prefix = compute_prefix(model, batch, detached=True)
     assert prefix is not None and prefix.length == shared
-    longer = shared_prefix(collate(items[1:], pad_id=end[-1]))
-    assert longer > shared  # the last three rows share "hello" too
-    embedded: list[int] = []
-    hook = model.get_input_embeddings().register_forward_hook(
-        lambda _module, args, _out: embedded.append(args[0].shape[-1])
-    )
     apart = 0.0
     for part in (items[:1], items[1:]):
         loss = token_nll(model, collate(part, pad_id=end[-1]), prefix).sum() / targets
         loss.backward()
         apart += float(loss.detach())
-    hook.remove()
-    # The step's prefix is never computed again: the first part's row after it, the tokens
-    # the other part shares past it, then that part's rows after those.
-    assert embedded == [
-        len(items[0].ids) - shared,
-        longer - shared,
-        sum(len(item.ids) - longer for item in items[1:]),
-    ]
     gathered = [leaf.grad for pair in prefix.read for leaf in pair if leaf.grad is not None]
     assert gathered and all(g.abs().sum() > 0 for g in gathered)  # the parts read the prefix
     prefix.backward()
@@ -567,9 +550,7 @@ def test_a_training_step_has_the_gradients_of_its_parts_computed_whole(
     assert len(stepped) == len(whole) == len(trainable)
     for mine, theirs in zip(stepped, whole, strict=True):
         assert theirs.abs().sum() > 0
-        # float rounding: the parts' extensions of the step's prefix sum in another order
-        scale = float(theirs.abs().max())
-        assert torch.allclose(mine, theirs, rtol=1e-3, atol=1e-5 * scale)
+        assert torch.allclose(mine, theirs, rtol=1e-3, atol=1e-6)
 
 
 def _perturb(model: Any) -> None:
