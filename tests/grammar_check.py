@@ -1,7 +1,7 @@
 """Whether a text is in the grammar of a JSON Schema: xgrammar over a vocabulary of single
 characters (compiles in milliseconds), since no JSON Schema validator is installed. It checks
-what a grammar can: rules across fields (a table row as long as its columns, unique ids, a note
-``set`` needing a key) are the catalogue's and the tools' own."""
+what a grammar can: rules across fields (a table row as long as its columns, unique ids) are the
+catalogue's own."""
 
 from __future__ import annotations
 

@@ -34,6 +34,18 @@ MAX_EXPONENT = 100
 """Largest exponent magnitude ``calculator`` raises to: keeps every calculation small."""
 MAX_MAGNITUDE = 1e100
 """Largest absolute value ``calculator`` produces, intermediate values included."""
+NOTES_OPS: dict[str, tuple[str, ...]] = {
+    "set": ("key", "value"),
+    "get": ("key",),
+    "delete": ("key",),
+    "list": (),
+}
+"""The arguments each ``notes`` op needs, and the only ones it takes."""
+TODO_OPS: dict[str, tuple[str, ...]] = {"add": ("text",), "list": (), "complete": ("id",)}
+"""The arguments each ``todo`` op needs, and the only ones it takes."""
+EXPRESSION_CHARACTERS = "0-9 .+*/%()-"
+"""The characters of a ``calculator`` expression as a regular-expression class: numbers, the
+operators and parentheses (the parser also reads forms like ``1e3``, which no task needs)."""
 
 ToolState = dict[str, JsonValue]
 """``{"notes": {key: value}, "todos": {"<id>": {"text": str, "done": bool}}, "next_todo": int}``"""
@@ -102,9 +114,8 @@ class NotesArgs(_Args):
 
     @model_validator(mode="after")
     def _fields_fit_op(self) -> NotesArgs:
-        needed = {"set": {"key", "value"}, "get": {"key"}, "delete": {"key"}, "list": set()}
         given = {name for name in ("key", "value") if getattr(self, name) is not None}
-        _require_exactly(self.op, needed[self.op], given)
+        _require_exactly(self.op, set(NOTES_OPS[self.op]), given)
         return self
 
 
@@ -117,9 +128,8 @@ class TodoArgs(_Args):
 
     @model_validator(mode="after")
     def _fields_fit_op(self) -> TodoArgs:
-        needed = {"add": {"text"}, "list": set(), "complete": {"id"}}
         given = {name for name in ("text", "id") if getattr(self, name) is not None}
-        _require_exactly(self.op, needed[self.op], given)
+        _require_exactly(self.op, set(TODO_OPS[self.op]), given)
         return self
 
 

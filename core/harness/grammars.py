@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from core.engine import OutputConstraint
-from core.harness.actions import TOOLS, ToolSpec
+from core.harness.actions import EXPRESSION_CHARACTERS, NOTES_OPS, TODO_OPS, TOOLS, ToolSpec
 from core.harness.artifact import HarnessSpec, OutputKind
 from core.harness.genui import ID_PATTERN, catalogue_schema
 
@@ -36,6 +36,8 @@ GENUI_ID = r"^[A-Za-z][A-Za-z0-9_-]{0,23}$"
 id spent a small answer's budget before its tree was complete)."""
 ARGS_MAX_TEXT = 40
 """Characters per string argument of a constrained tool call."""
+EXPRESSION_PATTERN = rf"^[{EXPRESSION_CHARACTERS}]{{1,{ARGS_MAX_TEXT}}}$"
+"""A constrained ``calculator`` expression: arithmetic, at most ``ARGS_MAX_TEXT`` characters."""
 NUMBER_LIMIT = 10**6
 """The range a number in a constrained answer keeps where its schema names none (a random
 model wrote a todo id of 60 digits and ran out of tokens)."""
@@ -157,6 +159,45 @@ def tool_call_schema(tools: Sequence[ToolSpec] = TOOLS) -> dict[str, Any]:
     return {"anyOf": calls}
 
 
+def decoded_tool(tool: ToolSpec) -> ToolSpec:
+    """``tool`` with the arguments a decoder enforces when it is a built-in tool: each op of
+    ``notes`` and ``todo`` with exactly the arguments it needs, a ``calculator`` expression in
+    the characters of arithmetic (``EXPRESSION_PATTERN``). The tool's own schema (what the model
+    is told, covered by the harness's address) leaves those rules to the tool's validation, and
+    a base model, sampled, wrote prose as an expression or a note without its key in most of
+    its calls; under the decoder, every call's arguments validate. Other tools are unchanged."""
+    properties: Any = tool.parameters.get("properties")
+    ops = {"notes": NOTES_OPS, "todo": TODO_OPS}.get(tool.name)
+    if not isinstance(properties, dict) or (ops is None and tool.name != "calculator"):
+        return tool
+    if ops is not None:
+        parameters: dict[str, Any] = {
+            "anyOf": [_op_call(op, needs, properties) for op, needs in ops.items()]
+        }
+    else:
+        expression = {"type": "string", "pattern": EXPRESSION_PATTERN}
+        parameters = {**tool.parameters, "properties": {**properties, "expression": expression}}
+    return tool.model_copy(update={"parameters": parameters})
+
+
+def _op_call(op: str, needs: Sequence[str], properties: dict[str, Any]) -> dict[str, Any]:
+    fields = {name: _not_null(schema) for name, schema in properties.items() if name in needs}
+    return {
+        "type": "object",
+        "properties": {"op": {"const": op}, **fields},
+        "required": ["op", *fields],
+        "additionalProperties": False,
+    }
+
+
+def _not_null(schema: Any) -> Any:
+    """An optional argument's schema without its ``null`` branch (the op that takes it needs
+    it)."""
+    branches = schema.get("anyOf") if isinstance(schema, dict) else None
+    kept = [branch for branch in branches or () if branch != {"type": "null"}]
+    return kept[0] if len(kept) == 1 else schema
+
+
 def _bounded(node: Any, max_items: int, max_text: int) -> Any:
     """A copy of ``node`` with every array at most ``max_items`` long, every free string at
     most ``max_text`` characters, every number within ``NUMBER_LIMIT`` unless its schema
@@ -216,7 +257,7 @@ def _constraint(kinds: tuple[OutputKind, ...], tools: str) -> OutputConstraint:
         genui = genui_schema()
         defs, anyof = genui["$defs"], genui["anyOf"]
     if "tool_call" in kinds:
-        specs = tuple(ToolSpec.model_validate(tool) for tool in json.loads(tools))
+        specs = tuple(decoded_tool(ToolSpec.model_validate(tool)) for tool in json.loads(tools))
         anyof = [*anyof, *tool_call_schema(specs)["anyOf"]]
     schema = {"$defs": defs, "anyOf": anyof} if defs else {"anyOf": anyof}
     return OutputConstraint(kind="json_schema", json_schema=schema, or_text="text" in kinds)

@@ -9,15 +9,18 @@ from typing import Any
 
 import pytest
 import xgrammar as xgr
-from pydantic import ValidationError
+from pydantic import JsonValue, ValidationError
 
+from core.conversation import empty_tool_state
 from core.engine import GenerationChunk, GenerationRequest, OutputConstraint
 from core.errors import ConstraintUnsupported, GrammarInvalid, GrammarUnbounded
-from core.harness.actions import TOOLS, ToolCall
+from core.harness.actions import NOTES_OPS, TODO_OPS, TOOLS, ToolCall, ToolState, execute
 from core.harness.artifact import HarnessSpec, root_harness
 from core.harness.genui import catalogue_schema, validate_tree
 from core.harness.grammars import (
+    ARGS_MAX_TEXT,
     GENUI_MAX_ITEMS,
+    decoded_tool,
     genui_schema,
     output_constraint,
     tool_call_schema,
@@ -26,6 +29,7 @@ from core.harness.grammars import (
 from engines.grammar import checked
 from engines.instant import InstantEngine, fixed_reply
 from tests.grammar_check import CHARACTERS, in_grammar, written
+from tests.unit.test_actions import NOW, error_code
 from tests.unit.test_genui import full_tree
 
 
@@ -109,6 +113,42 @@ def test_every_tool_call_shape_is_in_the_tool_call_grammar() -> None:
     assert {t.name for t in TOOLS} == {c["tool"] for c in calls}
     assert not in_grammar(schema, written({"tool": "shell", "args": {}}))
     assert not in_grammar(schema, written({"tool": "notes", "args": {"op": "burn"}}))
+
+
+def test_a_decoded_call_of_a_built_in_tool_takes_what_the_tool_takes_and_nothing_else() -> None:
+    """The tools' own schemas leave op-specific arguments and the calculator's syntax to the
+    tools; the decoder's grammar says them: a decoded call's arguments validate."""
+    schema = tool_call_schema([decoded_tool(tool) for tool in TOOLS])
+    given: dict[str, JsonValue] = {"key": "milk", "value": "2 litres", "text": "call Ann", "id": 1}
+    state = execute(ToolCall(tool="todo", args={"op": "add", "text": "x"}), empty_tool_state(), NOW)
+    for tool, ops in (("notes", NOTES_OPS), ("todo", TODO_OPS)):
+        for op, needs in ops.items():
+            args: dict[str, JsonValue] = {"op": op, **{name: given[name] for name in needs}}
+            call: dict[str, Any] = {"tool": tool, "args": args}
+            assert in_grammar(schema, written(call)), call
+            before: ToolState = {**empty_tool_state(), **state.state_delta, "notes": {"milk": "1"}}
+            assert execute(ToolCall.model_validate(call), before, NOW).ok, call
+            for name in needs:  # each argument it needs, left out
+                short = {"tool": tool, "args": {k: v for k, v in args.items() if k != name}}
+                assert not in_grammar(schema, written(short)), short
+                assert _refused_args(short)
+            for name in set(given) - set(needs):  # an argument it does not take, added
+                extra = {"tool": tool, "args": {**args, name: given[name]}}
+                assert not in_grammar(schema, written(extra)) and _refused_args(extra), extra
+
+    def calculator(expression: str) -> str:
+        return written({"tool": "calculator", "args": {"expression": expression}})
+
+    for expression in ("250 - 19", "2**10", "(3+4)*-2", "7 // 2 % 3", "0.5/4"):
+        assert in_grammar(schema, calculator(expression)), expression
+    for expression in ("two plus two", "sum(1, 2)", "1e3", "", "1+" * ARGS_MAX_TEXT):
+        assert not in_grammar(schema, calculator(expression)), expression
+    assert tool_call_schema() != schema  # what the model is told (harness@0) did not change
+
+
+def _refused_args(call: dict[str, Any]) -> bool:
+    outcome = execute(ToolCall.model_validate(call), empty_tool_state(), NOW)
+    return error_code(outcome) == "invalid_args"
 
 
 def test_a_constraint_names_a_schema_exactly_when_its_kind_needs_one() -> None:
@@ -202,7 +242,7 @@ def test_a_harness_enforces_the_grammar_of_the_outputs_it_names() -> None:
     assert genui is not None and not genui.or_text and genui.json_schema == genui_schema()
     agent = output_constraint(enforcing("agent"), "agent")
     assert agent is not None and agent.or_text
-    assert agent.json_schema == tool_call_schema(root.tools)
+    assert agent.json_schema == tool_call_schema([decoded_tool(tool) for tool in root.tools])
     assert output_constraint(enforcing("agent"), "genui") is None
     own = root.specialists["agent"].model_copy(
         update={"enforce_grammar": True, "tool_choice": "required"}
