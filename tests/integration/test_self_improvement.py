@@ -13,7 +13,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -341,12 +341,15 @@ def test_an_unsolved_environment_is_sampled_again_with_its_hint(runtime: Runtime
 
 
 def test_an_agent_episode_calls_a_tool_sees_the_result_and_goes_on(runtime: Runtime) -> None:
-    """Where the verifier judges a tool call, the first step is one by construction; the
-    episode's tool state runs it and the model is shown the result before its next step."""
+    """Where the verifier judges a tool call, the first step is one by construction (given an
+    answer budget that holds the grammar's longest call: a ``notes`` set with a key and a value
+    of ``ARGS_MAX_TEXT`` characters each; the suite's 48 tokens do not); the episode's tool
+    state runs it and the model is shown the result before its next step."""
+    roomy = replace(runtime, settings=runtime.settings.model_copy(update={"max_new_tokens": 256}))
     job = RolloutJob(
         job_id=uuid.uuid4(), specialist="agent", environments=["self-agent-1"], samples=2
     )
-    run_rollouts(runtime, job)
+    run_rollouts(roomy, job)
     sampled = [
         e.payload
         for e in runtime.log.read(key=rollout_key(job.job_id))
