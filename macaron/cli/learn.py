@@ -219,13 +219,12 @@ def demo(
     Starts the chat server, the stream processors and a Celery worker on the configured model
     (PostgreSQL and Redis must be up: `macaron up`). Scores the contract on the active release
     first (generation 0); each generation sends traffic until the trigger queues a run (simulated
-    users in --mode oracle; in --mode self, rollout jobs of --samples samples per bank prompt
-    until every specialist has a run queued, at most --turns-per-generation prompts, kept when
-    the verifier passes them), waits for their training, evaluation and promotion or
-    rejection, and scores the contract again. Unless set, MACARON_MAX_NEW_TOKENS is 96,
-    MACARON_TURNS_PER_MINUTE does not limit the simulated users (their answers only need to be
-    long enough to be judged) and MACARON_TRAINING_CONFIG is the CPU recipe
-    learners/recipes/lora-cpu.yaml (lora-rloo.yaml in --mode self)."""
+    users in --mode oracle; in --mode self, rollout jobs of --samples samples per bank prompt, at
+    most --turns-per-generation prompts, kept when the verifier passes them), waits for its
+    training, evaluation and promotion or rejection, and scores the contract again. Unless
+    set, MACARON_MAX_NEW_TOKENS is 96, MACARON_TURNS_PER_MINUTE does not limit the simulated
+    users (their answers only need to be long enough to be judged) and MACARON_TRAINING_CONFIG
+    is the CPU recipe learners/recipes/lora-cpu.yaml (lora-rloo.yaml in --mode self)."""
     from macaron.demo import demo_table, generation_table, run_demo  # torch, peft
 
     cfg = settings(ctx)

@@ -5,8 +5,7 @@ It composes what ``macaron serve``, ``macaron streams run`` and ``macaron worker
 server (uvicorn on a free port of 127.0.0.1, in a thread), the stream processors (in a thread)
 and a Celery worker (a ``macaron worker`` subprocess given the same settings as ``MACARON_*``
 variables). Generation 0 is the contract score of the release active at the start. Each
-generation then plays simulated users until the training trigger queues a run (or, in self
-mode, rolls out prompts until it has queued a run of every specialist), waits until
+generation then plays simulated users until the training trigger queues a run, waits until
 every queued run is trained, evaluated under the contract and promoted or rejected, and
 scores the release now active: as its evaluation recorded it, or else exactly as for generation
 0 (the serving engine, greedy decoding, the contract's answer budgets). ``demo.json`` and

@@ -1,13 +1,11 @@
 """A demo's generations: measure the active release, then for each generation play simulated
-users until a run is queued (or roll out until every specialist's is), wait until every new run
-is decided, and measure again."""
+users until a run is queued, wait until every new run is decided, and measure again."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 from collections.abc import Callable, Iterator, Sequence
-from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -18,7 +16,7 @@ from core.errors import ConfigError
 from core.ids import derived_id
 from core.settings import Settings
 from infra.postgres.keys import create_key
-from infra.postgres.lookups import run_ids_oldest_first, run_verdicts
+from infra.postgres.lookups import run_ids_oldest_first
 from infra.postgres.registry import active_release
 from learners.contract_runner import DEFAULT_CONTRACT, load_contract, load_training_bank
 from learners.curriculum import Curriculum
@@ -31,13 +29,7 @@ from learners.rollout_job import RolloutJob, RolloutSummary
 from learners.tasks import DEFAULT_BANK
 from macaron.demo.outcomes import run_outcome, run_progress
 from macaron.demo.output import write_outputs
-from macaron.demo.records import (
-    DemoFailed,
-    DemoReport,
-    GenerationRecord,
-    RunRecord,
-    rollout_stats,
-)
+from macaron.demo.records import DemoFailed, DemoReport, GenerationRecord, RunRecord
 from macaron.demo.stage import SERVER_START_S, Stage, Step, running_loop
 from macaron.simulator import (
     DEFAULT_SPECIALISTS,
@@ -125,6 +117,7 @@ def run_demo(
         )
     bank = load_training_bank(settings.task_bank_path or DEFAULT_BANK, contract)
     tasks = bank_tasks(bank.tasks, specialists)
+    plays = Curriculum(tasks, seed) if mode == "self" else task_stream(tasks, seed)
     out_dir.mkdir(parents=True, exist_ok=True)
     report = DemoReport(contract.version, [])
 
@@ -136,7 +129,7 @@ def run_demo(
 
     with running_loop(settings, out_dir, step, router=router) as stage:
         traffic = Traffic(mode, samples, seed, hints)
-        demo = _Demo(stage, contract, tasks, step, settings.train_threshold, traffic)
+        demo = _Demo(stage, contract, plays, step, settings.train_threshold, traffic)
         step("generation 0: measuring the contract on the active release")
         keep(demo.measure())
         for n in range(1, generations + 1):
@@ -156,28 +149,20 @@ class Traffic:
 
 
 class _Demo:
-    """One demo's running state: the runs already accounted for, the play order and the
-    prompts waiting in it."""
+    """One demo's running state: the runs already accounted for and the play order."""
 
     def __init__(
         self,
         stage: Stage,
         contract: Contract,
-        tasks: Sequence[Task],
+        plays: Curriculum | Iterator[Task],
         step: Step,
         threshold: int,
         traffic: Traffic,
     ) -> None:
         self.stage = stage
         self.contract = contract
-        self.plays: Iterator[Task] = (
-            Curriculum(tasks, traffic.seed)
-            if traffic.mode == "self"
-            else task_stream(tasks, traffic.seed)
-        )
-        self.rolled = frozenset(task.specialist for task in tasks)
-        self.waiting: list[Task] = []
-        """Prompts met in the play order while their specialist's run was queued."""
+        self.plays = plays
         self.step = step
         self.threshold = threshold
         self.traffic = traffic
@@ -237,18 +222,12 @@ class _Demo:
 
     def roll(self, n: int, prompts: int, timeout_s: float) -> dict[str, dict[str, float]]:
         """Roll out prompts (a job per specialist in each round) until the trigger has queued
-        a run of every specialist rolled out, at most ``prompts``; what the rollouts gave, per
-        specialist. A specialist whose run is queued is rolled out no more this generation (its
-        samples would come from the adapter the run may replace): its prompts wait for the
-        next generation, so the first to reach the trigger does not starve the others of a
-        run (one generation of an earlier demo trained only GenUI while the agent's records
-        were a few short)."""
+        a run, at most ``prompts``; what the rollouts gave, per specialist."""
         summaries: list[RolloutSummary] = []
         specialists: list[str] = []
         rolled = 0
-        while rolled < prompts and (due := self.rolled - self._queued_specialists()):
-            count = min(ROLLOUT_CHUNK, prompts - rolled)
-            chunk = draw_prompts(self.plays, self.waiting, count, due)
+        while rolled < prompts and not self._new_runs():
+            chunk = [next(self.plays) for _ in range(min(ROLLOUT_CHUNK, prompts - rolled))]
             rolled += len(chunk)
             for specialist in sorted({task.specialist for task in chunk}):
                 job = RolloutJob(
@@ -368,28 +347,33 @@ class _Demo:
     def _new_runs(self) -> list[UUID]:
         return [run_id for run_id in self._run_ids() if run_id not in self.seen]
 
-    def _queued_specialists(self) -> set[str]:
-        """The specialists of this generation's adapter runs so far."""
-        with self.stage.server.pool.connection() as conn:
-            runs = [run_verdicts(conn, run_id) for run_id in self._new_runs()]
-        return {run["specialist"] for run in runs if run is not None and run["kind"] == "adapter"}
+
+def rollout_stats(
+    specialists: Sequence[str], summaries: Sequence[RolloutSummary]
+) -> dict[str, dict[str, float]]:
+    """Per specialist: groups and samples rolled out, samples passed, pass@1 and pass@K, the
+    groups with signal and their share, the hinted groups and their passes, samples the
+    verifier failed on, and seconds."""
+    stats: dict[str, dict[str, float]] = {}
+    for specialist, summary in zip(specialists, summaries, strict=True):
+        into = stats.setdefault(specialist, dict.fromkeys(_SUMMED, 0.0) | {"solved": 0.0})
+        for name in _SUMMED:
+            into[name] += float(getattr(summary, name))
+        into["solved"] += summary.pass_at_k * summary.groups
+    for into in stats.values():
+        into["pass_at_1"] = into["passed"] / into["samples"] if into["samples"] else 0.0
+        into["pass_at_k"] = into.pop("solved") / into["groups"] if into["groups"] else 0.0
+        into["signal_share"] = into["signal_groups"] / into["groups"] if into["groups"] else 0.0
+    return stats
 
 
-def draw_prompts(
-    plays: Iterator[Task], waiting: list[Task], count: int, due: AbstractSet[str]
-) -> list[Task]:
-    """The next ``count`` prompts of the ``due`` specialists: those ``waiting`` first, then the
-    play order's; the other specialists' prompts met on the way join ``waiting`` (once each)."""
-    chosen: list[Task] = []
-    while len(chosen) < count:
-        task = next((t for t in waiting if t.specialist in due), None)
-        if task is not None:
-            waiting.remove(task)
-        else:
-            task = next(plays)
-            if task.specialist not in due:
-                if task not in waiting:
-                    waiting.append(task)
-                continue
-        chosen.append(task)
-    return chosen
+_SUMMED = (
+    "groups",
+    "samples",
+    "passed",
+    "failed",
+    "signal_groups",
+    "hinted_groups",
+    "hinted_passed",
+    "seconds",
+)

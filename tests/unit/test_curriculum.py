@@ -11,7 +11,6 @@ import pytest
 from core.contract import RegexChecker, Task
 from core.errors import ConfigError
 from learners.curriculum import Curriculum
-from macaron.demo.generations import draw_prompts
 
 
 def bank(n: int) -> list[Task]:
@@ -50,25 +49,3 @@ def test_tasks_never_or_almost_always_solved_come_about_a_quarter_as_often() -> 
 def test_an_empty_bank_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="no tasks"):
         Curriculum([], seed=0)
-
-
-def test_prompts_of_a_specialist_whose_run_is_queued_wait_for_the_next_generation() -> None:
-    """``draw_prompts``: only the due specialists' prompts are drawn; the others' wait, once
-    each, and are drawn first when their specialist is due again, none lost."""
-    checker = RegexChecker(kind="regex", pattern="x")
-    tasks = [
-        Task(id=f"{name}-{i}", specialist=name, prompt="p", checker=checker, reference="x")
-        for i in range(6)
-        for name in ("agent", "genui")
-    ]
-    plays = Curriculum(tasks, seed=1)
-    waiting: list[Task] = []
-    drawn = draw_prompts(plays, waiting, 5, {"agent"})
-    assert [t.specialist for t in drawn] == ["agent"] * 5
-    assert waiting and {t.specialist for t in waiting} == {"genui"}
-    assert len({t.id for t in waiting}) == len(waiting)
-    held = list(waiting)
-    again = draw_prompts(plays, waiting, len(held) + 1, {"agent", "genui"})
-    assert again[: len(held)] == held and not waiting
-    first_round = {t.id for t in [*drawn, *again]}
-    assert len(first_round) == len(drawn) + len(again)  # the first round repeats no prompt
