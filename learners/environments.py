@@ -6,11 +6,15 @@ and a verifier. The verifier here is the contract's checkers (tool call executed
 GenUI tree valid and containing what was asked, Python tests in the sandbox, exact or regex),
 turned into a reward in [0, 1].
 
-Hints, for STaR-style rationalization (a group none of whose samples passed is sampled again
-with a hint after the prompt), are an ablation, off by default (``HintMode``): the only hint
-this bank could give is what its checker expects (the tool to call, the words the tree must
-show), which a system that only has verifiers would not know. ``checker`` hints are reported
-apart, never taken for what the loop learns by itself.
+A group none of whose samples passed may get a second look (``HintMode``), STaR-style:
+- ``tools``: a tool-call environment's group is sampled again with its first step restricted to
+  one tool of the harness, each tool in turn. It says nothing the harness does not (which tools
+  exist), so a system that only has verifiers can do it: it explores the choice of tool, the
+  first decision a base model gets wrong (it calls the calculator to remember a note);
+- ``checker``: an ablation, sampled again with a hint after the prompt. The only hint this bank
+  could give is what its checker expects (the tool to call, the words the tree must show),
+  which a system that only has verifiers would not know. ``checker`` hints are reported apart,
+  never taken for what the loop learns by itself.
 
 The contract's held-out tasks are never an environment: ``load_environments`` refuses a bank
 whose task is (nearly) a task of any contract version.
@@ -30,9 +34,10 @@ from learners.checkers import check
 from learners.contract_runner import load_training_bank
 from learners.tasks import DEFAULT_BANK
 
-HintMode = Literal["none", "checker"]
-"""Which hint a group with no passing sample is sampled again with: ``none`` (the default: it is
-not sampled again) or ``checker`` (the ablation: what the checker expects, said plainly)."""
+HintMode = Literal["none", "tools", "checker"]
+"""How a group with no passing sample is sampled again: ``none`` (it is not), ``tools`` (each of
+the harness's tools in turn forced as the first step's call, where a tool call is judged) or
+``checker`` (the ablation: what the checker expects, said plainly after the prompt)."""
 
 VERIFIER_VERSION = "verifier-1"
 """The contract's checkers as rewards: 1.0 when the first step passes its checker, else 0.0."""
@@ -77,12 +82,19 @@ class Environment:
     def id(self) -> str:
         return f"{self.bank_version}/{self.task.id}"
 
+    def resampled(self, mode: HintMode) -> bool:
+        """Whether a group of this environment with no passing sample is sampled again under
+        ``mode`` (a tool sweep needs a tool call to judge; a checker hint needs a hint)."""
+        if mode == "tools":
+            return isinstance(self.task.checker, ToolCallChecker)
+        return self.hint(mode) is not None
+
     def hint(self, mode: HintMode) -> str | None:
         """The hint of ``mode``: with ``checker``, what the checker asks for, said plainly (the
         tool to call, the words the tree must show; ``None`` when the checker's expectation
-        would be the answer itself)."""
+        would be the answer itself); no other mode says anything after the prompt."""
         checker = self.task.checker
-        if mode == "none":
+        if mode != "checker":
             return None
         if isinstance(checker, ToolCallChecker):
             return f"Answer with a call of the {checker.tool} tool."

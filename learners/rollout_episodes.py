@@ -36,8 +36,15 @@ class Group:
 
     environment: Environment
     hint: str | None
+    first_tools: list[str | None]
+    """Per sample, the tool a sweep forced its first step to call (``None``: not swept)."""
     episodes: list[list[RolloutStep]]
     verdicts: list[Verdict]
+
+    @property
+    def helped(self) -> bool:
+        """Whether it was sampled with help (a hint or a tool sweep): a job's second look."""
+        return self.hint is not None or any(self.first_tools)
 
     @property
     def any_passed(self) -> bool:
@@ -60,32 +67,45 @@ class Sampler:
     temperature: float
     max_tokens: int
 
-    def grammar(self, tool_required: bool) -> HarnessSpec:
+    def grammar(self, tool_required: bool, only: str | None = None) -> HarnessSpec:
         """The harness with the specialist's output grammar enforced (a tool call or a GenUI
-        tree is well-formed by construction, so the reward measures content) and, where the
-        environment's verifier judges a tool call, a tool call required as the first step."""
+        tree is well-formed by construction, so the reward measures content), where the
+        environment's verifier judges a tool call, a tool call required as the first step
+        and, with ``only``, that tool the only one the decoder lets it call (a tool sweep:
+        the model is still told of every tool)."""
         spec = self.harness.spec
         update: dict[str, Any] = {"enforce_grammar": True}
         if tool_required:
             update["tool_choice"] = "required"
         own = spec.for_specialist(self.specialist).model_copy(update=update)
-        return spec.model_copy(update={"specialists": {**spec.specialists, self.specialist: own}})
+        grammar: dict[str, Any] = {"specialists": {**spec.specialists, self.specialist: own}}
+        if only is not None:
+            grammar["tools"] = tuple(tool for tool in spec.tools if tool.name == only)
+        return spec.model_copy(update=grammar)
 
     async def episode(
-        self, environment: Environment, hint: str | None, seed: int, slots: asyncio.Semaphore
+        self,
+        environment: Environment,
+        hint: str | None,
+        seed: int,
+        slots: asyncio.Semaphore,
+        first_tool: str | None = None,
     ) -> list[RolloutStep]:
         """Generate, run the tool the model calls in a fresh tool state and show it the result,
-        until it answers in text or the episode has used its steps."""
+        until it answers in text or the episode has used its steps; with ``first_tool``, the
+        first step calls that tool."""
         user = environment.task.prompt if hint is None else f"{environment.task.prompt}\n\n{hint}"
         context = build_context(self.harness, self.specialist, [], user)
-        grammar = self.grammar(isinstance(environment.task.checker, ToolCallChecker))
+        required = isinstance(environment.task.checker, ToolCallChecker)
+        first, grammar = self.grammar(required, first_tool), self.grammar(required)
         state = empty_tool_state()
         steps: list[RolloutStep] = []
         scratch: list[ChatMessage] = []
         for n in range(ROLLOUT_MAX_STEPS):
             messages = context.model_copy(update={"scratch": tuple(scratch)}).messages()
             async with slots:
-                text = await self._generate(messages, seed + n, grammar, first_step=n == 0)
+                step_grammar = first if n == 0 else grammar
+                text = await self._generate(messages, seed + n, step_grammar, first_step=n == 0)
             call = tool_call_of(text) if "tool_call" in context.grammars else None
             if call is None:
                 steps.append(RolloutStep(output=text))

@@ -8,9 +8,11 @@ prompt's prefill through its prefix cache), each with its own seed, in the speci
 under the release's harness, its output grammar always enforced (so the reward measures
 content) and, where the verifier judges a tool call, a tool call required as the first step
 (otherwise the base model of an agent answers in prose and no sample can pass). A job with
-``hints: checker`` (an ablation; ``learners.environments``) samples K more, with the checker's
-hint after the prompt, for each group none of whose samples passed (STaR-style
-rationalization); the experience builder trains on what verifies without the hint.
+``hints: tools`` samples K more for each tool-call group none of whose samples passed, sample k's
+first step forced to call the harness's k-th tool (modulo their number: a tool sweep); with
+``hints: checker`` (an ablation; ``learners.environments``), K more with the checker's hint
+after the prompt, for each group none of whose samples passed (STaR-style rationalization).
+The experience builder trains on what verifies, in the context without the hint.
 
 Ids derive from the job, the environment and the sample, and a group's events are appended in
 one batch, so a redelivered job skips the groups its log already holds and appends nothing
@@ -75,7 +77,8 @@ class RolloutJob(BaseModel):
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     temperature: float = Field(default=0.8, gt=0.0, le=2.0)
     hints: HintMode = "none"
-    """``checker``: resample unsolved groups with the checker's hint (an ablation)."""
+    """``tools``: resample unsolved tool-call groups with each tool in turn forced;
+    ``checker``: resample unsolved groups with the checker's hint (an ablation)."""
 
     @field_validator("environments")
     @classmethod
@@ -120,6 +123,15 @@ def group_id_of(job_id: UUID, environment: Environment, hinted: bool) -> UUID:
 # --- sampling ---------------------------------------------------------------------------------
 
 
+def swept_tools(sampler: Sampler, job: RolloutJob, hinted: bool) -> list[str | None]:
+    """Per sample, the tool a sweep forces its first step to call: the harness's tools in turn
+    on a resampled group of a ``tools`` job, else ``None`` (any tool)."""
+    tools = [tool.name for tool in sampler.harness.spec.tools]
+    if not (hinted and job.hints == "tools" and tools):
+        return [None] * job.samples
+    return [tools[k % len(tools)] for k in range(job.samples)]
+
+
 def sample_seed(job: RolloutJob, environment: Environment, hinted: bool, sample: int) -> int:
     """A sample's seed: derived from the job (its id and seed), so a redelivered job samples
     alike and another job on the same prompt explores anew."""
@@ -141,19 +153,22 @@ async def sample_groups(
     block: they run in a thread, one group at a time), so what a job did survives a crash."""
     slots, recording = asyncio.Semaphore(CONCURRENCY), asyncio.Lock()
 
+    first_tools = swept_tools(sampler, job, hinted)
+
     async def group(environment: Environment) -> Group:
         hint = environment.hint(job.hints) if hinted else None
+        seeds = [sample_seed(job, environment, hinted, k) for k in range(job.samples)]
         episodes = await asyncio.gather(
             *(
-                sampler.episode(environment, hint, sample_seed(job, environment, hinted, k), slots)
-                for k in range(job.samples)
+                sampler.episode(environment, hint, seed, slots, tool)
+                for seed, tool in zip(seeds, first_tools, strict=True)
             )
         )
         async with recording:
             verdicts = await asyncio.to_thread(
                 lambda: [judge(verifier, environment.task, steps) for steps in episodes]
             )
-            done = Group(environment, hint, list(episodes), verdicts)
+            done = Group(environment, hint, first_tools, list(episodes), verdicts)
             await asyncio.to_thread(record, done)
         return done
 
@@ -167,12 +182,13 @@ def group_events(
     job: RolloutJob, release: Release, harness: HarnessVersion, group: Group, verifier: Verifier
 ) -> list[NewEvent]:
     """A group's ``RolloutSampled`` events, then its ``RolloutScored`` events."""
-    env, hinted = group.environment, group.hint is not None
+    env, hinted = group.environment, group.helped
     group_id = group_id_of(job.job_id, env, hinted)
     adapter = release.adapter_for(job.specialist)
     messages = build_context(harness, job.specialist, [], env.task.prompt).messages()
     sampled, scored = [], []
-    for k, (steps, verdict) in enumerate(zip(group.episodes, group.verdicts, strict=True)):
+    samples = zip(group.first_tools, group.episodes, group.verdicts, strict=True)
+    for k, (first_tool, steps, verdict) in enumerate(samples):
         rollout_id = derived_id("rollout", group_id, k)
         sampled.append(
             RolloutSampled(
@@ -188,6 +204,7 @@ def group_events(
                 harness=harness.stamp,
                 messages=[ChatMessage.model_validate(m) for m in messages],
                 hint=group.hint,
+                first_tool=first_tool,
                 seed=sample_seed(job, env, hinted, k),
                 temperature=job.temperature,
                 steps=steps,
@@ -247,7 +264,7 @@ def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None)
         unsolved = [
             env
             for env in environments
-            if env.hint(job.hints) is not None
+            if env.resampled(job.hints)
             and not recorded.get(group_id_of(job.job_id, env, False), True)
         ]
         hinted = _roll(rt, sampler, job, unsolved, verifier, release, harness, hinted=True)

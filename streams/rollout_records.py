@@ -6,9 +6,9 @@ rollout group teaches.
 - a passed and a failed answer of the same group, paired in sample order: a preference pair
   (passed chosen, failed rejected);
 - the group's verified answers with their rewards, when the rewards differ and the group was
-  sampled without a hint: a ``group`` record for policy gradient (RLOO advantages need two
-  answers that scored apart, and a policy gradient needs answers drawn in the context it
-  trains in);
+  sampled without help (no hint, no tool forced by a sweep): a ``group`` record for policy
+  gradient (RLOO advantages need two answers that scored apart, and a policy gradient needs
+  answers drawn in the context it trains in, by its own choices);
 - a sample whose verifier failed (crashed, timed out, gave a reward out of range) teaches
   nothing, and neither does a group whose verified answers all scored alike.
 No record holds anything but the model's own samples: no reference answer reaches training
@@ -51,7 +51,7 @@ def record_sampled(conn: DictConnection, event: RecordedEvent, sampled: RolloutS
             "adapter_version": sampled.adapter_version,
             "messages": [m.model_dump() for m in sampled.messages],
             "answer": sampled.steps[0].output,
-            "hinted": sampled.hint is not None,
+            "hinted": sampled.hint is not None or sampled.first_tool is not None,
         },
     )
 

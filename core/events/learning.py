@@ -77,10 +77,13 @@ class RolloutStep(BaseModel):
 class RolloutSampled(EventPayload):
     """One sampled episode of a rollout group: the ``group_size`` samples a rollout job drew for
     one environment from the release then active. ``messages`` is the context without
-    ``hint``; a hinted sample saw the hint after the prompt, in the user's message."""
+    ``hint``; a hinted sample saw the hint after the prompt, in the user's message. v2:
+    ``first_tool``, the one tool a tool sweep let the first step call (``None``: any tool the
+    harness has)."""
 
     event_type = "RolloutSampled"
     private_fields = ("messages", "hint", "steps")
+    schema_version = 2
     rollout_id: UUID
     group_id: UUID
     job_id: UUID
@@ -93,6 +96,7 @@ class RolloutSampled(EventPayload):
     harness: HarnessStamp
     messages: list[ChatMessage]
     hint: str | None
+    first_tool: str | None
     seed: int = Field(ge=0)
     temperature: float = Field(ge=0.0, le=2.0)
     steps: list[RolloutStep] = Field(min_length=1)

@@ -112,6 +112,13 @@ def _experience_recorded_v2(payload: dict[str, Any]) -> dict[str, Any]:
     return payload
 
 
+@UPCASTERS.register("RolloutSampled", 1)
+def _rollout_sampled_v1(payload: dict[str, Any]) -> dict[str, Any]:
+    """v1 samples were never swept: the first step could call any tool of the harness."""
+    payload.setdefault("first_tool", None)
+    return payload
+
+
 @UPCASTERS.register("RouterDecided", 1)
 def _router_decided_v1(payload: dict[str, Any]) -> dict[str, Any]:
     """v1 recorded no reason (unknown) and no context (the router read the message alone)."""

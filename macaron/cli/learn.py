@@ -181,12 +181,15 @@ MODE_HELP = (
 
 class DemoHints(StrEnum):
     none = "none"
+    tools = "tools"
     checker = "checker"
 
 
 HINTS_HELP = (
-    "Self mode: none (the default) resamples no group; checker, an ablation, resamples each "
-    "group with no passing sample with what its checker expects (the tool, the words) as a hint."
+    "Self mode: none (the default) resamples no group; tools resamples each tool-call group "
+    "with no passing sample with the harness's tools forced in turn as its first call; "
+    "checker, an ablation, resamples each group with no passing sample with what its checker "
+    "expects (the tool, the words) as a hint."
 )
 
 

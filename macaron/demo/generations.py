@@ -99,8 +99,8 @@ def run_demo(
     generation is simulated users whose oracle corrects wrong answers with the reference
     (``oracle``, at most ``turns_per_generation`` turns) or rollout jobs of ``samples`` samples
     per prompt judged by the verifiers (``self``, at most ``turns_per_generation`` prompts),
-    groups with no passing sample resampled with the checker's hint if ``hints`` is
-    ``checker`` (an ablation)."""
+    groups with no passing sample resampled as ``hints`` says (``tools``: a tool sweep;
+    ``checker``: the checker's hint, an ablation)."""
     if min(generations, turns_per_generation, concurrency) < 1:
         raise ConfigError("generations, turns per generation and concurrency must be at least 1")
     if hints not in get_args(HintMode):

@@ -48,7 +48,8 @@ class GenerationRecord:
     answers per suite that asks for a form. The traffic was simulated users (``mode`` oracle:
     ``turns``, and ``simulated_pass_rate`` the oracle's verdict on them) or rollouts (``self``:
     ``rollouts`` per specialist, ``learners.rollout_job.RolloutSummary`` summed, with pass@1 and
-    pass@K; ``hints`` the hint mode, ``checker`` only in the ablation). ``phase_seconds``:
+    pass@K; ``hints`` how unsolved groups were resampled: ``tools`` a sweep, ``checker`` only
+    in the ablation). ``phase_seconds``:
     traffic until a run was queued; adapter runs until every one was decided (trained,
     evaluated, promoted or not); harness proposals (queued by those decisions) until every one
     was decided; measure."""

@@ -35,6 +35,8 @@ from core.harness.hcp import tool_call_of
 from core.log import EventLog
 from core.settings import Settings
 from infra.postgres.db import Pool
+from infra.postgres.registry import active_release, harness_by_name
+from infra.postgres.rollout_joins import scored_group
 from learners.files import load_yaml_model
 from learners.queue import configure as configure_celery
 from learners.queue import enqueue_rollouts
@@ -338,6 +340,59 @@ def test_an_unsolved_environment_is_sampled_again_with_its_hint(runtime: Runtime
     assert len({s.group_id for s in sampled}) == 2
     assert all(s.messages == sampled[0].messages for s in sampled)
     assert "Zanzibar" not in json.dumps([m.model_dump() for m in sampled[0].messages])
+
+
+SWEEP_BANK = """\
+version: bank-sweep
+tasks:
+- {id: sweep-agent-1, specialist: agent, prompt: "Remember that my locker code is Q-5582-Z.",
+   checker: {kind: tool_call, tool: notes, args: {op: set}, contains: {value: [Q-5582-Z]}},
+   reference: '{"tool": "notes", "args": {"op": "set", "key": "locker", "value": "Q-5582-Z"}}'}
+"""
+
+
+def test_an_unsolved_tool_call_environment_is_swept_tool_by_tool(
+    runtime: Runtime, tmp_path: Path
+) -> None:
+    """The tiny model never writes the value this task's checker wants. With ``hints: tools``
+    its group is sampled again, sample k's first step a call of the harness's k-th tool; no
+    hint is said, each sample records the tool it was held to, and the stream marks the swept
+    samples as sampled with help (no policy-gradient group is built from them)."""
+    bank = tmp_path / "bank-sweep.yaml"
+    bank.write_text(SWEEP_BANK)
+    update = {"task_bank_path": bank, "max_new_tokens": 256}
+    swept = replace(runtime, settings=runtime.settings.model_copy(update=update))
+    with runtime.pool.connection() as conn:
+        harness = harness_by_name(conn, active_release(conn).harness_version)
+    tools = [tool.name for tool in harness.spec.tools]
+    job = RolloutJob(
+        job_id=uuid.uuid4(),
+        specialist="agent",
+        environments=["sweep-agent-1"],
+        samples=len(tools) + 1,
+        hints="tools",
+    )
+    summary = run_rollouts(swept, job)
+    assert (summary.groups, summary.passed, summary.hinted_groups) == (1, 0, 1)
+    sampled = [
+        e.payload
+        for e in runtime.log.read(key=rollout_key(job.job_id))
+        if isinstance(e.payload, RolloutSampled)
+    ]
+    plain, sweep = sampled[: job.samples], sampled[job.samples :]
+    assert [s.first_tool for s in plain] == [None] * job.samples
+    assert [s.first_tool for s in sweep] == [*tools, tools[0]]
+    assert [s.steps[0].action["name"] for s in sweep if s.steps[0].action] == [*tools, tools[0]]
+    assert all(s.hint is None and s.messages == plain[0].messages for s in sweep)
+    hosts = wiring.processor_hosts(swept.settings, runtime.log, runtime.pool)
+    [host] = [h for h in hosts if isinstance(h.processor, ExperienceBuilder)]
+    catch_up(host)
+    with runtime.pool.connection() as conn:
+        rows = [scored_group(conn, group_id) for group_id in (plain[0].group_id, sweep[0].group_id)]
+    assert [[r.hinted for r in group or ()] for group in rows] == [
+        [False] * job.samples,
+        [True] * job.samples,
+    ]
 
 
 def test_an_agent_episode_calls_a_tool_sees_the_result_and_goes_on(runtime: Runtime) -> None:

@@ -11,7 +11,15 @@ from pydantic import ValidationError
 
 from core.canonical import canonical_json
 from core.errors import InvalidEvent, UnknownEventType, UnknownSchemaVersion
-from core.events import CATALOGUE, Envelope, FeedbackGiven, NewEvent, TurnReceived, decode_payload
+from core.events import (
+    CATALOGUE,
+    Envelope,
+    FeedbackGiven,
+    NewEvent,
+    RolloutSampled,
+    TurnReceived,
+    decode_payload,
+)
 from core.events.chain import verify_chain
 from core.events.upcasters import UpcasterRegistry
 from core.ids import uuid7, uuid7_time_ms
@@ -162,6 +170,33 @@ def test_turn_received_v1_is_upcast_to_v5() -> None:
     assert (payload.input_kind, payload.release_id, payload.harness) == ("text", None, None)
     assert payload.regenerates is None and payload.decoding is None
     assert stored.payload["text"] == "hi"  # decoding never changes the stored envelope
+
+
+def test_a_rollout_sample_of_v1_reads_as_never_swept() -> None:
+    payload = {
+        "rollout_id": str(uuid.uuid4()),
+        "group_id": str(uuid.uuid4()),
+        "job_id": str(uuid.uuid4()),
+        "sample": 0,
+        "group_size": 1,
+        "environment": "bank-v2/bank-agent-041",
+        "specialist": "agent",
+        "release_id": "release-0",
+        "adapter_version": None,
+        "harness": {"harness_version": "harness@0", "hcp_version": "hcp-1"},
+        "messages": [{"role": "user", "content": "Remember that my shoe size is 43."}],
+        "hint": None,
+        "seed": 7,
+        "temperature": 0.8,
+        "steps": [{"output": "{}"}],
+    }
+    stored = Envelope.validate(
+        raw_envelope(key="k", type="RolloutSampled", schema_version=1, payload=payload)
+    )
+    sample = decode_payload(stored)
+    assert isinstance(sample, RolloutSampled) and RolloutSampled.schema_version == 2
+    assert (sample.first_tool, sample.hint, sample.seed) == (None, None, 7)
+    assert "first_tool" not in stored.payload
 
 
 def test_decode_errors_are_typed() -> None:
