@@ -29,7 +29,7 @@ def demo(tmp_path: Path, settings: Settings | None = None, **options: Any) -> No
 
 
 def test_an_unknown_hint_mode_is_a_config_error(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="no hint mode 'reference'; one of none, checker"):
+    with pytest.raises(ConfigError, match="no hint mode 'reference'; one of none, tools, checker"):
         demo(tmp_path, mode="self", hints="reference")
     assert not (tmp_path / "demo").exists()
 
