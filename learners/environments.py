@@ -7,10 +7,11 @@ GenUI tree valid and containing what was asked, Python tests in the sandbox, exa
 turned into a reward in [0, 1].
 
 A group none of whose samples passed may get a second look (``HintMode``), STaR-style:
-- ``tools``: a tool-call environment's group is sampled again with its first step restricted to
-  one tool of the harness, each tool in turn. It says nothing the harness does not (which tools
-  exist), so a system that only has verifiers can do it: it explores the choice of tool, the
-  first decision a base model gets wrong (it calls the calculator to remember a note);
+- ``tools``: a tool-call environment's group is sampled again with its first step held to one
+  kind of call of the harness's tools (a tool, or one op of it: ``notes.set``), each in turn.
+  It says nothing the harness does not (which tools and ops exist), so a system that only has
+  verifiers can do it: it explores the first decisions, which tool and which op, that a base
+  model gets wrong (it calls the calculator to remember a note);
 - ``checker``: an ablation, sampled again with a hint after the prompt. The only hint this bank
   could give is what its checker expects (the tool to call, the words the tree must show),
   which a system that only has verifiers would not know. ``checker`` hints are reported apart,
@@ -35,8 +36,8 @@ from learners.contract_runner import load_training_bank
 from learners.tasks import DEFAULT_BANK
 
 HintMode = Literal["none", "tools", "checker"]
-"""How a group with no passing sample is sampled again: ``none`` (it is not), ``tools`` (each of
-the harness's tools in turn forced as the first step's call, where a tool call is judged) or
+"""How a group with no passing sample is sampled again: ``none`` (it is not), ``tools`` (each kind
+of call of the harness's tools in turn forced as the first step, where a tool call is judged) or
 ``checker`` (the ablation: what the checker expects, said plainly after the prompt)."""
 
 VERIFIER_VERSION = "verifier-1"

@@ -19,7 +19,7 @@ from core.engine import Engine, GenerationRequest, SamplingParams
 from core.events import ChatMessage, RolloutStep
 from core.harness.actions import execute
 from core.harness.artifact import HarnessSpec, HarnessVersion
-from core.harness.grammars import output_constraint
+from core.harness.grammars import held_to, output_constraint
 from core.harness.hcp import build_context, tool_call_of
 from core.merge_patch import apply_merge_patch
 from learners.environments import Environment, Verdict
@@ -36,15 +36,15 @@ class Group:
 
     environment: Environment
     hint: str | None
-    first_tools: list[str | None]
-    """Per sample, the tool a sweep forced its first step to call (``None``: not swept)."""
+    first_calls: list[str | None]
+    """Per sample, the kind of call a sweep held its first step to (``None``: not swept)."""
     episodes: list[list[RolloutStep]]
     verdicts: list[Verdict]
 
     @property
     def helped(self) -> bool:
         """Whether it was sampled with help (a hint or a tool sweep): a job's second look."""
-        return self.hint is not None or any(self.first_tools)
+        return self.hint is not None or any(self.first_calls)
 
     @property
     def any_passed(self) -> bool:
@@ -71,8 +71,8 @@ class Sampler:
         """The harness with the specialist's output grammar enforced (a tool call or a GenUI
         tree is well-formed by construction, so the reward measures content), where the
         environment's verifier judges a tool call, a tool call required as the first step
-        and, with ``only``, that tool the only one the decoder lets it call (a tool sweep:
-        the model is still told of every tool)."""
+        and, with ``only``, that kind of call (``call_kinds``: a tool, or one op of it) the
+        only one the decoder lets it make (a sweep: the model is still told of every tool)."""
         spec = self.harness.spec
         update: dict[str, Any] = {"enforce_grammar": True}
         if tool_required:
@@ -80,7 +80,7 @@ class Sampler:
         own = spec.for_specialist(self.specialist).model_copy(update=update)
         grammar: dict[str, Any] = {"specialists": {**spec.specialists, self.specialist: own}}
         if only is not None:
-            grammar["tools"] = tuple(tool for tool in spec.tools if tool.name == only)
+            grammar["tools"] = held_to(spec.tools, only)
         return spec.model_copy(update=grammar)
 
     async def episode(
@@ -89,15 +89,15 @@ class Sampler:
         hint: str | None,
         seed: int,
         slots: asyncio.Semaphore,
-        first_tool: str | None = None,
+        first_call: str | None = None,
     ) -> list[RolloutStep]:
         """Generate, run the tool the model calls in a fresh tool state and show it the result,
-        until it answers in text or the episode has used its steps; with ``first_tool``, the
-        first step calls that tool."""
+        until it answers in text or the episode has used its steps; with ``first_call``, the
+        first step makes that kind of call."""
         user = environment.task.prompt if hint is None else f"{environment.task.prompt}\n\n{hint}"
         context = build_context(self.harness, self.specialist, [], user)
         required = isinstance(environment.task.checker, ToolCallChecker)
-        first, grammar = self.grammar(required, first_tool), self.grammar(required)
+        first, grammar = self.grammar(required, first_call), self.grammar(required)
         state = empty_tool_state()
         steps: list[RolloutStep] = []
         scratch: list[ChatMessage] = []

@@ -8,8 +8,9 @@ prompt's prefill through its prefix cache), each with its own seed, in the speci
 under the release's harness, its output grammar always enforced (so the reward measures
 content) and, where the verifier judges a tool call, a tool call required as the first step
 (otherwise the base model of an agent answers in prose and no sample can pass). A job with
-``hints: tools`` samples K more for each tool-call group none of whose samples passed, sample k's
-first step forced to call the harness's k-th tool (modulo their number: a tool sweep); with
+``hints: tools`` sweeps each tool-call group none of whose samples passed: it samples every kind
+of call of the harness's tools in turn (a tool, or each op of a tool with ops: ``notes.set``,
+``notes.get``, ...), K samples at least, sample k's first step held to the k-th; with
 ``hints: checker`` (an ablation; ``learners.environments``), K more with the checker's hint
 after the prompt, for each group none of whose samples passed (STaR-style rationalization).
 The experience builder trains on what verifies, in the context without the hint.
@@ -33,6 +34,7 @@ from core.engine import Engine
 from core.errors import EventIdConflict, MacaronError
 from core.events import ChatMessage, NewEvent, RolloutSampled, RolloutScored
 from core.harness.artifact import HarnessVersion
+from core.harness.grammars import call_kinds
 from core.harness.hcp import build_context
 from core.ids import derived_id
 from core.log import EventLog
@@ -77,7 +79,7 @@ class RolloutJob(BaseModel):
     seed: int = Field(default=0, ge=0, le=2**31 - 1)
     temperature: float = Field(default=0.8, gt=0.0, le=2.0)
     hints: HintMode = "none"
-    """``tools``: resample unsolved tool-call groups with each tool in turn forced;
+    """``tools``: resample unsolved tool-call groups with each kind of call in turn forced;
     ``checker``: resample unsolved groups with the checker's hint (an ablation)."""
 
     @field_validator("environments")
@@ -123,13 +125,14 @@ def group_id_of(job_id: UUID, environment: Environment, hinted: bool) -> UUID:
 # --- sampling ---------------------------------------------------------------------------------
 
 
-def swept_tools(sampler: Sampler, job: RolloutJob, hinted: bool) -> list[str | None]:
-    """Per sample, the tool a sweep forces its first step to call: the harness's tools in turn
-    on a resampled group of a ``tools`` job, else ``None`` (any tool)."""
-    tools = [tool.name for tool in sampler.harness.spec.tools]
-    if not (hinted and job.hints == "tools" and tools):
+def swept_calls(sampler: Sampler, job: RolloutJob, hinted: bool) -> list[str | None]:
+    """Per sample, the kind of call a sweep holds its first step to: on a resampled group of a
+    ``tools`` job, every kind of call of the harness's tools in turn (``call_kinds``), each at
+    least once, K samples at least; else K times ``None`` (any call)."""
+    kinds = call_kinds(sampler.harness.spec.tools)
+    if not (hinted and job.hints == "tools" and kinds):
         return [None] * job.samples
-    return [tools[k % len(tools)] for k in range(job.samples)]
+    return [kinds[k % len(kinds)] for k in range(max(job.samples, len(kinds)))]
 
 
 def sample_seed(job: RolloutJob, environment: Environment, hinted: bool, sample: int) -> int:
@@ -153,22 +156,22 @@ async def sample_groups(
     block: they run in a thread, one group at a time), so what a job did survives a crash."""
     slots, recording = asyncio.Semaphore(CONCURRENCY), asyncio.Lock()
 
-    first_tools = swept_tools(sampler, job, hinted)
+    first_calls = swept_calls(sampler, job, hinted)
 
     async def group(environment: Environment) -> Group:
         hint = environment.hint(job.hints) if hinted else None
-        seeds = [sample_seed(job, environment, hinted, k) for k in range(job.samples)]
+        seeds = [sample_seed(job, environment, hinted, k) for k in range(len(first_calls))]
         episodes = await asyncio.gather(
             *(
-                sampler.episode(environment, hint, seed, slots, tool)
-                for seed, tool in zip(seeds, first_tools, strict=True)
+                sampler.episode(environment, hint, seed, slots, call)
+                for seed, call in zip(seeds, first_calls, strict=True)
             )
         )
         async with recording:
             verdicts = await asyncio.to_thread(
                 lambda: [judge(verifier, environment.task, steps) for steps in episodes]
             )
-            done = Group(environment, hint, first_tools, list(episodes), verdicts)
+            done = Group(environment, hint, first_calls, list(episodes), verdicts)
             await asyncio.to_thread(record, done)
         return done
 
@@ -187,8 +190,8 @@ def group_events(
     adapter = release.adapter_for(job.specialist)
     messages = build_context(harness, job.specialist, [], env.task.prompt).messages()
     sampled, scored = [], []
-    samples = zip(group.first_tools, group.episodes, group.verdicts, strict=True)
-    for k, (first_tool, steps, verdict) in enumerate(samples):
+    samples = zip(group.first_calls, group.episodes, group.verdicts, strict=True)
+    for k, (first_call, steps, verdict) in enumerate(samples):
         rollout_id = derived_id("rollout", group_id, k)
         sampled.append(
             RolloutSampled(
@@ -204,7 +207,7 @@ def group_events(
                 harness=harness.stamp,
                 messages=[ChatMessage.model_validate(m) for m in messages],
                 hint=group.hint,
-                first_tool=first_tool,
+                first_call=first_call,
                 seed=sample_seed(job, env, hinted, k),
                 temperature=job.temperature,
                 steps=steps,

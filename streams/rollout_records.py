@@ -51,7 +51,7 @@ def record_sampled(conn: DictConnection, event: RecordedEvent, sampled: RolloutS
             "adapter_version": sampled.adapter_version,
             "messages": [m.model_dump() for m in sampled.messages],
             "answer": sampled.steps[0].output,
-            "hinted": sampled.hint is not None or sampled.first_tool is not None,
+            "hinted": sampled.hint is not None or sampled.first_call is not None,
         },
     )
 

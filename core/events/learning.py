@@ -78,8 +78,8 @@ class RolloutSampled(EventPayload):
     """One sampled episode of a rollout group: the ``group_size`` samples a rollout job drew for
     one environment from the release then active. ``messages`` is the context without
     ``hint``; a hinted sample saw the hint after the prompt, in the user's message. v2:
-    ``first_tool``, the one tool a tool sweep let the first step call (``None``: any tool the
-    harness has)."""
+    ``first_call``, the one kind of call a sweep let the first step make (``tool`` or
+    ``tool.op``, ``core.harness.grammars.call_kinds``; ``None``: any call the harness has)."""
 
     event_type = "RolloutSampled"
     private_fields = ("messages", "hint", "steps")
@@ -96,7 +96,7 @@ class RolloutSampled(EventPayload):
     harness: HarnessStamp
     messages: list[ChatMessage]
     hint: str | None
-    first_tool: str | None
+    first_call: str | None = Field(max_length=200)
     seed: int = Field(ge=0)
     temperature: float = Field(ge=0.0, le=2.0)
     steps: list[RolloutStep] = Field(min_length=1)

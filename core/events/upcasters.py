@@ -114,8 +114,8 @@ def _experience_recorded_v2(payload: dict[str, Any]) -> dict[str, Any]:
 
 @UPCASTERS.register("RolloutSampled", 1)
 def _rollout_sampled_v1(payload: dict[str, Any]) -> dict[str, Any]:
-    """v1 samples were never swept: the first step could call any tool of the harness."""
-    payload.setdefault("first_tool", None)
+    """v1 samples were never swept: the first step could make any call of the harness."""
+    payload.setdefault("first_call", None)
     return payload
 
 

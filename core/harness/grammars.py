@@ -171,13 +171,45 @@ def decoded_tool(tool: ToolSpec) -> ToolSpec:
     if not isinstance(properties, dict) or (ops is None and tool.name != "calculator"):
         return tool
     if ops is not None:
+        named = _ops(tool) or list(ops)
         parameters: dict[str, Any] = {
-            "anyOf": [_op_call(op, needs, properties) for op, needs in ops.items()]
+            "anyOf": [_op_call(op, needs, properties) for op, needs in ops.items() if op in named]
         }
     else:
         expression = {"type": "string", "pattern": EXPRESSION_PATTERN}
         parameters = {**tool.parameters, "properties": {**properties, "expression": expression}}
     return tool.model_copy(update={"parameters": parameters})
+
+
+def _ops(tool: ToolSpec) -> list[str]:
+    """The ops ``tool``'s ``op`` argument names (its ``enum``), or none."""
+    properties: Any = tool.parameters.get("properties")
+    op: Any = properties.get("op") if isinstance(properties, dict) else None
+    named = op.get("enum") if isinstance(op, dict) else None
+    return [str(value) for value in named] if isinstance(named, list) else []
+
+
+def call_kinds(tools: Sequence[ToolSpec]) -> list[str]:
+    """Every kind of call of ``tools``, in their order: a tool's name, or ``tool.op`` for each
+    op its ``op`` argument names (``notes.set``, ``notes.get``, ...)."""
+    return [kind for t in tools for kind in ([f"{t.name}.{op}" for op in _ops(t)] or [t.name])]
+
+
+def held_to(tools: Sequence[ToolSpec], kind: str) -> tuple[ToolSpec, ...]:
+    """``tools`` cut to the one call ``kind`` names (of ``call_kinds``): that tool alone and, for
+    ``tool.op``, its ``op`` argument cut to that op (``decoded_tool`` decodes only its
+    branch)."""
+    name, _, op = kind.partition(".")
+    held = [tool for tool in tools if tool.name == name]
+    if not op:
+        return tuple(held)
+    cut = []
+    for tool in held:
+        properties: Any = dict(tool.parameters["properties"])  # type: ignore[arg-type]
+        properties["op"] = {**properties["op"], "enum": [op]}
+        parameters = {**tool.parameters, "properties": properties}
+        cut.append(tool.model_copy(update={"parameters": parameters}))
+    return tuple(cut)
 
 
 def _op_call(op: str, needs: Sequence[str], properties: dict[str, Any]) -> dict[str, Any]:

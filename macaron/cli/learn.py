@@ -187,7 +187,8 @@ class DemoHints(StrEnum):
 
 HINTS_HELP = (
     "Self mode: none (the default) resamples no group; tools resamples each tool-call group "
-    "with no passing sample with the harness's tools forced in turn as its first call; "
+    "with no passing sample with each kind of call of the harness's tools (a tool, or one of "
+    "its ops) forced in turn as its first step; "
     "checker, an ablation, resamples each group with no passing sample with what its checker "
     "expects (the tool, the words) as a hint."
 )

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import JsonValue
 
 from core.contract import Task
 from core.errors import TaskBankInvalid
@@ -31,6 +32,7 @@ from core.events import (
     RolloutStep,
 )
 from core.experience import FILTER_VERSION, experience_key
+from core.harness.grammars import call_kinds
 from core.harness.hcp import tool_call_of
 from core.log import EventLog
 from core.settings import Settings
@@ -355,7 +357,7 @@ def test_an_unsolved_tool_call_environment_is_swept_tool_by_tool(
     runtime: Runtime, tmp_path: Path
 ) -> None:
     """The tiny model never writes the value this task's checker wants. With ``hints: tools``
-    its group is sampled again, sample k's first step a call of the harness's k-th tool; no
+    its group is sampled again, sample k's first step held to the k-th kind of call; no
     hint is said, each sample records the tool it was held to, and the stream marks the swept
     samples as sampled with help (no policy-gradient group is built from them)."""
     bank = tmp_path / "bank-sweep.yaml"
@@ -364,12 +366,12 @@ def test_an_unsolved_tool_call_environment_is_swept_tool_by_tool(
     swept = replace(runtime, settings=runtime.settings.model_copy(update=update))
     with runtime.pool.connection() as conn:
         harness = harness_by_name(conn, active_release(conn).harness_version)
-    tools = [tool.name for tool in harness.spec.tools]
+    kinds = call_kinds(harness.spec.tools)
     job = RolloutJob(
         job_id=uuid.uuid4(),
         specialist="agent",
         environments=["sweep-agent-1"],
-        samples=len(tools) + 1,
+        samples=2,
         hints="tools",
     )
     summary = run_rollouts(swept, job)
@@ -380,9 +382,9 @@ def test_an_unsolved_tool_call_environment_is_swept_tool_by_tool(
         if isinstance(e.payload, RolloutSampled)
     ]
     plain, sweep = sampled[: job.samples], sampled[job.samples :]
-    assert [s.first_tool for s in plain] == [None] * job.samples
-    assert [s.first_tool for s in sweep] == [*tools, tools[0]]
-    assert [s.steps[0].action["name"] for s in sweep if s.steps[0].action] == [*tools, tools[0]]
+    assert [s.first_call for s in plain] == [None] * job.samples
+    assert [s.first_call for s in sweep] == kinds  # each kind once: more kinds than K
+    assert [kind_made(s.steps[0].action) for s in sweep] == kinds
     assert all(s.hint is None and s.messages == plain[0].messages for s in sweep)
     hosts = wiring.processor_hosts(swept.settings, runtime.log, runtime.pool)
     [host] = [h for h in hosts if isinstance(h.processor, ExperienceBuilder)]
@@ -391,8 +393,17 @@ def test_an_unsolved_tool_call_environment_is_swept_tool_by_tool(
         rows = [scored_group(conn, group_id) for group_id in (plain[0].group_id, sweep[0].group_id)]
     assert [[r.hinted for r in group or ()] for group in rows] == [
         [False] * job.samples,
-        [True] * job.samples,
+        [True] * len(kinds),
     ]
+
+
+def kind_made(action: dict[str, JsonValue] | None) -> str | None:
+    """The kind of call an episode's first step made (``call_kinds``), or ``None``."""
+    if action is None:
+        return None
+    args = action["args"]
+    op = args.get("op") if isinstance(args, dict) else None
+    return f"{action['name']}.{op}" if op else str(action["name"])
 
 
 def test_an_agent_episode_calls_a_tool_sees_the_result_and_goes_on(runtime: Runtime) -> None:

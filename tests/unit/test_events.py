@@ -195,8 +195,8 @@ def test_a_rollout_sample_of_v1_reads_as_never_swept() -> None:
     )
     sample = decode_payload(stored)
     assert isinstance(sample, RolloutSampled) and RolloutSampled.schema_version == 2
-    assert (sample.first_tool, sample.hint, sample.seed) == (None, None, 7)
-    assert "first_tool" not in stored.payload
+    assert (sample.first_call, sample.hint, sample.seed) == (None, None, 7)
+    assert "first_call" not in stored.payload
 
 
 def test_decode_errors_are_typed() -> None:

@@ -20,8 +20,10 @@ from core.harness.genui import catalogue_schema, validate_tree
 from core.harness.grammars import (
     ARGS_MAX_TEXT,
     GENUI_MAX_ITEMS,
+    call_kinds,
     decoded_tool,
     genui_schema,
+    held_to,
     output_constraint,
     tool_call_schema,
     unbounded_paths,
@@ -144,6 +146,35 @@ def test_a_decoded_call_of_a_built_in_tool_takes_what_the_tool_takes_and_nothing
     for expression in ("two plus two", "sum(1, 2)", "1e3", "", "1+" * ARGS_MAX_TEXT):
         assert not in_grammar(schema, calculator(expression)), expression
     assert tool_call_schema() != schema  # what the model is told (harness@0) did not change
+
+
+def test_a_sweep_holds_the_decoder_to_one_kind_of_call_at_a_time() -> None:
+    """``call_kinds`` names every call of the tools (a tool, or each op of a tool with ops);
+    ``held_to`` one of them lets the decoder write that call and no other, while the tools
+    themselves (what the model is told) are left as they were."""
+    kinds = call_kinds(TOOLS)
+    ops = [f"notes.{op}" for op in NOTES_OPS] + [f"todo.{op}" for op in TODO_OPS]
+    assert sorted(kinds) == sorted(["calculator", "clock", *ops])
+    calls: dict[str, dict[str, Any]] = {
+        "calculator": {"tool": "calculator", "args": {"expression": "6*7"}},
+        "clock": {"tool": "clock", "args": {}},
+        "notes.set": {"tool": "notes", "args": {"op": "set", "key": "a", "value": "b"}},
+        "notes.get": {"tool": "notes", "args": {"op": "get", "key": "a"}},
+        "notes.delete": {"tool": "notes", "args": {"op": "delete", "key": "a"}},
+        "notes.list": {"tool": "notes", "args": {"op": "list"}},
+        "todo.add": {"tool": "todo", "args": {"op": "add", "text": "a"}},
+        "todo.list": {"tool": "todo", "args": {"op": "list"}},
+        "todo.complete": {"tool": "todo", "args": {"op": "complete", "id": 1}},
+    }
+    assert set(calls) == set(kinds)
+    for kind in kinds:
+        held = held_to(TOOLS, kind)
+        schema = tool_call_schema([decoded_tool(tool) for tool in held])
+        allowed = {k for k, call in calls.items() if in_grammar(schema, written(call))}
+        assert allowed == {kind}, kind
+    assert [tool.name for tool in TOOLS] == ["calculator", "notes", "todo", "clock"]
+    assert held_to(TOOLS, "notes.get")[0].parameters != TOOLS[1].parameters
+    assert call_kinds(TOOLS) == kinds  # the originals were not changed by holding
 
 
 def _refused_args(call: dict[str, Any]) -> bool:

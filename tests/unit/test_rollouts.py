@@ -317,7 +317,7 @@ def leaked(task: Task, hint: str | None) -> list[str]:
 
 def test_the_default_hint_tells_nothing_the_checker_expects() -> None:
     """For every bank task (v1's and v2's), the default hint and a tool sweep's (which forces
-    every tool in turn, whatever the task: ``swept_tools`` is not told the task) hold no
+    every kind of call in turn, whatever the task: ``swept_calls`` is not told the task) hold no
     expected tool name, argument value or word the prompt does not already say; the checker
     hints of the ablation do, for over a third of the agent tasks, so this test can fail."""
     contract = load_contract(DEFAULT_CONTRACT)
