@@ -353,12 +353,12 @@ tasks:
 """
 
 
-def test_an_unsolved_tool_call_environment_is_swept_tool_by_tool(
+def test_an_unsolved_tool_call_environment_is_swept_call_by_call(
     runtime: Runtime, tmp_path: Path
 ) -> None:
     """The tiny model never writes the value this task's checker wants. With ``hints: tools``
     its group is sampled again, sample k's first step held to the k-th kind of call; no
-    hint is said, each sample records the tool it was held to, and the stream marks the swept
+    hint is said, each sample records the call it was held to, and the stream marks the swept
     samples as sampled with help (no policy-gradient group is built from them)."""
     bank = tmp_path / "bank-sweep.yaml"
     bank.write_text(SWEEP_BANK)
