@@ -7,8 +7,8 @@ GenUI tree valid and containing what was asked, Python tests in the sandbox, exa
 turned into a reward in [0, 1].
 
 A group none of whose samples passed may get a second look (``HintMode``), STaR-style:
-- ``tools``: a tool-call environment's group is sampled again with its first step held to one
-  kind of call of the harness's tools (a tool, or one op of it: ``notes.set``), each in turn.
+- ``tools``: a tool-call environment's group is decoded again, greedily, once per kind of call
+  of the harness's tools (a tool, or one op of it: ``notes.set``), its first step held to it.
   It says nothing the harness does not (which tools and ops exist), so a system that only has
   verifiers can do it: it explores the first decisions, which tool and which op, that a base
   model gets wrong (it calls the calculator to remember a note);

@@ -38,6 +38,7 @@ class Group:
     hint: str | None
     first_calls: list[str | None]
     """Per sample, the kind of call a sweep held its first step to (``None``: not swept)."""
+    temperature: float
     episodes: list[list[RolloutStep]]
     verdicts: list[Verdict]
 

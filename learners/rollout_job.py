@@ -8,9 +8,9 @@ prompt's prefill through its prefix cache), each with its own seed, in the speci
 under the release's harness, its output grammar always enforced (so the reward measures
 content) and, where the verifier judges a tool call, a tool call required as the first step
 (otherwise the base model of an agent answers in prose and no sample can pass). A job with
-``hints: tools`` sweeps each tool-call group none of whose samples passed: it samples every kind
-of call of the harness's tools in turn (a tool, or each op of a tool with ops: ``notes.set``,
-``notes.get``, ...), K samples at least, sample k's first step held to the k-th; with
+``hints: tools`` sweeps each tool-call group none of whose samples passed: it decodes, greedily,
+one episode per kind of call of the harness's tools (a tool, or each op of a tool with ops:
+``notes.set``, ``notes.get``, ...), the first step held to that kind; with
 ``hints: checker`` (an ablation; ``learners.environments``), K more with the checker's hint
 after the prompt, for each group none of whose samples passed (STaR-style rationalization).
 The experience builder trains on what verifies, in the context without the hint.
@@ -26,6 +26,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -127,12 +128,12 @@ def group_id_of(job_id: UUID, environment: Environment, hinted: bool) -> UUID:
 
 def swept_calls(sampler: Sampler, job: RolloutJob, hinted: bool) -> list[str | None]:
     """Per sample, the kind of call a sweep holds its first step to: on a resampled group of a
-    ``tools`` job, every kind of call of the harness's tools in turn (``call_kinds``), each at
-    least once, K samples at least; else K times ``None`` (any call)."""
+    ``tools`` job, every kind of call of the harness's tools once, in their order
+    (``call_kinds``); else K times ``None`` (any call)."""
     kinds = call_kinds(sampler.harness.spec.tools)
     if not (hinted and job.hints == "tools" and kinds):
         return [None] * job.samples
-    return [kinds[k % len(kinds)] for k in range(max(job.samples, len(kinds)))]
+    return list(kinds)
 
 
 def sample_seed(job: RolloutJob, environment: Environment, hinted: bool, sample: int) -> int:
@@ -157,6 +158,8 @@ async def sample_groups(
     slots, recording = asyncio.Semaphore(CONCURRENCY), asyncio.Lock()
 
     first_calls = swept_calls(sampler, job, hinted)
+    if any(first_calls):  # a sweep: the model's best call of each kind
+        sampler = replace(sampler, temperature=0.0)
 
     async def group(environment: Environment) -> Group:
         hint = environment.hint(job.hints) if hinted else None
@@ -171,7 +174,7 @@ async def sample_groups(
             verdicts = await asyncio.to_thread(
                 lambda: [judge(verifier, environment.task, steps) for steps in episodes]
             )
-            done = Group(environment, hint, first_calls, list(episodes), verdicts)
+            done = Group(environment, hint, first_calls, sampler.temperature, episodes, verdicts)
             await asyncio.to_thread(record, done)
         return done
 
@@ -209,7 +212,7 @@ def group_events(
                 hint=group.hint,
                 first_call=first_call,
                 seed=sample_seed(job, env, hinted, k),
-                temperature=job.temperature,
+                temperature=group.temperature,
                 steps=steps,
             )
         )

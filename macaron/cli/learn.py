@@ -186,9 +186,9 @@ class DemoHints(StrEnum):
 
 
 HINTS_HELP = (
-    "Self mode: none (the default) resamples no group; tools resamples each tool-call group "
-    "with no passing sample with each kind of call of the harness's tools (a tool, or one of "
-    "its ops) forced in turn as its first step; "
+    "Self mode: none (the default) resamples no group; tools decodes each tool-call group "
+    "with no passing sample again, greedily, once per kind of call of the harness's tools (a "
+    "tool, or one of its ops) forced as its first step; "
     "checker, an ablation, resamples each group with no passing sample with what its checker "
     "expects (the tool, the words) as a hint."
 )

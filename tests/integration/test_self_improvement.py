@@ -357,7 +357,7 @@ def test_an_unsolved_tool_call_environment_is_swept_call_by_call(
     runtime: Runtime, tmp_path: Path
 ) -> None:
     """The tiny model never writes the value this task's checker wants. With ``hints: tools``
-    its group is sampled again, sample k's first step held to the k-th kind of call; no
+    its group is decoded again, greedily, once per kind of call, the first step held to it; no
     hint is said, each sample records the call it was held to, and the stream marks the swept
     samples as sampled with help (no policy-gradient group is built from them)."""
     bank = tmp_path / "bank-sweep.yaml"
@@ -383,7 +383,8 @@ def test_an_unsolved_tool_call_environment_is_swept_call_by_call(
     ]
     plain, sweep = sampled[: job.samples], sampled[job.samples :]
     assert [s.first_call for s in plain] == [None] * job.samples
-    assert [s.first_call for s in sweep] == kinds  # each kind once: more kinds than K
+    assert [s.first_call for s in sweep] == kinds  # each kind once, greedily
+    assert [s.temperature for s in sampled] == [job.temperature] * job.samples + [0.0] * len(kinds)
     assert [kind_made(s.steps[0].action) for s in sweep] == kinds
     assert all(s.hint is None and s.messages == plain[0].messages for s in sweep)
     hosts = wiring.processor_hosts(swept.settings, runtime.log, runtime.pool)
