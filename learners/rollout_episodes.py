@@ -35,17 +35,14 @@ class Group:
     """One environment's samples and their verdicts."""
 
     environment: Environment
+    second_look: bool
+    """Sampled again, with help (a hint or a sweep), because no first sample passed."""
     hint: str | None
     first_calls: list[str | None]
     """Per sample, the kind of call a sweep held its first step to (``None``: not swept)."""
     temperature: float
     episodes: list[list[RolloutStep]]
     verdicts: list[Verdict]
-
-    @property
-    def helped(self) -> bool:
-        """Whether it was sampled with help (a hint or a tool sweep): a job's second look."""
-        return self.hint is not None or any(self.first_calls)
 
     @property
     def any_passed(self) -> bool:

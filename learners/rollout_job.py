@@ -174,7 +174,8 @@ async def sample_groups(
             verdicts = await asyncio.to_thread(
                 lambda: [judge(verifier, environment.task, steps) for steps in episodes]
             )
-            done = Group(environment, hint, first_calls, sampler.temperature, episodes, verdicts)
+            temperature = sampler.temperature
+            done = Group(environment, hinted, hint, first_calls, temperature, episodes, verdicts)
             await asyncio.to_thread(record, done)
         return done
 
@@ -188,7 +189,7 @@ def group_events(
     job: RolloutJob, release: Release, harness: HarnessVersion, group: Group, verifier: Verifier
 ) -> list[NewEvent]:
     """A group's ``RolloutSampled`` events, then its ``RolloutScored`` events."""
-    env, hinted = group.environment, group.helped
+    env, hinted = group.environment, group.second_look
     group_id = group_id_of(job.job_id, env, hinted)
     adapter = release.adapter_for(job.specialist)
     messages = build_context(harness, job.specialist, [], env.task.prompt).messages()

@@ -182,11 +182,14 @@ def decoded_tool(tool: ToolSpec) -> ToolSpec:
 
 
 def _ops(tool: ToolSpec) -> list[str]:
-    """The ops ``tool``'s ``op`` argument names (its ``enum``), or none."""
+    """The ops ``tool``'s ``op`` argument names (its ``enum``), or none; of a built-in tool,
+    only those it runs (the decoder has a branch for those alone)."""
     properties: Any = tool.parameters.get("properties")
     op: Any = properties.get("op") if isinstance(properties, dict) else None
     named = op.get("enum") if isinstance(op, dict) else None
-    return [str(value) for value in named] if isinstance(named, list) else []
+    known = {"notes": NOTES_OPS, "todo": TODO_OPS}.get(tool.name)
+    listed = [str(value) for value in named] if isinstance(named, list) else []
+    return [op for op in listed if known is None or op in known]
 
 
 def call_kinds(tools: Sequence[ToolSpec]) -> list[str]:

@@ -376,6 +376,10 @@ def test_an_unsolved_tool_call_environment_is_swept_call_by_call(
     )
     summary = run_rollouts(swept, job)
     assert (summary.groups, summary.passed, summary.hinted_groups) == (1, 0, 1)
+    stored = list(runtime.log.read(key=rollout_key(job.job_id)))
+    again = run_rollouts(swept, job)  # redelivered: both groups are in the log
+    assert (again.groups, again.hinted_groups) == (0, 0)
+    assert list(runtime.log.read(key=rollout_key(job.job_id))) == stored
     sampled = [
         e.payload
         for e in runtime.log.read(key=rollout_key(job.job_id))

@@ -170,6 +170,7 @@ def test_a_sweep_holds_the_decoder_to_one_kind_of_call_at_a_time() -> None:
     for kind in kinds:
         held = held_to(TOOLS, kind)
         schema = tool_call_schema([decoded_tool(tool) for tool in held])
+        assert not unbounded_paths(schema)
         allowed = {k for k, call in calls.items() if in_grammar(schema, written(call))}
         assert allowed == {kind}, kind
     assert [tool.name for tool in TOOLS] == ["calculator", "notes", "todo", "clock"]

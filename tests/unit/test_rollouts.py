@@ -316,16 +316,14 @@ def leaked(task: Task, hint: str | None) -> list[str]:
 
 
 def test_the_default_hint_tells_nothing_the_checker_expects() -> None:
-    """For every bank task (v1's and v2's), the default hint and a tool sweep's (which forces
-    every kind of call in turn, whatever the task: ``swept_calls`` is not told the task) hold no
-    expected tool name, argument value or word the prompt does not already say; the checker
-    hints of the ablation do, for over a third of the agent tasks, so this test can fail."""
+    """For every bank task (v1's and v2's), the default hint holds no expected tool name,
+    argument value or word the prompt does not already say; the checker hints of the ablation
+    do, for over a third of the agent tasks, so this test can fail."""
     contract = load_contract(DEFAULT_CONTRACT)
     for bank in (BANK_V1, DEFAULT_BANK):
         environments = load_environments(contract, bank).values()
-        for mode in ("none", "tools"):
-            hints = {env.id: leaked(env.task, env.hint(mode)) for env in environments}
-            assert not {env: words for env, words in hints.items() if words}
+        by_default = {env.id: leaked(env.task, env.hint("none")) for env in environments}
+        assert not {env: words for env, words in by_default.items() if words}
         agent = [env for env in environments if env.task.specialist == "agent"]
         told = [env for env in agent if leaked(env.task, env.hint("checker"))]
         assert len(told) > len(agent) / 3
