@@ -37,11 +37,6 @@ class TrainingConfig(BaseModel):
     the LoRA weights, the optimiser and the losses stay float32). ``bfloat16`` needs a device
     that runs it natively (else ``dtype_unsupported``); ``auto`` takes it where the device
     does, else float32."""
-    epochs: float | None = Field(default=None, gt=0.0)
-    """At most this many passes over each kind of a run's new records (SFT examples, pairs,
-    rollout samples): a kind whose passes are spent sits out the steps left (older records are
-    replayed only beside new SFT examples), and the run ends once every kind's are, or at
-    ``steps``. None: ``steps`` steps, the records drawn again and again."""
     max_length: int = Field(default=1024, ge=2)
     dpo_beta: float = Field(default=0.1, gt=0.0)
     dpo_weight: float = Field(default=1.0, ge=0.0)

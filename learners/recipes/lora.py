@@ -15,7 +15,6 @@ The file reads top to bottom as torchtune's recipes do: ``setup`` (model, data, 
 from __future__ import annotations
 
 import json
-import math
 import random
 import shutil
 import tempfile
@@ -277,44 +276,27 @@ def train_step(
     }
 
 
-def run_steps(config: TrainingConfig, parts: list[tuple[int, int]]) -> int:
-    """How many steps a run takes: ``config.steps``, or fewer when ``config.epochs`` spends
-    every part's passes sooner (a part: how many items it has, how many a step draws)."""
-    if config.epochs is None:
-        return config.steps
-    needed = [
-        math.ceil(math.ceil(config.epochs * size) / per_step)
-        for size, per_step in parts
-        if size and per_step
-    ]
-    return min(config.steps, max(needed, default=config.steps))
-
-
 def train(run: Run, config: TrainingConfig, progress: Progress | None) -> list[float]:
-    """The run's steps (``run_steps``); batches are drawn by a generator seeded from the
-    config, so the same inputs and seed give the same updates."""
+    """``config.steps`` steps; batches are drawn by a generator seeded from the config, so the
+    same inputs and seed give the same updates."""
     rng = random.Random(config.seed)  # noqa: S311 (batch order, not secrets)
-    new_items = Shuffled(len(run.sft), rng, config.epochs)
-    older_items = Shuffled(len(run.older), rng)
-    pair_items = Shuffled(len(run.pairs), rng, config.epochs)
-    sample_items = Shuffled(len(run.samples), rng, config.epochs)
+    new_items, older_items = Shuffled(len(run.sft), rng), Shuffled(len(run.older), rng)
+    pair_items = Shuffled(len(run.pairs), rng)
+    sample_items = Shuffled(len(run.samples), rng)
     new, older = batch_shares(config, len(run.sft), len(run.older))
     pairs_per_step = config.batch_size if run.pairs else 0
     samples_per_step = config.batch_size if run.samples else 0
-    parts = [(len(run.sft), new), (len(run.pairs), pairs_per_step)]
-    steps = run_steps(config, [*parts, (len(run.samples), samples_per_step)])
     losses: list[float] = []
     run.model.train()
-    for step in range(1, steps + 1):
+    for step in range(1, config.steps + 1):
         batch = [run.sft[i] for i in new_items.draw(new)]
-        if batch or not run.sft:
-            batch += [run.older[i] for i in older_items.draw(older)]
+        batch += [run.older[i] for i in older_items.draw(older)]
         metrics = train_step(
             run, config, batch, pair_items.draw(pairs_per_step), sample_items.draw(samples_per_step)
         )
         losses.append(metrics["loss"])
         if progress is not None:
-            progress(step, steps, metrics)
+            progress(step, config.steps, metrics)
     return losses
 
 
@@ -376,7 +358,7 @@ def train_successor_adapter(
     losses = train(run, config, progress)
     save(run.model, out_dir)
     return TrainingResult(
-        steps=len(losses),
+        steps=config.steps,
         final_loss=losses[-1],
         losses=losses,
         seconds=time.perf_counter() - started,

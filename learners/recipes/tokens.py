@@ -3,7 +3,6 @@ padded batches, and shuffled passes over the examples."""
 
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 from typing import Any
@@ -85,21 +84,15 @@ def collate(items: list[Tokenized], pad_id: int, device: torch.device | str = "c
 
 
 class Shuffled:
-    """Shuffled passes over ``size`` items: every item is drawn once per pass, so a small
-    dataset is covered evenly rather than by chance. With ``passes`` the draws stop after that
-    many passes (a fraction: part of the last one); without, they never do."""
+    """Endless shuffled passes over ``size`` items: every item is drawn once per pass, so a
+    small dataset is covered evenly rather than by chance."""
 
-    def __init__(self, size: int, rng: random.Random, passes: float | None = None) -> None:
+    def __init__(self, size: int, rng: random.Random) -> None:
         self.size = size
         self.rng = rng
         self.queue: list[int] = []
-        self.left = None if passes is None else math.ceil(passes * size)
 
     def draw(self, n: int) -> list[int]:
-        """Up to ``n`` items: fewer (or none) once the passes are spent."""
-        if self.left is not None:
-            n = min(n, self.left)
-            self.left -= n
         drawn: list[int] = []
         while len(drawn) < n:
             if not self.queue:

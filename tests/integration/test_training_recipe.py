@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import random
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +38,6 @@ from learners.recipes.lora import (
     batch_shares,
     group_samples,
     load_model,
-    run_steps,
     setup,
     train_step,
     train_successor_adapter,
@@ -55,13 +53,7 @@ from learners.recipes.losses import (
     token_nll,
 )
 from learners.recipes.policy import pg_loss, rloo_advantages
-from learners.recipes.tokens import (
-    IGNORE,
-    Shuffled,
-    collate,
-    end_of_turn_ids,
-    tokenize_turn,
-)
+from learners.recipes.tokens import IGNORE, collate, end_of_turn_ids, tokenize_turn
 
 TREE = '{"type":"card","children":[{"type":"text","value":"Hello"}]}'
 TOPICS = [
@@ -575,47 +567,6 @@ def test_replay_share_of_each_batch() -> None:
     assert batch_shares(config, new=10, older=10) == (6, 2)
     assert batch_shares(config, new=10, older=0) == (8, 0)
     assert batch_shares(config, new=0, older=10) == (0, 2)
-
-
-def test_passes_draw_each_item_as_often_and_then_stop() -> None:
-    items = Shuffled(5, random.Random(0), passes=2)
-    drawn = items.draw(4) + items.draw(4) + items.draw(4)
-    assert sorted(drawn) == sorted(list(range(5)) * 2)  # 10 draws: each item twice
-    assert items.draw(4) == []
-    half = Shuffled(5, random.Random(0), passes=0.5)
-    assert len(half.draw(8)) == 3 and half.draw(1) == []
-    endless = Shuffled(2, random.Random(0))
-    assert len(endless.draw(7)) == 7
-
-
-def test_epochs_end_a_run_once_every_part_has_had_its_passes() -> None:
-    config = TrainingConfig(steps=30, epochs=2)
-    # 13 SFT examples at 4 a step: 26 draws, 7 steps; 56 samples at 4: 112 draws, 28 steps.
-    assert run_steps(config, [(13, 4), (0, 0), (56, 4)]) == 28
-    assert run_steps(config, [(13, 4), (0, 0), (6, 4)]) == 7
-    assert run_steps(config.model_copy(update={"steps": 5}), [(13, 4)]) == 5
-    assert run_steps(config.model_copy(update={"epochs": None}), [(13, 4)]) == 30
-
-
-def test_a_run_with_epochs_trains_each_record_that_often(
-    tiny_model: Path, parent: Path, tmp_path: Path
-) -> None:
-    """12 SFT examples at 4 a step and one pass: 3 steps, not the config's 30, each step with
-    its SFT loss; the progress bar is told the run's own length."""
-    seen: Metrics = []
-    result = train_successor_adapter(
-        tiny_model,
-        parent,
-        tmp_path,
-        sft=SFT,
-        preferences=[],
-        older=[],
-        config=CONFIG.model_copy(update={"steps": 30, "epochs": 1.0}),
-        progress=lambda step, steps, metrics: seen.append((step, steps, metrics)),
-    )
-    assert result.steps == 3 and len(result.losses) == 3
-    assert [(step, steps) for step, steps, _ in seen] == [(1, 3), (2, 3), (3, 3)]
-    assert all(metrics["sft_loss"] > 0 for _, _, metrics in seen)
 
 
 def test_default_config_file_holds_the_defaults(tmp_path: Path) -> None:
