@@ -7,8 +7,9 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
-from core.events import HarnessProposed, NewEvent, TrainingRequested
+from core.events import ExperienceRecorded, HarnessProposed, NewEvent, TrainingRequested
 from core.experience import SFTRecord, records_of
+from core.harness.artifact import Exemplar, HarnessSpec
 from core.harness.proposals import RECIPE_PREFIX, changes, exemplar_of, next_change, propose
 from core.ids import derived_id
 from core.release import AdapterRef
@@ -16,8 +17,10 @@ from core.settings import Settings
 from infra.postgres.db import DictConnection
 from infra.postgres.registry import active_release, harness_by_name, register_harness
 from infra.postgres.runs import finish_run, queue_run, runs_of_kind, training_run
+from learners.recipes.config import TrainingConfig
 from learners.runtime import RunFailed, Runtime, step_id
 from learners.snapshots import materialize
+from learners.train import of_sources
 
 
 def propose_harness(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) -> str:
@@ -28,11 +31,9 @@ def propose_harness(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) 
     with rt.pool.connection() as conn:
         parent = harness_by_name(conn, active_release(conn).harness_version)
         attempt = runs_of_kind(conn, specialist, "harness")
-    examples = [
-        exemplar
-        for r in records_of(SFTRecord, materialize(rt.log, snapshot).records)
-        if (exemplar := exemplar_of(parent.spec, specialist, _asked(r), r.target))
-    ]
+    examples = exemplars(
+        materialize(rt.log, snapshot).records, parent.spec, specialist, rt.training
+    )
     options = changes(parent.spec, specialist)
     first = next((n for n, c in enumerate(options) if RECIPE_PREFIX + c == run["recipe"]), 0)
     for change in options[first:] + options[:first]:
@@ -67,6 +68,22 @@ def propose_harness(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) 
         ]
     )
     return harness.name
+
+
+def exemplars(
+    records: list[ExperienceRecorded],
+    spec: HarnessSpec,
+    specialist: str,
+    config: TrainingConfig,
+) -> list[Exemplar]:
+    """The snapshot's verified answers that fit as ``specialist``'s exemplars, of the sources
+    the runs train on (``TrainingConfig.sources``): in self mode never an answer someone else
+    wrote, which an exemplar would show the model in every prompt."""
+    return [
+        exemplar
+        for r in records_of(SFTRecord, of_sources(records, config))
+        if (exemplar := exemplar_of(spec, specialist, _asked(r), r.target))
+    ]
 
 
 def _asked(record: SFTRecord) -> str:

@@ -3,8 +3,12 @@ what each makes of the harness (and when it has nothing to make)."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
+from core.events import ExperienceRecorded, ExperienceSource
+from core.experience import FILTER_VERSION
 from core.harness.artifact import Exemplar, harness_diff, root_harness
 from core.harness.proposals import (
     EXEMPLARS,
@@ -14,6 +18,8 @@ from core.harness.proposals import (
     next_change,
     propose,
 )
+from learners.propose import exemplars
+from learners.recipes.config import CPU_CONFIG, RLOO_CONFIG, load_config
 
 ROOT = root_harness()
 TREE = '{"type": "Text", "text": "green"}'
@@ -88,3 +94,33 @@ def test_only_verified_answers_of_the_right_form_become_exemplars(
     assert (found is not None) == fits
     if found is not None:
         assert (found.user, found.assistant) == ("What now?", answer)
+
+
+def test_self_mode_never_shows_an_answer_someone_else_wrote_as_an_exemplar() -> None:
+    """Exemplars are mined from the run's snapshot by the sources the runs train on: in self
+    mode (``lora-rloo.yaml``) an oracle's edit in the snapshot is no exemplar; where edits are
+    trained on (``lora-cpu.yaml``) it is one."""
+
+    def record(source: ExperienceSource, n: int) -> ExperienceRecorded:
+        rollout = source == "rollout"
+        return ExperienceRecorded(
+            experience_id=uuid.uuid4(),
+            kind="sft",
+            specialist="genui",
+            turn_id=None if rollout else uuid.uuid4(),
+            rollout_group_id=uuid.uuid4() if rollout else None,
+            filter_version=FILTER_VERSION,
+            source=source,
+            record={
+                "messages": [{"role": "user", "content": f"Show {source} {n}."}],
+                "target": TREE,
+                "adapter_version": "genui@0",
+                "release_id": None,
+            },
+        )
+
+    snapshot = [record("edit", 0), record("rollout", 1), record("edit", 2)]
+    own = exemplars(snapshot, ROOT, "genui", load_config(RLOO_CONFIG))
+    assert [e.user for e in own] == ["Show rollout 1."]
+    every = exemplars(snapshot, ROOT, "genui", load_config(CPU_CONFIG))
+    assert [e.user for e in every] == ["Show edit 0.", "Show rollout 1.", "Show edit 2."]
