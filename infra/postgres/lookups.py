@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
@@ -39,3 +40,17 @@ def run_verdicts(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
         (run_id,),
     ).fetchone()
     return None if row is None else dict(row)
+
+
+def run_times(conn: DictConnection, run_ids: list[UUID]) -> dict[UUID, tuple[datetime, datetime]]:
+    """When each run was queued and when its last step so far happened (trained or proposed,
+    evaluated, promoted or refused), as the registry recorded them."""
+    rows = conn.execute(
+        "SELECT r.run_id, r.created_at AS queued, "
+        "GREATEST(r.created_at, r.finished_at, MAX(e.created_at), MAX(p.created_at)) AS last "
+        "FROM training_runs r LEFT JOIN evaluations e ON e.run_id = r.run_id "
+        "LEFT JOIN promotions p ON p.run_id = r.run_id WHERE r.run_id = ANY(%s) "
+        "GROUP BY r.run_id",
+        (run_ids,),
+    ).fetchall()
+    return {row["run_id"]: (row["queued"], row["last"]) for row in rows}

@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, get_args
 from uuid import UUID
@@ -16,7 +17,7 @@ from core.errors import ConfigError
 from core.ids import derived_id
 from core.settings import Settings
 from infra.postgres.keys import create_key
-from infra.postgres.lookups import run_ids_oldest_first
+from infra.postgres.lookups import run_ids_oldest_first, run_times
 from infra.postgres.registry import active_release
 from learners.contract_runner import DEFAULT_CONTRACT, load_contract, load_training_bank
 from learners.curriculum import Curriculum
@@ -29,7 +30,13 @@ from learners.rollout_job import RolloutJob, RolloutSummary
 from learners.tasks import DEFAULT_BANK
 from macaron.demo.outcomes import run_outcome, run_progress
 from macaron.demo.output import write_outputs
-from macaron.demo.records import DemoFailed, DemoReport, GenerationRecord, RunRecord
+from macaron.demo.records import (
+    DemoFailed,
+    DemoReport,
+    GenerationRecord,
+    RunRecord,
+    phase_seconds,
+)
 from macaron.demo.stage import SERVER_START_S, Stage, Step, running_loop
 from macaron.simulator import (
     DEFAULT_SPECIALISTS,
@@ -178,7 +185,7 @@ class _Demo:
     def generation(
         self, n: int, turns: int, concurrency: int, run_timeout_s: float
     ) -> GenerationRecord:
-        started = time.monotonic()
+        started = datetime.now(UTC)
         update: dict[str, Any] = {"generation": n, "mode": self.traffic.mode}
         if self.traffic.mode == "self":
             update["hints"] = self.traffic.hints
@@ -189,19 +196,16 @@ class _Demo:
             update["simulated_pass_rate"] = {
                 name: s.pass_rate for name, s in report.by_specialist().items()
             }
-        queued = time.monotonic()
-        runs, decided_at = self.settle(n, run_timeout_s)
+        runs = self.settle(n, run_timeout_s)
         update["runs"] = runs
-        decided = time.monotonic()
+        measuring = datetime.now(UTC)
         self.step(f"generation {n}: measuring the contract on the active release")
         measured = self.measure()
-        adapters = max([queued, *(decided_at[r.run_id] for r in runs if r.half == "adapter")])
-        update["phase_seconds"] = {
-            "traffic": queued - started,
-            "adapter runs": adapters - queued,
-            "harness proposals": decided - adapters,
-            "measure": time.monotonic() - decided,
-        }
+        with self.stage.server.pool.connection() as conn:
+            times = run_times(conn, [UUID(r.run_id) for r in runs])
+        update["phase_seconds"] = phase_seconds(
+            started, runs, {str(k): v for k, v in times.items()}, measuring, datetime.now(UTC)
+        )
         return replace(measured, **update)
 
     def simulate(self, n: int, turns: int, concurrency: int) -> SimulationReport:
@@ -280,24 +284,18 @@ class _Demo:
                 )
             time.sleep(POLL_S)
 
-    def settle(self, n: int, timeout_s: float) -> tuple[list[RunRecord], dict[str, float]]:
+    def settle(self, n: int, timeout_s: float) -> list[RunRecord]:
         """Wait until every new run is decided; runs queued meanwhile (the harness proposal
-        an adapter run's decision queues) are waited for too. The records, and when each run
-        was seen decided (``time.monotonic``)."""
+        an adapter run's decision queues) are waited for too. Their records."""
         deadline = time.monotonic() + timeout_s
-        decided_at: dict[str, float] = {}
         while True:
             self.stage.check()
             runs = self._new_runs()
             outcomes = {run_id: run_outcome(self.stage.server.pool, run_id) for run_id in runs}
-            for run_id, outcome in outcomes.items():
-                if outcome is not None:
-                    decided_at.setdefault(str(run_id), time.monotonic())
             pending = [run_id for run_id, outcome in outcomes.items() if outcome is None]
             if not pending:
                 self.seen.update(runs)
-                records = [outcome for outcome in outcomes.values() if outcome is not None]
-                return records, decided_at
+                return [outcome for outcome in outcomes.values() if outcome is not None]
             if time.monotonic() > deadline:
                 raise DemoFailed(
                     f"run {pending[0]} was not decided in {timeout_s:.0f} s "

@@ -4,6 +4,7 @@ the error that stops a demo."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from typing import Any
 
 from core.errors import MacaronError
@@ -75,3 +76,31 @@ class DemoReport:
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def phase_seconds(
+    started: datetime,
+    runs: list[RunRecord],
+    times: dict[str, tuple[datetime, datetime]],
+    measuring: datetime,
+    ended: datetime,
+) -> dict[str, float]:
+    """A generation's phases on its timeline, bounded by what the registry recorded:
+    ``traffic`` until its first run was queued, ``adapter runs`` until the last adapter run
+    was decided, ``harness proposals`` until the last harness run was, ``measure`` from then to
+    ``ended`` (``times``: each run's queued and decided time, ``run_times``); they add up to
+    the generation. A run decided while the traffic still rolled out counts from its queueing,
+    not from when the demo looked; with no run, the traffic lasts until ``measuring``."""
+    queued = max(started, min((times[r.run_id][0] for r in runs), default=measuring))
+
+    def decided(half: str, since: datetime) -> datetime:
+        return max([since, *(times[r.run_id][1] for r in runs if r.half == half)])
+
+    adapters = decided("adapter", queued)
+    harness = decided("harness", adapters)
+    return {
+        "traffic": (queued - started).total_seconds(),
+        "adapter runs": (adapters - queued).total_seconds(),
+        "harness proposals": (harness - adapters).total_seconds(),
+        "measure": (ended - harness).total_seconds(),
+    }
