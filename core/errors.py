@@ -140,6 +140,13 @@ class EngineUnavailable(MacaronError):
     retryable = True
 
 
+class EngineWithdrawn(EngineUnavailable):
+    """Background work's view of a shared engine was closed (its server stops): the work goes
+    back to its queue."""
+
+    code = "withdrawn"
+
+
 class BaseModelNotServed(MacaronError):
     """The engine serves adapters only (the vLLM fleet): a request must name one."""
 

@@ -54,7 +54,8 @@ class Settings(BaseSettings):
     dtype: Literal["float32", "bfloat16"] = Field(
         default="float32",
         description="the dtype the local engine serves chat in (bfloat16 needs a CPU with "
-        "avx512_bf16 or amx_bf16); the contract and the rollouts always run float32",
+        "avx512_bf16 or amx_bf16), and so does the server's rollout lane; the contract always runs "
+        "float32",
     )
     vllm_urls: str = Field(
         default="", description="comma-separated base URLs of the vLLM replicas (engine=vllm)"

@@ -18,11 +18,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from celery import Task
-from celery.exceptions import Retry
+from celery.exceptions import Reject, Retry
 from opentelemetry.trace import Span
 from rich.progress import Progress
 
-from core.errors import PromotionInProgress
+from core.errors import EngineWithdrawn, PromotionInProgress
 from infra import observe
 from infra.postgres.promotions import last_request_of_run, request_promotion, wait_for_request
 from infra.postgres.runs import tenants_unlearned
@@ -62,7 +62,7 @@ def _step(task: Task, step: str, run_id: str) -> Iterator[Span]:
         try:
             yield span
             outcome = "succeeded"
-        except Retry:
+        except (Retry, Reject):  # back to the queue
             outcome = "retried"
             raise
         finally:
@@ -136,10 +136,14 @@ def promote(
 @app.task(bind=True, name="macaron.sample_rollouts")
 def sample_rollouts(self: Task, job: dict[str, Any]) -> dict[str, Any]:
     """Sample, verify and record a rollout job (refused with ``ValidationError`` when ``job``
-    is not one: a malformed message is never retried)."""
+    is not one: a malformed message is never retried); a job whose engine was withdrawn (the
+    serving process's rollout lane stops) goes back to the queue."""
     checked = RolloutJob.model_validate(job)
     with _step(self, "sample_rollouts", str(checked.job_id)) as span:
-        summary = run_rollouts(runtime(), checked)
+        try:
+            summary = run_rollouts(runtime(), checked)
+        except EngineWithdrawn as exc:
+            raise Reject(str(exc), requeue=True) from exc
         span.set_attributes({"macaron.samples": summary.samples, "macaron.passed": summary.passed})
     return summary.model_dump(mode="json")
 

@@ -46,6 +46,8 @@ if TYPE_CHECKING:  # the serving and training parts load torch: imported where t
     from starlette.applications import Starlette
 
     from core.release import Release
+    from engines.shared import SharedEngine
+    from learners.rollout_lane import RolloutLane
     from learners.runtime import Runtime
     from server.chat import ChatService
     from server.router import RouterService, SentenceEmbedder
@@ -81,17 +83,40 @@ def pool(settings: Settings) -> Pool:
     return open_pool(database_url(settings))
 
 
+LANE_SLOTS = 12
+"""Requests the rollout lane may hold in flight on the serving engine (the local engine batches
+16: a chat turn always finds room beside them)."""
+
+
 @dataclass
 class Server:
     """The chat server's parts, wired; ``close`` releases them in reverse order."""
 
     app: Starlette
     chat: ChatService
-    engine: Engine
+    engine: SharedEngine
     log: EventLog
     pool: Pool
+    lane: RolloutLane | None = None
+
+    def serve_rollouts(self, settings: Settings) -> None:
+        """Take rollout jobs from the Celery queue (``learners.rollout_lane``) and sample them on
+        this server's engine when chat leaves it idle; Celery must be configured."""
+        from learners.rollout_lane import RolloutLane
+
+        runtime = learning_runtime(settings, self.pool)
+        self.lane = RolloutLane(runtime, lambda: self.engine.background(LANE_SLOTS))
+        try:
+            self.lane.start()
+        except BaseException:
+            runtime.log.close()
+            self.lane = None
+            raise
 
     def close(self) -> None:
+        if self.lane is not None:
+            self.lane.stop()
+            self.lane.runtime.log.close()
         self.engine.close()
         self.log.close()
         self.pool.close()
@@ -186,6 +211,7 @@ def chat_server(
 ) -> Server:
     """Everything ``macaron serve`` runs: engine, router, log, registry, the root release.
     Benchmarks and tests may bring their own engine, router or log."""
+    from engines.shared import SharedEngine
     from server.app import create_app
     from server.chat import ChatService
     from server.gate import Gate
@@ -204,8 +230,7 @@ def chat_server(
     db = pool(settings)
     keys = data_keys(settings, db)
     log = log or event_log(settings, db, keys)
-    if engine is None:
-        engine = serving_engine(settings, folder, step, db)
+    shared = SharedEngine(engine or serving_engine(settings, folder, step, db))
     if router is None:
         step("training the router from its seed examples")
         router = seed_router()
@@ -220,7 +245,7 @@ def chat_server(
         router_version=router.version,
         specialists=router.specialists,
     )
-    harness = load_release(engine, store, db, release)
+    harness = load_release(shared, store, db, release)
     if isinstance(router, RouterService):
         serve_router_of(db, release, router)
     limits = ChatLimits(
@@ -229,12 +254,12 @@ def chat_server(
     # Counted in Redis when one is configured, so replicas share each key's limit.
     rate_storage = settings.redis_url or MEMORY
     chat = ChatService(
-        log, engine, router, release, harness, limits=limits, rate_storage=rate_storage
+        log, shared, router, release, harness, limits=limits, rate_storage=rate_storage
     )
     gate = Gate(db, max_connections_per_tenant=settings.max_connections_per_tenant)
     listener = PromotionListener(chat, db, store, log)
     app = create_app(chat, gate, listener, keys)
-    return Server(app, chat, engine, log, db)
+    return Server(app, chat, shared, log, db)
 
 
 def serve_router_of(db: Pool, release: Release, router: RouterService) -> None:

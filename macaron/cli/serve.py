@@ -9,6 +9,7 @@ import typer
 import uvicorn
 
 from infra.telemetry import configure_telemetry
+from learners.queue import configure as configure_celery
 from macaron import wiring
 from macaron.cli.common import console, settings, steps
 from server.schemas import export as export_schemas
@@ -17,6 +18,14 @@ from server.schemas import export as export_schemas
 def serve(
     ctx: typer.Context,
     port: Annotated[int | None, typer.Option(help="Port (default MACARON_HTTP_PORT).")] = None,
+    rollouts: Annotated[
+        bool,
+        typer.Option(
+            help="Also take rollout jobs from the Celery queue `rollout` and sample them on this "
+            "server's engine while chat leaves it idle (needs Redis: `macaron up` or "
+            "MACARON_REDIS_URL)."
+        ),
+    ] = False,
 ) -> None:
     """Serve chat: the WebSocket protocol at /v1/ws, the OpenAI-compatible API at /v1 and the
     web UI at /, on MACARON_BIND_HOST (127.0.0.1 unless configured), and Prometheus metrics at
@@ -26,6 +35,14 @@ def serve(
     configure_telemetry(cfg, "macaron-server")
     with steps("starting") as step:
         server = wiring.chat_server(cfg, step)
+        if rollouts:
+            step("starting the rollout lane")
+            configure_celery(cfg)
+            try:
+                server.serve_rollouts(cfg)
+            except BaseException:
+                server.close()
+                raise
     chosen = port or cfg.http_port
     console.print(f"serving on http://{cfg.bind_host}:{chosen}/ (Ctrl-C stops)")
     try:

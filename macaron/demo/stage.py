@@ -1,7 +1,8 @@
 """The running loop of a demo: the chat server (uvicorn on a free port of 127.0.0.1, in a
-thread), the stream processors (in a thread) and a Celery worker (a ``macaron worker``
-subprocess given the same settings as ``MACARON_*`` variables, in a process group of its own
-that the demo stops by its PID when it ends, SIGINT and SIGTERM included)."""
+thread) with its rollout lane (rollout jobs sampled on the server's engine, in a thread), the
+stream processors (in a thread) and a Celery worker that trains and evaluates (a ``macaron
+worker`` subprocess given the same settings as ``MACARON_*`` variables, in a process group of its
+own that the demo stops by its PID when it ends, SIGINT and SIGTERM included)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import uvicorn
 
 from core.settings import Settings
 from infra.local_stack import free_port
+from learners.queue import DEFAULT, EVAL, TRAIN
 from learners.queue import app as celery_app
 from learners.queue import configure as configure_celery
 from macaron import wiring
@@ -31,6 +33,7 @@ from streams.runner import follow
 
 SERVER_START_S = 60.0
 WORKER_STOP_S = 3.0
+WORKER_QUEUES = ",".join((TRAIN, EVAL, DEFAULT))
 """How long the worker's warm shutdown may take before it is killed: a task cut short is given
 to the next worker (acks late) and repeats nothing (every task is idempotent by its id)."""
 
@@ -111,6 +114,8 @@ def running_loop(
         serving = _Background("chat server", uv.run)
         parts.callback(_stop_server, uv, serving)
         _await_start(uv, serving)
+        step("starting the rollout lane on the chat server's engine")
+        server.serve_rollouts(settings)
         step("starting the stream processors")
         hosts = wiring.processor_hosts(settings, server.log, server.pool)
         wiring.enqueue_queued_runs(server.pool)
@@ -156,10 +161,11 @@ def _stop_processors(stop: threading.Event, processors: _Background) -> None:
 
 
 def _start_worker(settings: Settings, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    """``macaron worker`` in a session of its own: Ctrl-C on the demo's terminal reaches the
-    demo only, and the demo stops the worker's whole process group."""
+    """``macaron worker`` in a session of its own (Ctrl-C on the demo's terminal reaches the
+    demo only, and the demo stops the worker's whole process group), on every queue but the
+    rollouts, which the chat server's lane samples."""
     return subprocess.Popen(
-        [sys.executable, "-m", "macaron", "worker"],
+        [sys.executable, "-m", "macaron", "worker", "--queues", WORKER_QUEUES],
         env=worker_environment(settings),
         stdin=subprocess.DEVNULL,
         stdout=log,

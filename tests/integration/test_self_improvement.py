@@ -40,9 +40,10 @@ from infra.postgres.db import Pool
 from infra.postgres.registry import active_release, harness_by_name
 from infra.postgres.rollout_joins import scored_group
 from learners.files import load_yaml_model
+from learners.queue import app as celery_app
 from learners.queue import configure as configure_celery
 from learners.queue import enqueue_rollouts
-from learners.rollout_job import RolloutJob, rollout_key, run_rollouts
+from learners.rollout_job import RolloutJob, RolloutSummary, rollout_key, run_rollouts
 from learners.runtime import Runtime
 from learners.tasks import TaskBank
 from macaron import wiring
@@ -53,7 +54,7 @@ from streams.experience_rules import ExperienceBuilder
 from streams.processor import content_hash
 from streams.replay import replay
 from streams.runner import catch_up
-from tests.serving import celery_worker
+from tests.serving import celery_worker, running_server
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 BANK = DATA / "bank-self-e2e.yaml"
@@ -481,3 +482,49 @@ def wait_until(done: Callable[[], bool], timeout_s: float, worker: Any, log: Pat
         if worker.poll() is not None or time.monotonic() > deadline:
             raise AssertionError(log.read_text(errors="replace")[-4000:])
         time.sleep(0.1)
+
+
+def test_the_chat_servers_rollout_lane_samples_jobs_and_hands_back_the_one_it_stops_in(
+    self_settings: Settings, router: RouterService, stored: Stored, tmp_path: Path
+) -> None:
+    """Rollout jobs sampled on the chat server's own engine, no worker running; a server
+    stopped mid-job hands it back to the queue, a worker finishes it and every group is in the
+    log once."""
+    configure_celery(self_settings)
+    quick = RolloutJob(
+        job_id=uuid.uuid4(), specialist="genui", environments=["self-genui-1"], samples=4
+    )
+    environments = [f"self-genui-{n}" for n in range(1, 9)]
+    long = RolloutJob(job_id=uuid.uuid4(), specialist="genui", environments=environments, samples=8)
+
+    def scored(job: RolloutJob) -> list[RolloutScored]:
+        events = stored.log.read(key=rollout_key(job.job_id))
+        return [e.payload for e in events if isinstance(e.payload, RolloutScored)]
+
+    with running_server(self_settings, router=router) as served:
+        served.server.serve_rollouts(self_settings)
+        enqueue_rollouts(quick)
+        summary = result_of(quick, 120)
+        assert (summary.groups, summary.samples, len(scored(quick))) == (1, 4, 4)
+        enqueue_rollouts(long)
+        deadline = time.monotonic() + 120
+        while not scored(long):
+            assert time.monotonic() < deadline, "the lane recorded no group of the long job"
+            time.sleep(0.05)
+    lane_groups = {v.group_id for v in scored(long)}
+    assert len(scored(long)) == 8 * len(lane_groups) < 8 * len(environments)  # stopped mid-job
+    with celery_worker(self_settings, tmp_path / "worker.log"):
+        assert result_of(long, 300).groups == len(environments) - len(lane_groups)
+    verdicts = scored(long)
+    assert len({v.rollout_id for v in verdicts}) == len(verdicts) == 8 * len(environments)
+
+
+def result_of(job: RolloutJob, timeout_s: float) -> RolloutSummary:
+    """The job's summary, polled as the demo does (a result's ``get`` waits on a subscription
+    that the lane's publishing, in this same process, does not wake)."""
+    result = celery_app.AsyncResult(str(job.job_id))
+    deadline = time.monotonic() + timeout_s
+    while not result.ready():
+        assert time.monotonic() < deadline, f"rollout job {job.job_id} did not finish"
+        time.sleep(0.1)
+    return RolloutSummary.model_validate(result.result)
