@@ -194,6 +194,18 @@ HINTS_HELP = (
 )
 
 
+class DemoRollouts(StrEnum):
+    worker = "worker"
+    server = "server"
+
+
+ROLLOUTS_HELP = (
+    "Self mode: where rollout jobs are sampled: worker (the default) in the Celery worker, in "
+    "turn with training and evaluation; server in the chat server's rollout lane, on its "
+    "engine, beside them (on a CPU with few cores the two then compete, and both slow down)."
+)
+
+
 def demo(
     ctx: typer.Context,
     generations: Annotated[int, typer.Option(min=1, help="Generations after the base.")] = 3,
@@ -217,6 +229,7 @@ def demo(
     mode: Annotated[DemoMode, typer.Option(help=MODE_HELP)] = DemoMode.oracle,
     samples: Annotated[int, typer.Option(min=1, max=16, help="Self mode: samples per prompt.")] = 8,
     hints: Annotated[DemoHints, typer.Option(help=HINTS_HELP)] = DemoHints.none,
+    rollouts: Annotated[DemoRollouts, typer.Option(help=ROLLOUTS_HELP)] = DemoRollouts.worker,
 ) -> None:
     """Run the whole learning loop for --generations generations; write demo.json and demo.png.
 
@@ -246,6 +259,7 @@ def demo(
             mode="self" if mode is DemoMode.self_ else "oracle",
             samples=samples,
             hints=hints.value,
+            rollouts=rollouts.value,
             step=step,
             on_generation=lambda record: console.print(generation_table(record)),
         )

@@ -37,7 +37,7 @@ from macaron.demo.records import (
     RunRecord,
     phase_seconds,
 )
-from macaron.demo.stage import SERVER_START_S, Stage, Step, running_loop
+from macaron.demo.stage import SERVER_START_S, RolloutPlace, Stage, Step, running_loop
 from macaron.simulator import (
     DEFAULT_SPECIALISTS,
     SIMULATOR_TENANT,
@@ -100,6 +100,7 @@ def run_demo(
     mode: Mode = "oracle",
     samples: int = 8,
     hints: HintMode = "none",
+    rollouts: RolloutPlace = "worker",
 ) -> DemoReport:
     """Measure the active release, then run ``generations`` generations of the loop; writes
     ``demo.json`` and ``demo.png`` into ``out_dir`` after each generation. The traffic of a
@@ -107,11 +108,14 @@ def run_demo(
     (``oracle``, at most ``turns_per_generation`` turns) or rollout jobs of ``samples`` samples
     per prompt judged by the verifiers (``self``, at most ``turns_per_generation`` prompts),
     groups with no passing sample resampled as ``hints`` says (``tools``: a tool sweep;
-    ``checker``: the checker's hint, an ablation)."""
+    ``checker``: the checker's hint, an ablation), sampled by the worker or the chat server's
+    rollout lane, as ``rollouts`` says."""
     if min(generations, turns_per_generation, concurrency) < 1:
         raise ConfigError("generations, turns per generation and concurrency must be at least 1")
     if hints not in get_args(HintMode):
         raise ConfigError(f"no hint mode {hints!r}; one of {', '.join(get_args(HintMode))}")
+    if rollouts not in get_args(RolloutPlace):
+        raise ConfigError(f"rollouts run in the worker or the server, not {rollouts!r}")
     if hints != "none" and mode != "self":
         raise ConfigError("hints are given to rollouts: only --mode self takes them")
     settings = demo_settings(settings, mode)
@@ -134,7 +138,7 @@ def run_demo(
         if on_generation is not None:
             on_generation(record)
 
-    with running_loop(settings, out_dir, step, router=router) as stage:
+    with running_loop(settings, out_dir, step, router=router, rollouts=rollouts) as stage:
         traffic = Traffic(mode, samples, seed, hints)
         demo = _Demo(stage, contract, plays, step, settings.train_threshold, traffic)
         step("generation 0: measuring the contract on the active release")
@@ -226,17 +230,21 @@ class _Demo:
 
     def roll(self, n: int, prompts: int, timeout_s: float) -> dict[str, dict[str, float]]:
         """Roll out prompts (a job per specialist in each round) until the trigger has queued
-        a run, at most ``prompts``; what the rollouts gave, per specialist."""
+        a run, at most ``prompts``; what the rollouts gave, per specialist. No job starts once
+        a run is queued: the run trains now, and a job beside it would only slow both (the
+        prompts of a round left so are drawn again by a later round)."""
         summaries: list[RolloutSummary] = []
         specialists: list[str] = []
-        rolled = 0
-        while rolled < prompts and not self._new_runs():
-            chunk = [next(self.plays) for _ in range(min(ROLLOUT_CHUNK, prompts - rolled))]
-            rolled += len(chunk)
+        drawn = sampled = 0
+        while drawn < prompts and not self._new_runs():
+            chunk = [next(self.plays) for _ in range(min(ROLLOUT_CHUNK, prompts - drawn))]
+            drawn += len(chunk)
             for specialist in sorted({task.specialist for task in chunk}):
+                if self._new_runs():
+                    break
                 job = RolloutJob(
                     job_id=derived_id(
-                        "demo-rollouts", self.origin, self.traffic.seed, n, rolled, specialist
+                        "demo-rollouts", self.origin, self.traffic.seed, n, drawn, specialist
                     ),
                     specialist=specialist,
                     environments=list(
@@ -252,8 +260,9 @@ class _Demo:
                     self.plays.record(summary.by_task)
                 summaries.append(summary)
                 specialists.append(specialist)
-            self.step(f"generation {n}: {rolled} prompts rolled out")
-        self.await_trigger(f"rollouts of {rolled} prompts")
+                sampled += len(job.environments)
+            self.step(f"generation {n}: {sampled} prompts rolled out")
+        self.await_trigger(f"rollouts of {sampled} prompts")
         return rollout_stats(specialists, summaries)
 
     def _await_job(self, job: RolloutJob, n: int, timeout_s: float) -> RolloutSummary:

@@ -1,8 +1,9 @@
 """The running loop of a demo: the chat server (uvicorn on a free port of 127.0.0.1, in a
-thread) with its rollout lane (rollout jobs sampled on the server's engine, in a thread), the
-stream processors (in a thread) and a Celery worker that trains and evaluates (a ``macaron
-worker`` subprocess given the same settings as ``MACARON_*`` variables, in a process group of its
-own that the demo stops by its PID when it ends, SIGINT and SIGTERM included)."""
+thread), the stream processors (in a thread) and a Celery worker (a ``macaron worker``
+subprocess given the same settings as ``MACARON_*`` variables, in a process group of its own
+that the demo stops by its PID when it ends, SIGINT and SIGTERM included). Rollout jobs run in
+the worker, in turn with training and evaluation, or (``rollouts="server"``) in the chat
+server's rollout lane, on its engine, beside them."""
 
 from __future__ import annotations
 
@@ -17,13 +18,13 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Literal
 
 import uvicorn
 
 from core.settings import Settings
 from infra.local_stack import free_port
-from learners.queue import DEFAULT, EVAL, TRAIN
+from learners.queue import DEFAULT, EVAL, ROLLOUT, TRAIN
 from learners.queue import app as celery_app
 from learners.queue import configure as configure_celery
 from macaron import wiring
@@ -33,7 +34,7 @@ from streams.runner import follow
 
 SERVER_START_S = 60.0
 WORKER_STOP_S = 3.0
-WORKER_QUEUES = ",".join((TRAIN, EVAL, DEFAULT))
+RolloutPlace = Literal["worker", "server"]
 """How long the worker's warm shutdown may take before it is killed: a task cut short is given
 to the next worker (acks late) and repeats nothing (every task is idempotent by its id)."""
 
@@ -92,9 +93,15 @@ def worker_environment(settings: Settings) -> dict[str, str]:
 
 @contextmanager
 def running_loop(
-    settings: Settings, out_dir: Path, step: Step, *, router: Router | None = None
+    settings: Settings,
+    out_dir: Path,
+    step: Step,
+    *,
+    router: Router | None = None,
+    rollouts: RolloutPlace = "worker",
 ) -> Iterator[Stage]:
-    """Start the chat server, the stream processors and a Celery worker; stop them after."""
+    """Start the chat server, the stream processors and a Celery worker (and the server's
+    rollout lane, where ``rollouts`` says); stop them after."""
     configure_celery(settings)
     _check_broker(settings)
     with ExitStack() as parts:
@@ -114,8 +121,9 @@ def running_loop(
         serving = _Background("chat server", uv.run)
         parts.callback(_stop_server, uv, serving)
         _await_start(uv, serving)
-        step("starting the rollout lane on the chat server's engine")
-        server.serve_rollouts(settings)
+        if rollouts == "server":
+            step("starting the rollout lane on the chat server's engine")
+            server.serve_rollouts(settings)
         step("starting the stream processors")
         hosts = wiring.processor_hosts(settings, server.log, server.pool)
         wiring.enqueue_queued_runs(server.pool)
@@ -124,7 +132,8 @@ def running_loop(
         parts.callback(_stop_processors, stop, processors)
         log_path = out_dir / "worker.log"
         log = parts.enter_context(log_path.open("wb"))
-        worker = _start_worker(settings, log)
+        queues = (TRAIN, EVAL, DEFAULT) if rollouts == "server" else (TRAIN, EVAL, DEFAULT, ROLLOUT)
+        worker = _start_worker(settings, log, queues)
         parts.callback(_stop_worker, worker)
         step(f"starting a Celery worker (pid {worker.pid})")
         yield Stage(server, f"ws://127.0.0.1:{port}/v1/ws", worker, log_path, [serving, processors])
@@ -160,12 +169,13 @@ def _stop_processors(stop: threading.Event, processors: _Background) -> None:
     processors.thread.join(timeout=30)
 
 
-def _start_worker(settings: Settings, log: IO[bytes]) -> subprocess.Popen[bytes]:
-    """``macaron worker`` in a session of its own (Ctrl-C on the demo's terminal reaches the
-    demo only, and the demo stops the worker's whole process group), on every queue but the
-    rollouts, which the chat server's lane samples."""
+def _start_worker(
+    settings: Settings, log: IO[bytes], queues: tuple[str, ...]
+) -> subprocess.Popen[bytes]:
+    """``macaron worker`` on ``queues``, in a session of its own: Ctrl-C on the demo's terminal
+    reaches the demo only, and the demo stops the worker's whole process group."""
     return subprocess.Popen(
-        [sys.executable, "-m", "macaron", "worker", "--queues", WORKER_QUEUES],
+        [sys.executable, "-m", "macaron", "worker", "--queues", ",".join(queues)],
         env=worker_environment(settings),
         stdin=subprocess.DEVNULL,
         stdout=log,

@@ -1,6 +1,7 @@
 """The demo's options are checked before anything starts: an unknown hint mode, hints in oracle
-mode, and a self mode whose training config would take edits are each a ``ConfigError`` (and
-the command line refuses an unknown ``--hints`` by name)."""
+mode, a place for rollouts other than the worker or the server, and a self mode whose training
+config would take edits are each a ``ConfigError`` (and the command line refuses an unknown
+``--hints`` or ``--rollouts`` by name)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,15 @@ def test_an_unknown_hint_mode_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="no hint mode 'reference'; one of none, tools, checker"):
         demo(tmp_path, mode="self", hints="reference")
     assert not (tmp_path / "demo").exists()
+
+
+def test_rollouts_run_in_the_worker_or_the_server_only(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as refused:
+        demo(tmp_path, mode="self", rollouts="gpu")
+    assert refused.value.code == "config_invalid"
+    assert not (tmp_path / "demo").exists()
+    result = CliRunner().invoke(app, ["demo", "--mode", "self", "--rollouts", "gpu"])
+    assert result.exit_code == 2 and "--rollouts" in result.output
 
 
 def test_hints_are_for_self_mode_only(tmp_path: Path) -> None:
