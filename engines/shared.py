@@ -8,6 +8,10 @@ once, so a turn that arrives meanwhile joins the batch beside them instead of qu
 them (the local engine batches 16). Its ``close`` closes the view, not the engine: the server
 owns the engine; requests the closed view is asked for fail with ``EngineWithdrawn``.
 
+A view pins the adapters it loads or samples with until it is closed: chat unloading one (the
+release it served was replaced) is deferred until no open view holds it, so a job never loses
+its adapter between two requests.
+
 Requests may come from several event loops (the server's and the lane's thread): the counts
 are guarded by a thread lock, and a waiting request polls.
 """
@@ -17,7 +21,9 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncGenerator
+from contextlib import aclosing
 
 from core.engine import Engine, GenerationChunk, GenerationRequest, OutputConstraint
 from core.errors import EngineWithdrawn
@@ -28,20 +34,24 @@ POLL_S = 0.02
 
 
 class SharedEngine:
-    """``engine`` for chat: every method delegates; ``generate`` counts its stream in flight."""
+    """``engine`` for chat: every method delegates; ``generate`` counts its stream in flight,
+    and ``unload_adapter`` waits for the views that pin the adapter."""
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self._lock = threading.Lock()
         self._chat = 0
         self._last_chat = time.monotonic() - QUIET_S
+        self._pins: Counter[str] = Counter()
+        self._deferred: set[str] = set()
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
         with self._lock:
             self._chat += 1
         try:
-            async for chunk in self.engine.generate(request):
-                yield chunk
+            async with aclosing(self.engine.generate(request)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         finally:
             with self._lock:
                 self._chat -= 1
@@ -55,10 +65,29 @@ class SharedEngine:
     def background(self, slots: int) -> BackgroundEngine:
         return BackgroundEngine(self, slots)
 
+    def pin(self, name: str) -> None:
+        with self._lock:
+            self._pins[name] += 1
+
+    def unpin(self, names: Counter[str]) -> None:
+        """Drop a view's pins; unload what chat unloaded meanwhile and nothing pins now."""
+        with self._lock:
+            self._pins -= names
+            due = {name for name in self._deferred if not self._pins[name]}
+            self._deferred -= due
+        for name in sorted(due):
+            self.engine.unload_adapter(name)
+
     def load_adapter(self, name: str, path: str) -> None:
+        with self._lock:
+            self._deferred.discard(name)
         self.engine.load_adapter(name, path)
 
     def unload_adapter(self, name: str) -> None:
+        with self._lock:
+            if self._pins[name]:
+                self._deferred.add(name)
+                return
         self.engine.unload_adapter(name)
 
     def loaded_adapters(self) -> list[str]:
@@ -75,9 +104,8 @@ class SharedEngine:
 
 
 class BackgroundEngine:
-    """The shared engine as background work sees it (the module says how it yields to chat).
-    Adapters it loads stay loaded: versioned names are immutable, and the engine evicts idle
-    adapters when it needs room; it never unloads one, which chat may be serving."""
+    """The shared engine as background work sees it (the module says how it yields to chat and
+    pins its adapters). It never unloads an adapter: chat may be serving it."""
 
     def __init__(self, shared: SharedEngine, slots: int) -> None:
         if slots < 1:
@@ -86,12 +114,25 @@ class BackgroundEngine:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._closed = False
+        self._pinned: Counter[str] = Counter()
+
+    def _pin(self, name: str) -> None:
+        with self._lock:
+            if self._closed:
+                raise EngineWithdrawn("the background view of the engine was closed")
+            if self._pinned[name]:
+                return
+            self._pinned[name] = 1
+        self.shared.pin(name)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
+        if request.adapter is not None:
+            self._pin(request.adapter)
         await self._admitted()
         try:
-            async for chunk in self.shared.engine.generate(request):
-                yield chunk
+            async with aclosing(self.shared.engine.generate(request)) as chunks:
+                async for chunk in chunks:
+                    yield chunk
         finally:
             with self._lock:
                 self._in_flight -= 1
@@ -113,6 +154,8 @@ class BackgroundEngine:
             return self._in_flight
 
     def load_adapter(self, name: str, path: str) -> None:
+        """Pin ``name`` and load it if the engine lacks it (an unload chat deferred stays due)."""
+        self._pin(name)
         self.shared.engine.load_adapter(name, path)
 
     def unload_adapter(self, name: str) -> None:
@@ -128,5 +171,9 @@ class BackgroundEngine:
         return self.shared.engine.chat_prompt(messages)
 
     def close(self) -> None:
-        """Refuse new requests; the ones in flight finish (the engine stays the server's)."""
-        self._closed = True
+        """Refuse new requests and drop the view's pins; the requests in flight finish (the
+        engine stays the server's)."""
+        with self._lock:
+            self._closed, pinned = True, self._pinned
+            self._pinned = Counter()
+        self.shared.unpin(pinned)

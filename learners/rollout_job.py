@@ -300,9 +300,10 @@ def _sampler(
     rt: Runtime, engine: Engine, release: Release, harness: HarnessVersion, job: RolloutJob
 ) -> Sampler:
     """A sampler of the release's adapter for the job's specialist (loaded if the engine lacks
-    it), capped at the settings' answer length."""
+    it; asked for even if it has it, so a shared engine's view pins it for the job), capped at
+    the settings' answer length."""
     adapter = release.adapter_for(job.specialist)
-    if adapter is not None and adapter.name not in engine.loaded_adapters():
+    if adapter is not None:
         engine.load_adapter(adapter.name, str(rt.store.verified_path(adapter.sha256, adapter.path)))
     decoding = harness.spec.for_specialist(job.specialist).decoding
     return Sampler(

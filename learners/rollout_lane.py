@@ -33,6 +33,9 @@ from learners.worker import install_runtime
 START_S = 30.0
 STOP_S = 30.0
 _log = logging.getLogger(__name__)
+_running = threading.Lock()
+"""Held by the process's one running lane: its runtime and Celery's shutdown flag are the
+process's."""
 
 
 class LaneUnavailable(MacaronError):
@@ -52,6 +55,7 @@ class RolloutLane:
         self._stopping = False
         self._ready = threading.Event()
         self._thread: threading.Thread | None = None
+        self._holds = False
 
     def _next_view(self) -> Engine:
         with self._lock:
@@ -61,7 +65,18 @@ class RolloutLane:
             return self._view
 
     def start(self) -> None:
-        """Start consuming; ``LaneUnavailable`` if the consumer is not ready in ``START_S``."""
+        """Start consuming; ``LaneUnavailable`` if the consumer is not ready in ``START_S`` or
+        another lane runs in this process."""
+        if not _running.acquire(blocking=False):
+            raise LaneUnavailable("a rollout lane already runs in this process")
+        self._holds = True
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         install_runtime(replace(self.runtime, contract_engine=self._next_view))
         controller = app.WorkController(
             hostname=f"macaron-lane-{os.getpid()}@{socket.gethostname()}",
@@ -81,7 +96,6 @@ class RolloutLane:
         self._thread = threading.Thread(target=consume, name="rollout-lane", daemon=True)
         self._thread.start()
         if not self._ready.wait(START_S):
-            self.stop()
             raise LaneUnavailable(
                 f"the rollout lane's consumer was not ready in {START_S:.0f} s: is Redis up "
                 "(`macaron up`, or MACARON_REDIS_URL)?"
@@ -93,17 +107,20 @@ class RolloutLane:
 
     def stop(self) -> None:
         """Withdraw the engine from the job at hand and stop consuming (Celery's warm shutdown:
-        the flag its signal handler would set)."""
+        the flag its signal handler would set; left set if the consumer outlives ``STOP_S``, so
+        it stops after its job)."""
         with self._lock:
             self._stopping = True
             if self._view is not None:
                 self._view.close()
-        if self._thread is None:
-            return
-        state.should_stop = 0
-        try:
+        if self._thread is not None:
+            state.should_stop = 0
             self._thread.join(STOP_S)
             if self._thread.is_alive():
                 _log.warning("the rollout lane did not stop in %.0f s", STOP_S)
-        finally:
+                return
             state.should_stop = None
+        _set_task_join_will_block(False)
+        if self._holds:
+            self._holds = False
+            _running.release()

@@ -37,8 +37,8 @@ def serve(
         server = wiring.chat_server(cfg, step)
         if rollouts:
             step("starting the rollout lane")
-            configure_celery(cfg)
             try:
+                configure_celery(cfg)
                 server.serve_rollouts(cfg)
             except BaseException:
                 server.close()

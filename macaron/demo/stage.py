@@ -34,9 +34,9 @@ from streams.runner import follow
 
 SERVER_START_S = 60.0
 WORKER_STOP_S = 3.0
-RolloutPlace = Literal["worker", "server"]
 """How long the worker's warm shutdown may take before it is killed: a task cut short is given
 to the next worker (acks late) and repeats nothing (every task is idempotent by its id)."""
+RolloutPlace = Literal["worker", "server"]
 
 Step = Callable[[str], None]
 

@@ -1,6 +1,7 @@
 """The serving engine shared by chat and the rollout lane (``engines.shared``), on the tiny
 local model: background requests start only when chat leaves the engine quiet, hold at most
-their slots, and a closed view refuses new requests while the ones in flight finish."""
+their slots, a closed view refuses new requests while the ones in flight finish, and chat
+unloads an adapter a view holds only once the view is closed."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from core.engine import Engine, GenerationRequest, SamplingParams
 from core.errors import EngineWithdrawn
 from engines.local import LocalEngine
 from engines.shared import QUIET_S, SharedEngine
+from tests.factories import make_adapter
 
 
 @pytest.fixture
@@ -91,3 +93,23 @@ def test_a_closed_view_refuses_new_requests_and_lets_running_ones_finish(
     assert tokens == 16
     assert shared.background(1).in_flight() == 0  # the engine itself still serves
     assert asyncio.run(timed(shared, request("chat", 3)))[2] == 3
+
+
+def test_an_adapter_a_view_holds_is_unloaded_only_once_the_view_is_closed(
+    shared: SharedEngine, tiny_model: Path, tmp_path: Path
+) -> None:
+    """A promotion unloads the old release's adapter while a rollout job samples with it: the
+    job keeps it until it ends; an adapter no view holds is unloaded at once."""
+    folder = str(make_adapter(tiny_model, tmp_path / "genui-1", 4, ["q_proj", "v_proj"], 3))
+    other = str(make_adapter(tiny_model, tmp_path / "genui-2", 4, ["q_proj", "v_proj"], 4))
+    shared.load_adapter("genui@1", folder)
+    shared.load_adapter("genui@2", other)
+    job = shared.background(2)
+    job.load_adapter("genui@1", folder)  # loaded already: pinned all the same
+    shared.unload_adapter("genui@1")
+    shared.unload_adapter("genui@2")
+    assert shared.loaded_adapters() == ["genui@1"]
+    pinned = request("step", 2).model_copy(update={"adapter": "genui@1"})
+    assert asyncio.run(timed(job, pinned))[2] == 2  # the job's next step still finds it
+    job.close()
+    assert shared.loaded_adapters() == []
