@@ -112,12 +112,7 @@ def run_demo(
     rollout lane, as ``rollouts`` says."""
     if min(generations, turns_per_generation, concurrency) < 1:
         raise ConfigError("generations, turns per generation and concurrency must be at least 1")
-    if hints not in get_args(HintMode):
-        raise ConfigError(f"no hint mode {hints!r}; one of {', '.join(get_args(HintMode))}")
-    if rollouts not in get_args(RolloutPlace):
-        raise ConfigError(f"rollouts run in the worker or the server, not {rollouts!r}")
-    if hints != "none" and mode != "self":
-        raise ConfigError("hints are given to rollouts: only --mode self takes them")
+    _check_rollouts(mode, hints, rollouts)
     settings = demo_settings(settings, mode)
     contract = load_contract(settings.contract_path or DEFAULT_CONTRACT)
     unscored = sorted(set(specialists) - contract.suites.keys())
@@ -146,6 +141,15 @@ def run_demo(
         for n in range(1, generations + 1):
             keep(demo.generation(n, turns_per_generation, concurrency, run_timeout_s))
     return report
+
+
+def _check_rollouts(mode: Mode, hints: HintMode, rollouts: RolloutPlace) -> None:
+    if hints not in get_args(HintMode):
+        raise ConfigError(f"no hint mode {hints!r}; one of {', '.join(get_args(HintMode))}")
+    if rollouts not in get_args(RolloutPlace):
+        raise ConfigError(f"rollouts run in the worker or the server, not {rollouts!r}")
+    if hints != "none" and mode != "self":
+        raise ConfigError("hints are given to rollouts: only --mode self takes them")
 
 
 @dataclass(frozen=True)
