@@ -69,10 +69,10 @@ class SharedEngine:
         with self._lock:
             self._pins[name] += 1
 
-    def unpin(self, names: Counter[str]) -> None:
+    def unpin(self, names: set[str]) -> None:
         """Drop a view's pins; unload what chat unloaded meanwhile and nothing pins now."""
         with self._lock:
-            self._pins -= names
+            self._pins -= Counter(names)
             due = {name for name in self._deferred if not self._pins[name]}
             self._deferred -= due
         for name in sorted(due):
@@ -114,15 +114,15 @@ class BackgroundEngine:
         self._lock = threading.Lock()
         self._in_flight = 0
         self._closed = False
-        self._pinned: Counter[str] = Counter()
+        self._pinned: set[str] = set()
 
     def _pin(self, name: str) -> None:
         with self._lock:
             if self._closed:
                 raise EngineWithdrawn("the background view of the engine was closed")
-            if self._pinned[name]:
+            if name in self._pinned:
                 return
-            self._pinned[name] = 1
+            self._pinned.add(name)
         self.shared.pin(name)
 
     async def generate(self, request: GenerationRequest) -> AsyncGenerator[GenerationChunk, None]:
@@ -175,5 +175,5 @@ class BackgroundEngine:
         engine stays the server's)."""
         with self._lock:
             self._closed, pinned = True, self._pinned
-            self._pinned = Counter()
+            self._pinned = set()
         self.shared.unpin(pinned)

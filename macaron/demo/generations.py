@@ -112,7 +112,7 @@ def run_demo(
     rollout lane, as ``rollouts`` says."""
     if min(generations, turns_per_generation, concurrency) < 1:
         raise ConfigError("generations, turns per generation and concurrency must be at least 1")
-    _check_rollouts(mode, hints, rollouts)
+    _check_traffic(mode, hints, rollouts)
     settings = demo_settings(settings, mode)
     contract = load_contract(settings.contract_path or DEFAULT_CONTRACT)
     unscored = sorted(set(specialists) - contract.suites.keys())
@@ -143,7 +143,7 @@ def run_demo(
     return report
 
 
-def _check_rollouts(mode: Mode, hints: HintMode, rollouts: RolloutPlace) -> None:
+def _check_traffic(mode: Mode, hints: HintMode, rollouts: RolloutPlace) -> None:
     if hints not in get_args(HintMode):
         raise ConfigError(f"no hint mode {hints!r}; one of {', '.join(get_args(HintMode))}")
     if rollouts not in get_args(RolloutPlace):

@@ -91,7 +91,6 @@ def test_a_closed_view_refuses_new_requests_and_lets_running_ones_finish(
 
     _, _, tokens = asyncio.run(run())
     assert tokens == 16
-    assert shared.background(1).in_flight() == 0  # the engine itself still serves
     assert asyncio.run(timed(shared, request("chat", 3)))[2] == 3
 
 
