@@ -109,6 +109,7 @@ class RolloutSummary(BaseModel):
     pass_at_k: float
     signal_groups: int
     hinted_groups: int
+    hinted_samples: int
     hinted_passed: int
     seconds: float
     by_task: dict[str, tuple[int, int]]
@@ -356,6 +357,7 @@ def _summary(
         pass_at_k=sum(g.any_passed for g in groups) / len(groups) if groups else 0.0,
         signal_groups=sum(g.has_signal for g in groups),
         hinted_groups=len(hinted),
+        hinted_samples=sum(len(g.verdicts) for g in hinted),
         hinted_passed=sum(v.passed for g in hinted for v in g.verdicts),
         seconds=seconds,
         by_task={

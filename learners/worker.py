@@ -11,6 +11,7 @@ and installs it here (``install_runtime``, by ``macaron worker``); the tasks fin
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -34,6 +35,20 @@ from learners.runs import carry_out_run
 from learners.runtime import RunBusy, Runtime
 
 _runtime: Runtime | None = None
+
+
+class _RejectedInOneLine(logging.Filter):
+    """Celery logs a rejected task (a rollout job handed back to the queue when its lane stops,
+    ``sample_rollouts``) as a warning with its whole traceback; its one line says all there is:
+    the task, and why it went back."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], Reject):
+            record.exc_info = None
+        return True
+
+
+logging.getLogger("celery.app.trace").addFilter(_RejectedInOneLine())
 
 
 def install_runtime(runtime: Runtime) -> None:

@@ -385,6 +385,7 @@ _SUMMED = (
     "failed",
     "signal_groups",
     "hinted_groups",
+    "hinted_samples",
     "hinted_passed",
     "seconds",
 )

@@ -71,7 +71,8 @@ def generation_table(record: GenerationRecord) -> Table:
             f"\n{specialist} rollouts: {r['groups']:.0f} prompts, {r['samples']:.0f} samples"
             f", pass@1 {r['pass_at_1']:.2f}, pass@K {r['pass_at_k']:.2f}, groups with signal "
             f"{r['signal_groups']:.0f} ({r['signal_share']:.0%}), hinted "
-            f"{r['hinted_groups']:.0f} ({r['hinted_passed']:.0f} passed), verifier failures "
+            f"{r['hinted_groups']:.0f} groups, {r['hinted_samples']:.0f} samples "
+            f"({r['hinted_passed']:.0f} passed), verifier failures "
             f"{r['failed']:.0f}, {r['seconds']:.0f} s"
         )
     if record.phase_seconds:

@@ -137,13 +137,13 @@ def test_the_self_mode_demo_trains_a_successor_without_any_reference_answer(
     sampled = [e.payload for e in stored.events() if isinstance(e.payload, RolloutSampled)]
     scored = [e.payload for e in stored.events() if isinstance(e.payload, RolloutScored)]
     rolled = first.rollouts["genui"]
-    assert len(sampled) == len(scored) == rolled["samples"] + 4 * rolled["hinted_groups"]
+    assert len(sampled) == len(scored) == rolled["samples"] + rolled["hinted_samples"]
     assert {s.verifier_version for s in scored} == {"verifier-1"}
     assert 0 < rolled["passed"] < rolled["samples"]
     assert 0 < rolled["pass_at_1"] <= rolled["pass_at_k"] <= 1
     assert 0 < rolled["signal_groups"] <= rolled["groups"]
     assert rolled["signal_share"] == rolled["signal_groups"] / rolled["groups"]
-    assert (first.hints, rolled["hinted_groups"]) == ("none", 0)
+    assert (first.hints, rolled["hinted_groups"], rolled["hinted_samples"]) == ("none", 0, 0)
     snapshot = snapshot_records(stored, first.release_id)
     assert {e.envelope.event_id for e in snapshot} >= edits  # the edits were there to take
     [trained] = [e.payload for e in stored.events() if isinstance(e.payload, CandidateTrained)]
