@@ -17,11 +17,11 @@ import learners.worker  # noqa: F401 (installs the worker's log filter)
 def _trace(error: Exception) -> None:
     app = Celery("worker-logs", set_as_current=False)
 
-    @app.task(name="fails")
     def fails() -> None:
         raise error
 
-    build_tracer("fails", fails, app=app, store_errors=False)(str(uuid.uuid4()), (), {})
+    task = app.task(name="fails")(fails)
+    build_tracer("fails", task, app=app, store_errors=False)(str(uuid.uuid4()), (), {})
 
 
 def test_a_rejected_task_is_logged_in_one_line_without_its_traceback(
