@@ -6,7 +6,8 @@ lane, ``learners.rollout_lane``) on the capacity chat leaves idle.
 has been in flight for ``QUIET_S``, and at most ``slots`` background requests are in flight at
 once, so a turn that arrives meanwhile joins the batch beside them instead of queueing behind
 them (the local engine batches 16). Its ``close`` closes the view, not the engine: the server
-owns the engine; requests the closed view is asked for fail with ``EngineWithdrawn``.
+owns the engine; requests the closed view is asked for fail with ``EngineWithdrawn``, and so do
+those it still runs if the server then shuts the engine down under them.
 
 A view pins the adapters it loads or samples with until it is closed: chat unloading one (the
 release it served was replaced) is deferred until no open view holds it, so a job never loses
@@ -26,7 +27,7 @@ from collections.abc import AsyncGenerator
 from contextlib import aclosing
 
 from core.engine import Engine, GenerationChunk, GenerationRequest, OutputConstraint
-from core.errors import EngineWithdrawn
+from core.errors import EngineUnavailable, EngineWithdrawn
 
 QUIET_S = 0.2
 """How long the engine must have served no chat before a background request starts."""
@@ -133,6 +134,13 @@ class BackgroundEngine:
             async with aclosing(self.shared.engine.generate(request)) as chunks:
                 async for chunk in chunks:
                     yield chunk
+        except EngineUnavailable as exc:
+            if not self._closed:
+                raise
+            # The server shut the engine down after closing this view: the work was withdrawn.
+            raise EngineWithdrawn(
+                "the engine was shut down under a closed background view"
+            ) from exc
         finally:
             with self._lock:
                 self._in_flight -= 1

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from core.engine import Engine, GenerationRequest, SamplingParams
-from core.errors import EngineWithdrawn
+from core.errors import EngineUnavailable, EngineWithdrawn
 from engines.local import LocalEngine
 from engines.shared import QUIET_S, SharedEngine
 from tests.factories import make_adapter
@@ -112,3 +112,27 @@ def test_an_adapter_a_view_holds_is_unloaded_only_once_the_view_is_closed(
     assert asyncio.run(timed(job, pinned))[2] == 2  # the job's next step still finds it
     job.close()
     assert shared.loaded_adapters() == []
+
+
+@pytest.mark.parametrize("view_closed", [True, False])
+def test_a_request_the_engine_stops_under_is_withdrawn_only_if_its_view_was_closed(
+    tiny_model: Path, view_closed: bool
+) -> None:
+    """The server closes the lane's view, then (its grace over) shuts the engine down: the
+    request still running was withdrawn (its job goes back to the queue). An engine shut down
+    under an open view is plainly unavailable."""
+    shared = SharedEngine(LocalEngine(tiny_model))
+    background = shared.background(1)
+
+    async def run() -> None:
+        running = asyncio.create_task(timed(background, request("long", 200)))
+        while background.in_flight() == 0:
+            await asyncio.sleep(0.005)
+        if view_closed:
+            background.close()
+        shared.close()
+        await running
+
+    with pytest.raises(EngineUnavailable) as caught:
+        asyncio.run(run())
+    assert isinstance(caught.value, EngineWithdrawn) is view_closed
