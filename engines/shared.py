@@ -138,9 +138,7 @@ class BackgroundEngine:
             if not self._closed:
                 raise
             # The server shut the engine down after closing this view: the work was withdrawn.
-            raise EngineWithdrawn(
-                "the engine was shut down under a closed background view"
-            ) from exc
+            raise EngineWithdrawn(f"a closed background view's request failed: {exc}") from exc
         finally:
             with self._lock:
                 self._in_flight -= 1

@@ -9,7 +9,8 @@ same queue: whichever is free takes the next job.
 
 Stopping closes the view: the job at hand fails its next request with ``EngineWithdrawn`` and
 goes back to the queue (``learners.worker`` rejects it with requeue; acks are late), and the
-groups it recorded stay recorded (a job is idempotent by its id).
+groups it recorded stay recorded (a job is idempotent by its id). A request still running when
+the server then shuts its engine down is withdrawn too.
 """
 
 from __future__ import annotations
@@ -105,22 +106,25 @@ class RolloutLane:
         _set_task_join_will_block(False)
         _log.info("the rollout lane consumes the %r queue", ROLLOUT)
 
-    def stop(self) -> None:
+    def stop(self, wait_s: float = STOP_S) -> bool:
         """Withdraw the engine from the job at hand and stop consuming (Celery's warm shutdown:
-        the flag its signal handler would set; left set if the consumer outlives ``STOP_S``, so
-        it stops after its job)."""
+        the flag its signal handler would set; left set if the consumer outlives ``wait_s``,
+        so it stops after its job). Whether it stopped; if not, the server shuts its engine
+        down under the job's request (withdrawn: the job goes back to the queue) and calls
+        this again, so the rejection reaches the broker before the process ends."""
         with self._lock:
             self._stopping = True
             if self._view is not None:
                 self._view.close()
         if self._thread is not None:
             state.should_stop = 0
-            self._thread.join(STOP_S)
+            self._thread.join(wait_s)
             if self._thread.is_alive():
-                _log.warning("the rollout lane did not stop in %.0f s", STOP_S)
-                return
+                _log.warning("the rollout lane did not stop in %.0f s", wait_s)
+                return False
             state.should_stop = None
         _set_task_join_will_block(False)
         if self._holds:
             self._holds = False
             _running.release()
+        return True

@@ -86,6 +86,9 @@ def pool(settings: Settings) -> Pool:
 LANE_SLOTS = 12
 """Requests the rollout lane may hold in flight on the serving engine (the local engine batches
 16: a chat turn always finds room beside them)."""
+LANE_REJECT_S = 5.0
+"""How long a closing server waits, after shutting its engine down, for the lane to reject a job
+that outlived its stop back to the queue."""
 
 
 @dataclass
@@ -114,10 +117,12 @@ class Server:
             raise
 
     def close(self) -> None:
-        if self.lane is not None:
-            self.lane.stop()
-            self.lane.runtime.log.close()
+        stopped = self.lane is None or self.lane.stop()
         self.engine.close()
+        if self.lane is not None:
+            if not stopped:  # the job's request, withdrawn as the engine closed, is rejected
+                self.lane.stop(LANE_REJECT_S)
+            self.lane.runtime.log.close()
         self.log.close()
         self.pool.close()
 

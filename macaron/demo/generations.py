@@ -363,8 +363,8 @@ def rollout_stats(
     specialists: Sequence[str], summaries: Sequence[RolloutSummary]
 ) -> dict[str, dict[str, float]]:
     """Per specialist: groups and samples rolled out, samples passed, pass@1 and pass@K, the
-    groups with signal and their share, the hinted groups and their passes, samples the
-    verifier failed on, and seconds."""
+    groups with signal and their share, the hinted groups, their samples and their passes,
+    samples the verifier failed on, and seconds."""
     stats: dict[str, dict[str, float]] = {}
     for specialist, summary in zip(specialists, summaries, strict=True):
         into = stats.setdefault(specialist, dict.fromkeys(_SUMMED, 0.0) | {"solved": 0.0})

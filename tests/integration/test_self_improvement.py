@@ -335,6 +335,7 @@ def test_an_unsolved_environment_is_sampled_again_with_its_hint(runtime: Runtime
     )
     summary = run_rollouts(runtime, job)
     assert (summary.groups, summary.passed, summary.hinted_groups) == (1, 0, 1)
+    assert summary.hinted_samples == job.samples
     sampled = [
         e.payload
         for e in runtime.log.read(key=rollout_key(job.job_id))
@@ -379,6 +380,7 @@ def test_an_unsolved_tool_call_environment_is_swept_call_by_call(
     )
     summary = run_rollouts(swept, job)
     assert (summary.groups, summary.passed, summary.hinted_groups) == (1, 0, 1)
+    assert summary.hinted_samples == len(kinds)  # one greedy sample per kind of call
     stored = list(runtime.log.read(key=rollout_key(job.job_id)))
     again = run_rollouts(swept, job)  # redelivered: both groups are in the log
     assert (again.groups, again.hinted_groups) == (0, 0)
