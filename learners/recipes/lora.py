@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 from peft import PeftModel
+from peft.tuners.lora import LoraLayer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from core.errors import ConfigError, NothingToTrain
@@ -44,9 +45,9 @@ from learners.recipes.config import (
 from learners.recipes.losses import (
     answer_logprobs,
     answer_token_logprobs,
-    compute_prefix,
     dpo_loss,
     sft_loss,
+    token_nll,
 )
 from learners.recipes.policy import pg_loss, rloo_advantages
 from learners.recipes.tokens import Shuffled, Tokenized, collate, end_of_turn_ids, tokenize_turn
@@ -109,6 +110,12 @@ def load_model(
     model = PeftModel.from_pretrained(
         base, parent_adapter_dir, is_trainable=True, autocast_adapter_dtype=True
     )
+    # PEFT casts each LoRA layer's input to its float32 weights' dtype; under bf16 autocast the
+    # product casts it straight back: two copies of the activations per layer, each way, for
+    # the same numbers.
+    for layer in model.modules():
+        if isinstance(layer, LoraLayer):
+            layer.cast_input_dtype_enabled = False
     return model, tokenizer
 
 
@@ -127,7 +134,7 @@ def reference_logprobs(
         for start in range(0, len(pairs), batch_size):
             chunk = pairs[start : start + batch_size]
             batch = collate([c for c, _ in chunk] + [r for _, r in chunk], pad_id, device)
-            logps = answer_logprobs(model, batch)
+            logps = answer_logprobs(token_nll(model, batch))
             rows.append(torch.stack(logps.chunk(2), dim=1))
     return torch.cat(rows) if rows else torch.empty((0, 2), device=device)
 
@@ -141,7 +148,7 @@ def reference_token_logprobs(
     with torch.no_grad():
         for start in range(0, len(samples), batch_size):
             batch = collate(samples[start : start + batch_size], pad_id, device)
-            found += answer_token_logprobs(model, batch)
+            found += answer_token_logprobs(token_nll(model, batch), batch.labels)
     return found
 
 
@@ -232,41 +239,33 @@ def train_step(
     pairs = [run.pairs[i] for i in pair_ids]
     paired = [c for c, _ in pairs] + [r for _, r in pairs]
     samples = [run.samples[i] for i in sample_ids]
-    # The prompt prefix every row of the step shares (the specialist's system prompt) is
-    # computed once for all parts. Each part's backward runs before the next part's forward,
-    # so one part's graph is alive at a time, and stops at the prefix; the prefix's backward
-    # runs once, last. The gradients are those of the summed loss.
-    rows = sft_batch + paired + samples
-    device = run.device
-    prefix = None
-    if rows:
-        with run.autocast():
-            prefix = compute_prefix(run.model, collate(rows, run.pad_id, device), detached=True)
-    sft = torch.zeros((), device=device)
-    if sft_batch:
-        with run.autocast():
-            sft = sft_loss(run.model, collate(sft_batch, run.pad_id, device), prefix)
-        sft.backward()
-    dpo = torch.zeros((), device=device)
+    # All the step's rows go through the model together, in one forward and one backward
+    # pass: the prompt prefix they share (the specialist's system prompt) is computed once,
+    # and each layer runs once on the rows packed after it, not once per part.
+    batch = collate(sft_batch + paired + samples, run.pad_id, run.device)
+    with run.autocast():
+        nll = token_nll(run.model, batch)
+    sizes = [len(sft_batch), len(paired), len(samples)]
+    (sft_nll, pair_nll, sample_nll) = nll.split(sizes)
+    (sft_labels, _, sample_labels) = batch.labels.split(sizes)
+    zero = nll.new_zeros(())
+    sft = sft_loss(sft_nll, sft_labels) if sft_batch else zero
+    dpo = zero
     if pairs:
-        with run.autocast():
-            logps = answer_logprobs(run.model, collate(paired, run.pad_id, device), prefix)
-        chosen, rejected = logps.chunk(2)
+        chosen, rejected = answer_logprobs(pair_nll).chunk(2)
         reference = run.reference[pair_ids]
         dpo = dpo_loss(chosen, rejected, reference[:, 0], reference[:, 1], config.dpo_beta)
-        (config.dpo_weight * dpo).backward()
-    pg = torch.zeros((), device=device)
+    pg = zero
     if samples:
-        with run.autocast():
-            batch = collate(samples, run.pad_id, device)
-            policy = answer_token_logprobs(run.model, batch, prefix)
-        parent = [run.sample_reference[i] for i in sample_ids]
-        advantages = run.advantages[sample_ids]
-        pg = pg_loss(policy, parent, advantages, config.pg_clip, config.kl_beta)
-        (config.pg_weight * pg).backward()
-    if prefix is not None:
-        prefix.backward()
-    loss = sft.detach() + config.dpo_weight * dpo.detach() + config.pg_weight * pg.detach()
+        pg = pg_loss(
+            answer_token_logprobs(sample_nll, sample_labels),
+            [run.sample_reference[i] for i in sample_ids],
+            run.advantages[sample_ids],
+            config.pg_clip,
+            config.kl_beta,
+        )
+    loss = sft + config.dpo_weight * dpo + config.pg_weight * pg
+    loss.backward()
     run.optimizer.step()
     return {
         "loss": loss.item(),

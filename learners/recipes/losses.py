@@ -1,5 +1,5 @@
-"""The recipe's losses: token negative log-likelihoods (the prompt prefix a batch, or a
-training step, shares computed once), SFT cross-entropy, answer log-probabilities and DPO."""
+"""The recipe's losses: token negative log-likelihoods (the prompt prefix a batch shares
+computed once), and from them SFT cross-entropy, answer log-probabilities and DPO."""
 
 from __future__ import annotations
 
@@ -35,70 +35,45 @@ def shared_prefix(batch: Batch) -> int:
 @dataclass(frozen=True)
 class Prefix:
     """The prompt prefix the rows share, computed once (one row's worth): its keys and values
-    per layer (``states``, in the graph) and what the rows read (``read``). For the parts of
-    one training step (SFT, DPO, policy gradient) ``read`` is a detached copy, so each part's
-    backward stops there and gathers its gradient on it; ``backward`` then sends the sum
-    through the prefix's graph once, which gives the gradients of the summed loss."""
+    per layer, in the graph, so the rows' gradients flow back through it."""
 
     length: int
     states: list[tuple[torch.Tensor, torch.Tensor]]
-    read: list[tuple[torch.Tensor, torch.Tensor]]
     config: Any
 
     def cache(self, rows: int) -> DynamicCache:
         return DynamicCache(
-            [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.read],
+            [(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in self.states],
             config=self.config,
         )
 
-    def backward(self) -> None:
-        """Backpropagate what the parts gathered on ``read`` through the prefix."""
-        pairs = [
-            (state, leaf.grad)
-            for states, leaves in zip(self.states, self.read, strict=True)
-            for state, leaf in zip(states, leaves, strict=True)
-            if leaf.grad is not None
-        ]
-        if pairs:
-            torch.autograd.backward([s for s, _ in pairs], [g for _, g in pairs])
 
-
-def compute_prefix(model: Any, batch: Batch, *, detached: bool = False) -> Prefix | None:
+def compute_prefix(model: Any, batch: Batch) -> Prefix | None:
     """The prefix every row of ``batch`` shares (``shared_prefix``), computed once; ``None``
-    when the rows share too little. ``detached``: for parts that each run their backward (call
-    ``Prefix.backward`` after the last)."""
+    when the rows share too little."""
     shared = shared_prefix(batch)
     if not shared:
         return None
-    out = model(input_ids=batch.input_ids[:1, :shared], use_cache=True, logits_to_keep=1)
+    decoder = model.get_base_model().model  # the prefix carries no loss: no output layer
+    out = decoder(input_ids=batch.input_ids[:1, :shared], use_cache=True)
     states = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
-    read = states
-    if detached:
-        read = [
-            (k.detach().requires_grad_(k.requires_grad), v.detach().requires_grad_(v.requires_grad))
-            for k, v in states
-        ]
-    return Prefix(shared, states, read, model.config)
+    return Prefix(shared, states, model.config)
 
 
-def token_nll(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.Tensor:
+def token_nll(model: Any, batch: Batch) -> torch.Tensor:
     """Negative log-likelihood of each label token given the tokens before it (0 where the
     label is ``IGNORE``), shape (batch, positions): the last ``positions`` label positions, from
     the first answer token of any row to the end (the positions before carry no loss).
 
     The prompt prefix the rows share (the specialist's system prompt and exemplars: about 190
-    of the ~260 tokens of a GenUI example) is computed once, its keys and values read by every
-    row: ``prefix`` when the caller computed it for more rows than ``batch`` (a training step's
-    parts) and this batch's rows share no longer one, else this batch's own (one replayed row
-    without the system prompt shortens the step's prefix, not the other parts'). Its tokens
-    carry no loss, so the result is the full computation's (the same terms; gradients flow
-    through the shared keys and values).
+    of the ~260 tokens of a GenUI example, 477 of the ~520 of an agent one) is computed once,
+    its keys and values read by every row. Its tokens carry no loss, so the result is the full
+    computation's (the same terms; gradients flow through the shared keys and values).
 
     The rows after the prefix are packed into one sequence without padding (``Packed``): each
     token attends to the prefix and to its own row's tokens before it, at its own position.
     Logits, a vocabulary wide per position, are computed only where a label follows."""
-    if prefix is None or prefix.length < shared_prefix(batch):
-        prefix = compute_prefix(model, batch)  # this batch's rows share more than the step's
+    prefix = compute_prefix(model, batch)
     shared = prefix.length if prefix else 0
     packed = Packed.of(batch, shared)
     causal = model.get_base_model()  # the causal LM with the adapter's layers in it
@@ -109,13 +84,50 @@ def token_nll(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.T
         position_ids=packed.positions[None],
     ).last_hidden_state[0]
     labelled = (packed.targets != IGNORE).nonzero()[:, 0]
-    picked: torch.Tensor = F.cross_entropy(
-        causal.lm_head(hidden[labelled]).float(), packed.targets[labelled], reduction="none"
-    )
+    picked = output_nll(hidden[labelled], causal.lm_head.weight, packed.targets[labelled])
     rows, width = batch.input_ids.shape
     start = max(_first_label(batch) - 1, shared)
     grid = picked.new_zeros((rows, width - start - 1))
     return grid.index_put((packed.rows[labelled], packed.positions[labelled] - start), picked)
+
+
+class OutputNLL(torch.autograd.Function):
+    """Each position's negative log-likelihood of its target through the frozen output layer
+    (``hidden @ weight.T``, softmax in float32), with its gradient computed in the same pass.
+
+    The gradient of a position's NLL to its logits is ``softmax - onehot(target)``, known as
+    soon as the softmax is. So the forward pass turns it into the gradient to ``hidden`` there
+    (``(softmax - onehot) @ weight``) and keeps only that, a hidden state wide per position,
+    where autograd would keep the float32 log-softmax, a vocabulary wide (49,152 for SmolLM2),
+    and pass over it three times more (the cast, the NLL's and the log-softmax's backward).
+    The output layer is frozen (the adapters never train it): no gradient for ``weight``."""
+
+    @staticmethod
+    def forward(
+        ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
+    ) -> torch.Tensor:
+        logits = (hidden @ weight.T).float()
+        rows = torch.arange(len(targets), device=targets.device)
+        picked = logits[rows, targets]
+        top = logits.amax(dim=-1, keepdim=True)
+        probs = logits.sub_(top).exp_()  # in place: the logits are the one big tensor
+        total = probs.sum(dim=-1)
+        nll = total.log() + top[:, 0] - picked
+        if ctx.needs_input_grad[0]:
+            probs.div_(total[:, None])[rows, targets] -= 1.0
+            ctx.save_for_backward(probs.to(weight.dtype) @ weight)
+        return nll
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
+        (to_hidden,) = ctx.saved_tensors
+        return to_hidden * grad[:, None].to(to_hidden.dtype), None, None
+
+
+def output_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each row of ``hidden``'s NLL of its target through the output layer ``weight``."""
+    nll: torch.Tensor = OutputNLL.apply(hidden, weight, targets)  # type: ignore[no-untyped-call]
+    return nll
 
 
 @dataclass(frozen=True)
@@ -161,23 +173,20 @@ def _first_label(batch: Batch) -> int:
     return int(columns[0, 0]) if len(columns) else batch.labels.shape[1]
 
 
-def sft_loss(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.Tensor:
-    """Mean cross-entropy over the answer tokens of the whole batch."""
-    targets = (batch.labels[:, 1:] != IGNORE).sum()
-    return token_nll(model, batch, prefix).sum() / targets
+def sft_loss(nll: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over the answer tokens of the rows ``nll`` (``token_nll``'s, of a
+    batch with these ``labels``) holds."""
+    return nll.sum() / (labels[:, 1:] != IGNORE).sum()
 
 
-def answer_logprobs(model: Any, batch: Batch, prefix: Prefix | None = None) -> torch.Tensor:
-    """Summed log-probability of each row's answer, shape (batch,)."""
-    return -token_nll(model, batch, prefix).sum(dim=1)
+def answer_logprobs(nll: torch.Tensor) -> torch.Tensor:
+    """Summed log-probability of each row's answer, shape (rows,)."""
+    return -nll.sum(dim=1)
 
 
-def answer_token_logprobs(
-    model: Any, batch: Batch, prefix: Prefix | None = None
-) -> list[torch.Tensor]:
+def answer_token_logprobs(nll: torch.Tensor, labels: torch.Tensor) -> list[torch.Tensor]:
     """Each row's log-probability of every answer token, in order."""
-    nll = token_nll(model, batch, prefix)
-    answer = batch.labels[:, batch.labels.shape[1] - nll.shape[1] :] != IGNORE
+    answer = labels[:, labels.shape[1] - nll.shape[1] :] != IGNORE
     return [-row[mask] for row, mask in zip(nll, answer, strict=True)]
 
 

@@ -46,8 +46,8 @@ from learners.recipes.losses import (
     SHARED_PREFIX_MIN,
     answer_logprobs,
     answer_token_logprobs,
-    compute_prefix,
     dpo_loss,
+    output_nll,
     sft_loss,
     shared_prefix,
     token_nll,
@@ -269,7 +269,7 @@ def test_dpo_raises_the_chosen_answer_over_the_rejected_one(
             for answer in (p.chosen, p.rejected)
         ]
         with torch.no_grad():
-            logps = answer_logprobs(model, collate(rows, end[-1]))
+            logps = answer_logprobs(token_nll(model, collate(rows, end[-1])))
         return float((logps[0::2] - logps[1::2]).mean())
 
     before, after = margin(parent), margin(tmp_path)
@@ -344,7 +344,7 @@ def test_policy_gradient_raises_rewarded_answers_over_the_others(
             for answer in group.answers
         ]
         with torch.no_grad():
-            logps = answer_logprobs(model, collate(rows, end[-1]))
+            logps = answer_logprobs(token_nll(model, collate(rows, end[-1])))
         rewarded = torch.tensor(group.rewards) > 0
         return float(logps[rewarded].mean() - logps[~rewarded].mean())
 
@@ -478,7 +478,7 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_loss_and_gradient
         ]
         return float(loss.detach()), grads
 
-    together = loss_and_grads(lambda: sft_loss(model, batch))
+    together = loss_and_grads(lambda: sft_loss(token_nll(model, batch), batch.labels))
     rows = [collate([item], pad_id=end[-1]) for item in items]
     targets = sum(int((row.labels[:, 1:] != IGNORE).sum()) for row in rows)
     alone = loss_and_grads(lambda: sum(token_nll(model, row).sum() for row in rows) / targets)
@@ -492,32 +492,35 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_loss_and_gradient
     for mine, theirs in zip(together[1], alone[1], strict=True):
         assert torch.allclose(mine, theirs, rtol=1e-3, atol=1e-6)
 
-    # A training step's parts (here one row, then three) read one prefix computed for all of
-    # them, each running its own backward; the prefix's backward runs once, last.
-    model.zero_grad()
-    prefix = compute_prefix(model, batch, detached=True)
-    assert prefix is not None and prefix.length == shared
-    apart = 0.0
-    for part in (items[:1], items[1:]):
-        loss = token_nll(model, collate(part, pad_id=end[-1]), prefix).sum() / targets
-        loss.backward()
-        apart += float(loss.detach())
-    gathered = [leaf.grad for pair in prefix.read for leaf in pair if leaf.grad is not None]
-    assert gathered and all(g.abs().sum() > 0 for g in gathered)  # the parts read the prefix
-    prefix.backward()
-    grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
-    assert apart == pytest.approx(alone[0], rel=1e-5)
-    assert len(grads) == len(alone[1])
-    for mine, theirs in zip(grads, alone[1], strict=True):
-        assert torch.allclose(mine, theirs, rtol=1e-3, atol=1e-6)
+
+def test_the_output_layer_nll_and_its_gradient_are_cross_entropys() -> None:
+    """``output_nll`` (the gradient to the hidden states computed in the forward pass) gives
+    the NLL and the gradient that autograd's cross-entropy gives, logits far apart included."""
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(500, 24, generator=generator)
+    hidden = (8 * torch.randn(7, 24, generator=generator)).requires_grad_()
+    targets = torch.randint(0, 500, (7,), generator=generator)
+    upstream = torch.rand(7, generator=generator)  # each position's weight in a loss
+
+    nll = output_nll(hidden, weight, targets)
+    (nll * upstream).sum().backward()
+    mine = hidden.grad
+    hidden.grad = None
+    theirs = F.cross_entropy(hidden @ weight.T, targets, reduction="none")
+    (theirs * upstream).sum().backward()
+
+    assert float((hidden.detach() @ weight.T).std()) > 30  # spreads that underflow exp
+    assert torch.allclose(nll, theirs.detach(), rtol=1e-5, atol=1e-5)
+    assert mine is not None and hidden.grad is not None and mine.abs().sum() > 0
+    assert torch.allclose(mine, hidden.grad, rtol=1e-4, atol=1e-5)
 
 
 def test_a_training_step_has_the_gradients_of_its_parts_computed_whole(
     tiny_model: Path, parent: Path
 ) -> None:
-    """A step with an SFT batch and rollout samples (one prompt prefix computed for both, each
-    part's backward stopping at it) leaves the gradients of the summed loss with every row
-    computed whole, part by part."""
+    """A step with an SFT batch and rollout samples (one forward and one backward pass over all
+    their rows, one prompt prefix computed for both) leaves the gradients of the summed loss
+    computed part by part."""
     config = RLOO.model_copy(update={"batch_size": 3})
     run = setup(tiny_model, parent, config, SFT[:6], [], [], GROUPS, [])
     _perturb(run.model)
@@ -532,10 +535,10 @@ def test_a_training_step_has_the_gradients_of_its_parts_computed_whole(
     stepped = [p.grad.clone() for p in trainable if p.grad is not None]
 
     run.model.zero_grad()
-    sft = sft_loss(run.model, collate([item for item in sft_batch], run.pad_id))
-    policy = answer_token_logprobs(
-        run.model, collate([run.samples[i] for i in sample_ids], run.pad_id)
-    )
+    sft_rows = collate(sft_batch, run.pad_id)
+    sft = sft_loss(token_nll(run.model, sft_rows), sft_rows.labels)
+    sampled = collate([run.samples[i] for i in sample_ids], run.pad_id)
+    policy = answer_token_logprobs(token_nll(run.model, sampled), sampled.labels)
     pg = pg_loss(
         policy,
         [run.sample_reference[i] for i in sample_ids],
