@@ -70,6 +70,7 @@ def train_adapter(
         "examples": float(result.examples),
         "pairs": float(result.pairs),
         "samples": float(result.samples),
+        "bfloat16": float(result.precision == "bfloat16"),  # 1: computed in bf16 (``precision``)
         "tenants": float(replayed.tenants),
         "left_out": float(len(replayed.records) - len(records)),
     }

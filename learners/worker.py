@@ -11,6 +11,7 @@ and installs it here (``install_runtime``, by ``macaron worker``); the tasks fin
 
 from __future__ import annotations
 
+import ctypes
 import logging
 import time
 import uuid
@@ -20,6 +21,7 @@ from typing import Any
 
 from celery import Task
 from celery.exceptions import Reject, Retry
+from celery.signals import task_postrun
 from opentelemetry.trace import Span
 from rich.progress import Progress
 
@@ -49,6 +51,19 @@ class _RejectedInOneLine(logging.Filter):
 
 
 logging.getLogger("celery.app.trace").addFilter(_RejectedInOneLine())
+
+_C = ctypes.CDLL(None)  # the C library this process runs on
+
+
+@task_postrun.connect
+def _return_freed_memory(**_: object) -> None:
+    """Give the memory a task freed back to the system. glibc keeps freed blocks for reuse, so
+    the next task started from the last one's peak: in the self demo's worker an evaluation
+    after a training climbed from 3.7 to 5.7 GB. Where the C library has no ``malloc_trim``
+    (not glibc), nothing happens."""
+    trim = getattr(_C, "malloc_trim", None)
+    if trim is not None:
+        trim(0)
 
 
 def install_runtime(runtime: Runtime) -> None:

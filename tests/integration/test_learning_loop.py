@@ -108,6 +108,7 @@ def test_feedback_trains_a_successor_that_serves_the_next_turn(
         [trained] = [e.payload for e in served.events() if isinstance(e.payload, CandidateTrained)]
         assert trained.metrics["pairs"] >= 1  # the snapshot's edit pairs, trained by DPO
         assert trained.metrics["tenants"] == 1  # counted in lineage, never named
+        assert trained.metrics["bfloat16"] == 0.0  # the config's precision: float32
         assert "green" in shown  # what the users taught
         assert_lineage(served, promoted.release_id, first_turns, replayed)
         assert_outcomes_recorded(served, promoted, load_contract(DATA / "contract-e2e.yaml"))
