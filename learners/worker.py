@@ -52,7 +52,10 @@ class _RejectedInOneLine(logging.Filter):
 
 logging.getLogger("celery.app.trace").addFilter(_RejectedInOneLine())
 
-_C = ctypes.CDLL(None)  # the C library this process runs on
+try:
+    _TRIM = getattr(ctypes.CDLL(None), "malloc_trim", None)  # glibc's; None elsewhere
+except (OSError, TypeError):  # no C library to open by name (a static build, Windows)
+    _TRIM = None
 
 
 @task_postrun.connect
@@ -61,9 +64,8 @@ def _return_freed_memory(**_: object) -> None:
     the next task started from the last one's peak: in the self demo's worker an evaluation
     after a training climbed from 3.7 to 5.7 GB. Where the C library has no ``malloc_trim``
     (not glibc), nothing happens."""
-    trim = getattr(_C, "malloc_trim", None)
-    if trim is not None:
-        trim(0)
+    if _TRIM is not None:
+        _TRIM(ctypes.c_size_t(0))
 
 
 def install_runtime(runtime: Runtime) -> None:

@@ -103,7 +103,8 @@ def load_model(
     dtype: torch.dtype = torch.float32,
 ) -> tuple[Any, Any]:
     """The frozen base model in ``dtype`` with the parent adapter on it, trainable and float32
-    (PEFT upcasts it), on ``device``: the successor starts from the parent's weights."""
+    (PEFT upcasts it), on ``device``: the successor starts from the parent's weights. A bf16
+    model runs under autocast (``compute_in``): its activations meet the float32 adapter."""
     tokenizer = AutoTokenizer.from_pretrained(base_model_dir)
     base: Any = AutoModelForCausalLM.from_pretrained(base_model_dir, dtype=dtype)
     base.to(device)

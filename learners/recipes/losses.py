@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.autograd.function import once_differentiable
 from torch.nn import functional as F
 from transformers import DynamicCache
 
@@ -106,6 +107,8 @@ class OutputNLL(torch.autograd.Function):
     def forward(
         ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor
     ) -> torch.Tensor:
+        if ctx.needs_input_grad[1]:
+            raise ValueError("output_nll keeps no gradient for the output layer: it is frozen")
         logits = (hidden @ weight.T).float()
         rows = torch.arange(len(targets), device=targets.device)
         picked = logits[rows, targets]
@@ -119,9 +122,10 @@ class OutputNLL(torch.autograd.Function):
         return nll
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None, None]:
         (to_hidden,) = ctx.saved_tensors
-        return to_hidden * grad[:, None].to(to_hidden.dtype), None, None
+        return (to_hidden.float() * grad[:, None]).to(to_hidden.dtype), None, None
 
 
 def output_nll(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

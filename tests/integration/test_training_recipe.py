@@ -493,12 +493,16 @@ def test_a_shared_prompt_prefix_is_computed_once_with_the_same_loss_and_gradient
         assert torch.allclose(mine, theirs, rtol=1e-3, atol=1e-6)
 
 
-def test_the_output_layer_nll_and_its_gradient_are_cross_entropys() -> None:
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.float32, 1e-4), (torch.bfloat16, 2e-2)])
+def test_the_output_layer_nll_and_its_gradient_are_cross_entropys(
+    dtype: torch.dtype, tolerance: float
+) -> None:
     """``output_nll`` (the gradient to the hidden states computed in the forward pass) gives
-    the NLL and the gradient that autograd's cross-entropy gives, logits far apart included."""
+    the NLL and the gradient that autograd's cross-entropy gives, logits far apart included;
+    in bf16 (the training step's dtype there) within bf16's rounding of the gradient."""
     generator = torch.Generator().manual_seed(0)
-    weight = torch.randn(500, 24, generator=generator)
-    hidden = (8 * torch.randn(7, 24, generator=generator)).requires_grad_()
+    weight = torch.randn(500, 24, generator=generator).to(dtype)
+    hidden = (8 * torch.randn(7, 24, generator=generator)).to(dtype).requires_grad_()
     targets = torch.randint(0, 500, (7,), generator=generator)
     upstream = torch.rand(7, generator=generator)  # each position's weight in a loss
 
@@ -506,37 +510,45 @@ def test_the_output_layer_nll_and_its_gradient_are_cross_entropys() -> None:
     (nll * upstream).sum().backward()
     mine = hidden.grad
     hidden.grad = None
-    theirs = F.cross_entropy(hidden @ weight.T, targets, reduction="none")
+    theirs = F.cross_entropy((hidden @ weight.T).float(), targets, reduction="none")
     (theirs * upstream).sum().backward()
 
-    assert float((hidden.detach() @ weight.T).std()) > 30  # spreads that underflow exp
+    assert float((hidden.detach() @ weight.T).float().std()) > 30  # spreads that underflow exp
     assert torch.allclose(nll, theirs.detach(), rtol=1e-5, atol=1e-5)
     assert mine is not None and hidden.grad is not None and mine.abs().sum() > 0
-    assert torch.allclose(mine, hidden.grad, rtol=1e-4, atol=1e-5)
+    assert mine.dtype == hidden.dtype
+    assert torch.allclose(mine.float(), hidden.grad.float(), rtol=tolerance, atol=tolerance)
+    with pytest.raises(ValueError):  # the output layer is frozen: no gradient for it
+        output_nll(hidden.detach(), weight.clone().requires_grad_(), targets)
 
 
-def test_a_training_step_has_the_gradients_of_its_parts_computed_whole(
+def test_a_training_step_has_the_losses_and_gradients_of_its_parts_computed_apart(
     tiny_model: Path, parent: Path
 ) -> None:
-    """A step with an SFT batch and rollout samples (one forward and one backward pass over all
-    their rows, one prompt prefix computed for both) leaves the gradients of the summed loss
-    computed part by part."""
-    config = RLOO.model_copy(update={"batch_size": 3})
-    run = setup(tiny_model, parent, config, SFT[:6], [], [], GROUPS, [])
+    """A step with an SFT batch, preference pairs and rollout samples (one forward and one
+    backward pass over all their rows, one prompt prefix computed for them) leaves the losses
+    and the gradients of the summed loss computed part by part."""
+    config = RLOO.model_copy(update={"batch_size": 3, "dpo_weight": 0.5})
+    pairs = [PreferencePair(messages=e.messages, chosen=TREE, rejected="No.") for e in SFT[3:5]]
+    run = setup(tiny_model, parent, config, SFT[:6], pairs, [], GROUPS, [])
     _perturb(run.model)
     run.model.train()
-    sft_batch, sample_ids = run.sft[:3], [0, 1, 3]
-    rows = collate(sft_batch + [run.samples[i] for i in sample_ids], run.pad_id)
+    sft_batch, pair_ids, sample_ids = run.sft[:3], [1, 0], [0, 1, 3]
+    paired = [run.pairs[i][0] for i in pair_ids] + [run.pairs[i][1] for i in pair_ids]
+    rows = collate(sft_batch + paired + [run.samples[i] for i in sample_ids], run.pad_id)
     assert shared_prefix(rows) >= SHARED_PREFIX_MIN  # the step shares a prefix
 
     trainable = [p for p in run.model.parameters() if p.requires_grad]
     run.optimizer = torch.optim.SGD(trainable, lr=0.0)  # the weights stay, the gradients too
-    metrics = train_step(run, config, sft_batch, [], sample_ids)
+    metrics = train_step(run, config, sft_batch, pair_ids, sample_ids)
     stepped = [p.grad.clone() for p in trainable if p.grad is not None]
 
     run.model.zero_grad()
     sft_rows = collate(sft_batch, run.pad_id)
     sft = sft_loss(token_nll(run.model, sft_rows), sft_rows.labels)
+    chosen, rejected = answer_logprobs(token_nll(run.model, collate(paired, run.pad_id))).chunk(2)
+    reference = run.reference[pair_ids]
+    dpo = dpo_loss(chosen, rejected, reference[:, 0], reference[:, 1], config.dpo_beta)
     sampled = collate([run.samples[i] for i in sample_ids], run.pad_id)
     policy = answer_token_logprobs(token_nll(run.model, sampled), sampled.labels)
     pg = pg_loss(
@@ -546,9 +558,10 @@ def test_a_training_step_has_the_gradients_of_its_parts_computed_whole(
         config.pg_clip,
         config.kl_beta,
     )
-    (sft + config.pg_weight * pg).backward()
+    (sft + config.dpo_weight * dpo + config.pg_weight * pg).backward()
     whole = [p.grad for p in trainable if p.grad is not None]
     assert metrics["sft_loss"] == pytest.approx(float(sft.detach()), rel=1e-5)
+    assert metrics["dpo_loss"] == pytest.approx(float(dpo.detach()), rel=1e-5)
     assert metrics["pg_loss"] == pytest.approx(float(pg.detach()), rel=1e-5, abs=1e-6)
     assert len(stepped) == len(whole) == len(trainable)
     for mine, theirs in zip(stepped, whole, strict=True):
