@@ -27,7 +27,6 @@ from typing import Any
 
 import torch
 from peft import PeftModel
-from peft.tuners.lora import LoraLayer
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from core.errors import ConfigError, NothingToTrain
@@ -42,6 +41,7 @@ from learners.recipes.config import (
     TrainingConfig,
     TrainingResult,
 )
+from learners.recipes.fused import fuse_lora_layers
 from learners.recipes.losses import (
     answer_logprobs,
     answer_token_logprobs,
@@ -111,12 +111,7 @@ def load_model(
     model = PeftModel.from_pretrained(
         base, parent_adapter_dir, is_trainable=True, autocast_adapter_dtype=True
     )
-    # PEFT casts each LoRA layer's input to its float32 weights' dtype; under bf16 autocast the
-    # product casts it straight back: two copies of the activations per layer, each way, for
-    # the same numbers.
-    for layer in model.modules():
-        if isinstance(layer, LoraLayer):
-            layer.cast_input_dtype_enabled = False
+    fuse_lora_layers(model)
     return model, tokenizer
 
 
@@ -198,8 +193,8 @@ def setup(
             model, samples, pad_id, config.batch_size, device
         )
     trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(
-        trainable, lr=config.learning_rate, weight_decay=config.weight_decay
+    optimizer = torch.optim.AdamW(  # fused: one kernel over all the tensors, not a pass each
+        trainable, lr=config.learning_rate, weight_decay=config.weight_decay, fused=True
     )
     return Run(
         model=model,

@@ -217,14 +217,17 @@ class _Demo:
         return replace(measured, **update)
 
     def simulate(self, n: int, turns: int, concurrency: int) -> SimulationReport:
-        """Play until the trigger has queued a run (checked after every few turns), at most
-        ``turns`` turns; then give the processors time to catch up."""
+        """Play until the trigger has queued a run (checked after every turn: the run trains
+        at once, and simulated users beside it would only slow both), at most ``turns`` turns;
+        then give the processors time to catch up."""
         played: list[PlayedTurn] = []
         started = time.monotonic()
         while len(played) < turns and not self._new_runs():
             plan = [next(self.plays) for _ in range(min(2 * concurrency, turns - len(played)))]
             chunk = asyncio.run(
-                run_simulation(self.stage.url, self.key, plan, concurrency=concurrency)
+                run_simulation(
+                    self.stage.url, self.key, plan, concurrency=concurrency, until=self._new_runs
+                )
             )
             played += chunk.turns
             self.step(f"generation {n}: {len(played)} simulated turns")

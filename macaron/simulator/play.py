@@ -19,8 +19,10 @@ async def run_simulation(
     *,
     concurrency: int,
     on_turn: Callable[[PlayedTurn], None] | None = None,
+    until: Callable[[], object] | None = None,
 ) -> SimulationReport:
-    """Play every task of ``plan`` once, with at most ``concurrency`` users at a time."""
+    """Play every task of ``plan`` once, with at most ``concurrency`` users at a time; when
+    ``until`` is given and is true after a turn, no further turn starts (those under way end)."""
     if concurrency < 1:
         raise ConfigError("concurrency must be at least 1")
     queue: asyncio.Queue[tuple[int, Task]] = asyncio.Queue()
@@ -32,6 +34,9 @@ async def run_simulation(
         played.append(turn)
         if on_turn is not None:
             on_turn(turn)
+        if until is not None and until():
+            while not queue.empty():
+                queue.get_nowait()
 
     started = time.monotonic()
     try:

@@ -148,6 +148,24 @@ def test_the_oracle_sends_up_for_right_answers_and_the_reference_for_wrong_ones(
     assert len(conversations) == 12  # one conversation per task
 
 
+def test_no_turn_starts_once_until_holds(served: Running) -> None:
+    """``until`` is asked after every turn: once it holds, the queued turns are dropped and
+    only those under way end (the demo stops its users when a training run is queued)."""
+    seen: list[int] = []
+
+    def three_played() -> bool:
+        seen.append(1)
+        return len(seen) >= 3
+
+    report = asyncio.run(
+        run_simulation(
+            served.ws_url, served.key("sim-until"), PLAN, concurrency=1, until=three_played
+        )
+    )
+    assert [t.task_id for t in report.turns] == [t.id for t in PLAN[:3]]
+    assert len(PLAN) > 3
+
+
 def test_error_frames_are_counted_and_the_run_goes_on(served: Running) -> None:
     failing = Task(
         id="fails",

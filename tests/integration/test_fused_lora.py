@@ -1,0 +1,108 @@
+"""The training recipe's fused LoRA product (``learners/recipes/fused.py``) against PEFT's own
+layers, on the tiny model: the same outputs and the same gradients."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+
+from infra.hardware import has_native_bf16
+from infra.identity_adapter import write_identity_adapter
+from learners.recipes.fused import LoraProduct, fuse_lora_layers
+from learners.recipes.lora import compute_in, load_model
+
+
+@pytest.fixture(scope="module")
+def parent(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("parent")
+    write_identity_adapter(tiny_model, folder, base_model="tiny", rank=4, seed=3)
+    return folder
+
+
+def _peft_model(tiny_model: Path, adapter: Path, dtype: torch.dtype) -> Any:
+    base = AutoModelForCausalLM.from_pretrained(tiny_model, dtype=dtype)
+    return PeftModel.from_pretrained(base, adapter, is_trainable=True, autocast_adapter_dtype=True)
+
+
+def _loss_and_grads(
+    model: Any, dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # B away from 0 (an identity adapter's), the same in both models
+        for name, weight in model.named_parameters():
+            if "lora_B" in name:
+                weight.copy_(torch.randn(weight.shape, generator=generator) * 0.05)
+    ids = torch.randint(0, model.config.vocab_size, (2, 24), generator=generator)
+    with compute_in("cpu", dtype):
+        logits = model(input_ids=ids).logits.float()
+    loss = torch.nn.functional.cross_entropy(logits[:, :-1].flatten(0, 1), ids[:, 1:].flatten())
+    loss.backward()
+    grads = [p.grad for p in model.parameters() if p.requires_grad and p.grad is not None]
+    return logits.detach(), grads
+
+
+def _relative(mine: torch.Tensor, theirs: torch.Tensor) -> float:
+    return float((mine - theirs).norm() / theirs.norm())
+
+
+def test_the_fused_product_has_peft_s_outputs_and_gradients(tiny_model: Path, parent: Path) -> None:
+    """Every LoRA layer of the training model runs the fused product, and the logits and the
+    gradients of every LoRA weight are PEFT's, to float32's rounding."""
+    fused, _ = load_model(tiny_model, parent)
+    layers = sum(1 for name, _ in fused.named_modules() if name.endswith("_proj"))
+    assert fuse_lora_layers(_peft_model(tiny_model, parent, torch.float32)) == layers > 0
+
+    mine, my_grads = _loss_and_grads(fused)
+    theirs, their_grads = _loss_and_grads(_peft_model(tiny_model, parent, torch.float32))
+    assert _relative(mine, theirs) < 1e-5
+    assert len(my_grads) == len(their_grads) == 2 * layers
+    for a, b in zip(my_grads, their_grads, strict=True):
+        assert b.abs().sum() > 0
+        assert _relative(a, b) < 1e-4
+
+
+@pytest.mark.skipif(not has_native_bf16("cpu"), reason="no native bf16 on this CPU")
+def test_in_bf16_the_fused_product_is_as_close_to_float32_as_peft_s(
+    tiny_model: Path, parent: Path
+) -> None:
+    """Under bf16 autocast (as a bf16 run computes) both round, in a different order: the
+    fused product's logits and gradients are no further from float32's than PEFT's are."""
+    exact, exact_grads = _loss_and_grads(_peft_model(tiny_model, parent, torch.float32))
+    bf16 = torch.bfloat16
+    mine, my_grads = _loss_and_grads(load_model(tiny_model, parent, dtype=bf16)[0], bf16)
+    theirs, their_grads = _loss_and_grads(_peft_model(tiny_model, parent, bf16), bf16)
+    assert _relative(theirs, exact) > 1e-3  # bf16 rounds
+    assert _relative(mine, exact) <= 1.1 * _relative(theirs, exact)
+    mine_off = [_relative(a, b) for a, b in zip(my_grads, exact_grads, strict=True)]
+    theirs_off = [_relative(a, b) for a, b in zip(their_grads, exact_grads, strict=True)]
+    assert all(a.dtype == torch.float32 for a in my_grads)
+    assert sum(mine_off) <= 1.1 * sum(theirs_off)
+    assert max(mine_off) <= 1.1 * max(theirs_off)
+
+
+def test_layers_it_cannot_compute_exactly_keep_peft_s_forward(
+    tiny_model: Path, parent: Path, tmp_path: Path
+) -> None:
+    """An adapter with dropout is not fused (the product leaves dropout out): PEFT runs it."""
+    adapter = tmp_path / "dropout"
+    adapter.mkdir()
+    for file in parent.iterdir():
+        (adapter / file.name).write_bytes(file.read_bytes())
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps(config | {"lora_dropout": 0.1}))
+    assert fuse_lora_layers(_peft_model(tiny_model, adapter, torch.float32)) == 0
+
+
+def test_the_product_keeps_no_gradient_for_the_frozen_layer() -> None:
+    x = torch.randn(3, 8, requires_grad=True)
+    a, b = torch.randn(2, 8, requires_grad=True), torch.randn(5, 2, requires_grad=True)
+    with pytest.raises(ValueError):
+        LoraProduct.apply(  # type: ignore[no-untyped-call]
+            x, torch.randn(5, 8, requires_grad=True), None, a, b, 2.0
+        )
