@@ -56,6 +56,10 @@ RUN_TIMEOUT_S = 3 * 3600.0
 TRIGGER_LAG_S = 30.0
 """How long the processors may take, after the last simulated turn, to queue a run."""
 POLL_S = 1.0
+SETTLE_S = 2.0
+"""How long a round's end waits for the processors to queue a run for the traffic it played
+(they take well under a second) before another round starts: the turn that completes the
+trigger's count is often a round's last."""
 ROLLOUT_CHUNK = 8
 """Prompts rolled out per round of the self mode (a job per specialist among them)."""
 Mode = Literal["oracle", "self"]
@@ -217,12 +221,13 @@ class _Demo:
         return replace(measured, **update)
 
     def simulate(self, n: int, turns: int, concurrency: int) -> SimulationReport:
-        """Play until the trigger has queued a run (checked after every turn: the run trains
-        at once, and simulated users beside it would only slow both), at most ``turns`` turns;
-        then give the processors time to catch up."""
+        """Play until the trigger has queued a run, at most ``turns`` turns; then give the
+        processors time to catch up. A queued run is looked for after every turn, and at a
+        round's end once the processors have had ``SETTLE_S`` to queue one: the run trains at
+        once, and simulated users beside it would only slow both."""
         played: list[PlayedTurn] = []
         started = time.monotonic()
-        while len(played) < turns and not self._new_runs():
+        while len(played) < turns and not (played and self._queued_within(SETTLE_S)):
             plan = [next(self.plays) for _ in range(min(2 * concurrency, turns - len(played)))]
             chunk = asyncio.run(
                 run_simulation(
@@ -243,11 +248,11 @@ class _Demo:
         summaries: list[RolloutSummary] = []
         specialists: list[str] = []
         drawn = sampled = 0
-        while drawn < prompts and not self._new_runs():
+        while drawn < prompts and not (summaries and self._queued_within(SETTLE_S)):
             chunk = [next(self.plays) for _ in range(min(ROLLOUT_CHUNK, prompts - drawn))]
             drawn += len(chunk)
             for specialist in sorted({task.specialist for task in chunk}):
-                if self._new_runs():
+                if summaries and self._queued_within(SETTLE_S):
                     break
                 job = RolloutJob(
                     job_id=derived_id(
@@ -357,6 +362,15 @@ class _Demo:
     def _run_ids(self) -> list[UUID]:
         with self.stage.server.pool.connection() as conn:
             return run_ids_oldest_first(conn)
+
+    def _queued_within(self, wait_s: float) -> bool:
+        """Whether a new run is queued, given the processors up to ``wait_s`` to queue one."""
+        deadline = time.monotonic() + wait_s
+        while not self._new_runs():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S / 4)
+        return True
 
     def _new_runs(self) -> list[UUID]:
         return [run_id for run_id in self._run_ids() if run_id not in self.seen]
