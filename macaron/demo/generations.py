@@ -36,6 +36,7 @@ from macaron.demo.records import (
     GenerationRecord,
     RunRecord,
     phase_seconds,
+    rollout_stats,
 )
 from macaron.demo.stage import SERVER_START_S, RolloutPlace, Stage, Step, running_loop
 from macaron.simulator import (
@@ -374,35 +375,3 @@ class _Demo:
 
     def _new_runs(self) -> list[UUID]:
         return [run_id for run_id in self._run_ids() if run_id not in self.seen]
-
-
-def rollout_stats(
-    specialists: Sequence[str], summaries: Sequence[RolloutSummary]
-) -> dict[str, dict[str, float]]:
-    """Per specialist: groups and samples rolled out, samples passed, pass@1 and pass@K, the
-    groups with signal and their share, the hinted groups, their samples and their passes,
-    samples the verifier failed on, and seconds."""
-    stats: dict[str, dict[str, float]] = {}
-    for specialist, summary in zip(specialists, summaries, strict=True):
-        into = stats.setdefault(specialist, dict.fromkeys(_SUMMED, 0.0) | {"solved": 0.0})
-        for name in _SUMMED:
-            into[name] += float(getattr(summary, name))
-        into["solved"] += summary.pass_at_k * summary.groups
-    for into in stats.values():
-        into["pass_at_1"] = into["passed"] / into["samples"] if into["samples"] else 0.0
-        into["pass_at_k"] = into.pop("solved") / into["groups"] if into["groups"] else 0.0
-        into["signal_share"] = into["signal_groups"] / into["groups"] if into["groups"] else 0.0
-    return stats
-
-
-_SUMMED = (
-    "groups",
-    "samples",
-    "passed",
-    "failed",
-    "signal_groups",
-    "hinted_groups",
-    "hinted_samples",
-    "hinted_passed",
-    "seconds",
-)

@@ -3,11 +3,13 @@ the error that stops a demo."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
 from core.errors import MacaronError
+from learners.rollout_job import RolloutSummary
 
 
 class DemoFailed(MacaronError):
@@ -104,3 +106,35 @@ def phase_seconds(
         "harness proposals": (harness - adapters).total_seconds(),
         "measure": (ended - harness).total_seconds(),
     }
+
+
+def rollout_stats(
+    specialists: Sequence[str], summaries: Sequence[RolloutSummary]
+) -> dict[str, dict[str, float]]:
+    """Per specialist: groups and samples rolled out, samples passed, pass@1 and pass@K, the
+    groups with signal and their share, the hinted groups, their samples and their passes,
+    samples the verifier failed on, and seconds."""
+    stats: dict[str, dict[str, float]] = {}
+    for specialist, summary in zip(specialists, summaries, strict=True):
+        into = stats.setdefault(specialist, dict.fromkeys(_SUMMED, 0.0) | {"solved": 0.0})
+        for name in _SUMMED:
+            into[name] += float(getattr(summary, name))
+        into["solved"] += summary.pass_at_k * summary.groups
+    for into in stats.values():
+        into["pass_at_1"] = into["passed"] / into["samples"] if into["samples"] else 0.0
+        into["pass_at_k"] = into.pop("solved") / into["groups"] if into["groups"] else 0.0
+        into["signal_share"] = into["signal_groups"] / into["groups"] if into["groups"] else 0.0
+    return stats
+
+
+_SUMMED = (
+    "groups",
+    "samples",
+    "passed",
+    "failed",
+    "signal_groups",
+    "hinted_groups",
+    "hinted_samples",
+    "hinted_passed",
+    "seconds",
+)
