@@ -65,11 +65,13 @@ class LoraProduct(torch.autograd.Function):
 
 def fusable(layer: nn.Module) -> bool:
     """Whether ``layer`` is a plain LoRA linear layer the fused product computes exactly: one
-    adapter, no dropout, no variant (DoRA and the like), no LoRA bias, an unmerged
-    ``nn.Linear`` base stored as (out, in)."""
+    adapter, no dropout, no variant (DoRA and the like), no LoRA bias, an unmerged, frozen
+    ``nn.Linear`` base stored as (out, in). Asked again at every call: an adapter merged or
+    switched later runs PEFT's path."""
     if not isinstance(layer, LoraLinear) or len(layer.active_adapters) != 1:
         return False
     name = layer.active_adapters[0]
+    base = layer.get_base_layer()
     return (
         name in layer.lora_A
         and isinstance(layer.lora_dropout[name], nn.Identity)
@@ -78,12 +80,14 @@ def fusable(layer: nn.Module) -> bool:
         and layer.lora_B[name].bias is None
         and not layer.fan_in_fan_out
         and not layer.merged
-        and isinstance(layer.get_base_layer(), nn.Linear)
+        and isinstance(base, nn.Linear)
+        and not base.weight.requires_grad
+        and (base.bias is None or not base.bias.requires_grad)
     )
 
 
 def _forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    if layer.disable_adapters or args or kwargs:  # PEFT's own path for what this does not do
+    if layer.disable_adapters or args or kwargs or not fusable(layer):  # merged, switched...
         result: torch.Tensor = type(layer).forward(layer, x, *args, **kwargs)
         return result
     name = layer.active_adapters[0]

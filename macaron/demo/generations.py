@@ -228,7 +228,7 @@ class _Demo:
         once, and simulated users beside it would only slow both."""
         played: list[PlayedTurn] = []
         started = time.monotonic()
-        while len(played) < turns and not (played and self._queued_within(SETTLE_S)):
+        while len(played) < turns and not self._queued_within(SETTLE_S if played else 0.0):
             plan = [next(self.plays) for _ in range(min(2 * concurrency, turns - len(played)))]
             chunk = asyncio.run(
                 run_simulation(
@@ -249,11 +249,11 @@ class _Demo:
         summaries: list[RolloutSummary] = []
         specialists: list[str] = []
         drawn = sampled = 0
-        while drawn < prompts and not (summaries and self._queued_within(SETTLE_S)):
+        while drawn < prompts and not self._queued_within(SETTLE_S if summaries else 0.0):
             chunk = [next(self.plays) for _ in range(min(ROLLOUT_CHUNK, prompts - drawn))]
             drawn += len(chunk)
-            for specialist in sorted({task.specialist for task in chunk}):
-                if summaries and self._queued_within(SETTLE_S):
+            for index, specialist in enumerate(sorted({task.specialist for task in chunk})):
+                if index and self._queued_within(SETTLE_S):  # the round's first was just asked
                     break
                 job = RolloutJob(
                     job_id=derived_id(

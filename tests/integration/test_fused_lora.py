@@ -47,6 +47,10 @@ def _loss_and_grads(
     return logits.detach(), grads
 
 
+def _fused_layers(model: Any) -> int:
+    return sum(1 for layer in model.modules() if "forward" in vars(layer))
+
+
 def _relative(mine: torch.Tensor, theirs: torch.Tensor) -> float:
     return float((mine - theirs).norm() / theirs.norm())
 
@@ -57,6 +61,7 @@ def test_the_fused_product_has_peft_s_outputs_and_gradients(tiny_model: Path, pa
     fused, _ = load_model(tiny_model, parent)
     layers = sum(1 for name, _ in fused.named_modules() if name.endswith("_proj"))
     assert fuse_lora_layers(_peft_model(tiny_model, parent, torch.float32)) == layers > 0
+    assert _fused_layers(fused) == layers  # the training model runs the fused product
 
     mine, my_grads = _loss_and_grads(fused)
     theirs, their_grads = _loss_and_grads(_peft_model(tiny_model, parent, torch.float32))
@@ -75,7 +80,9 @@ def test_in_bf16_the_fused_product_is_as_close_to_float32_as_peft_s(
     fused product's logits and gradients are no further from float32's than PEFT's are."""
     exact, exact_grads = _loss_and_grads(_peft_model(tiny_model, parent, torch.float32))
     bf16 = torch.bfloat16
-    mine, my_grads = _loss_and_grads(load_model(tiny_model, parent, dtype=bf16)[0], bf16)
+    fused = load_model(tiny_model, parent, dtype=bf16)[0]
+    assert _fused_layers(fused) > 0
+    mine, my_grads = _loss_and_grads(fused, bf16)
     theirs, their_grads = _loss_and_grads(_peft_model(tiny_model, parent, bf16), bf16)
     assert _relative(theirs, exact) > 1e-3  # bf16 rounds
     assert _relative(mine, exact) <= 1.1 * _relative(theirs, exact)
@@ -97,6 +104,19 @@ def test_layers_it_cannot_compute_exactly_keep_peft_s_forward(
     config = json.loads((adapter / "adapter_config.json").read_text())
     (adapter / "adapter_config.json").write_text(json.dumps(config | {"lora_dropout": 0.1}))
     assert fuse_lora_layers(_peft_model(tiny_model, adapter, torch.float32)) == 0
+
+
+def test_a_layer_merged_after_fusing_runs_peft_s_path(tiny_model: Path, parent: Path) -> None:
+    """The fused forward asks again at every call: merged into the base, the adapter is not
+    added a second time."""
+    model, _ = load_model(tiny_model, parent)
+    ids = torch.arange(12)[None]
+    _loss_and_grads(model)  # B away from 0
+    with torch.no_grad():
+        before = model(input_ids=ids).logits
+        model.base_model.merge_adapter()
+        merged = model(input_ids=ids).logits
+    assert torch.allclose(before, merged, rtol=1e-4, atol=1e-4)
 
 
 def test_the_product_keeps_no_gradient_for_the_frozen_layer() -> None:
