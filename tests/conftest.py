@@ -106,6 +106,17 @@ def pool(database_url: str) -> Iterator[Pool]:
         yield p
 
 
+@pytest.fixture
+def two_torch_threads() -> Iterator[None]:
+    """Two intra-op threads for one test, whatever the process runs on."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A skipped test is a failure here: every server the tests need is started by them."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")

@@ -58,6 +58,7 @@ class EngineContract:
         prompt = self.prompt(engine)
         assert prompt and all(isinstance(t, int) and t >= 0 for t in prompt)
 
+    @pytest.mark.numeric
     def test_greedy_answers_stream_and_repeat(self, engine: Engine, adapters: list[Path]) -> None:
         engine.load_adapter("contract@1", str(adapters[0]))
         assert engine.loaded_adapters() == ["contract@1"]
@@ -70,6 +71,7 @@ class EngineContract:
         assert first[-1].completion_tokens == 8 and first[-1].prompt_tokens == len(prompt)
         assert {c.request_id for c in first} == {"contract"}
 
+    @pytest.mark.numeric
     def test_each_adapter_is_its_own(self, engine: Engine, adapters: list[Path]) -> None:
         engine.load_adapter("contract@1", str(adapters[0]))
         engine.load_adapter("contract@2", str(adapters[1]))

@@ -62,6 +62,7 @@ def prompt_of(r: GenerationRequest) -> list[int]:
     return list(r.prompt)
 
 
+@pytest.mark.numeric
 def test_prompts_of_different_lengths_and_adapters_share_a_pass(
     engine: LocalEngine, tiny_model: Path, adapter: Path
 ) -> None:
@@ -76,6 +77,7 @@ def test_prompts_of_different_lengths_and_adapters_share_a_pass(
         assert got == peft_greedy(tiny_model, folder, prompt_of(r), 10), (name, r.prompt)
 
 
+@pytest.mark.numeric
 def test_a_prompt_computed_in_chunks_gives_the_whole_answer(
     tiny_model: Path, adapter: Path
 ) -> None:
@@ -116,6 +118,7 @@ def test_a_long_prompt_does_not_hold_up_a_streaming_answer(tiny_model: Path) -> 
         engine.close()
 
 
+@pytest.mark.numeric
 def test_samples_sent_together_fork_one_prompt_pass(engine: LocalEngine) -> None:
     samples = [
         request(engine, PROMPTS[1], seed=seed, temperature=1.0, top_p=0.9, max_tokens=40)
@@ -129,6 +132,7 @@ def test_samples_sent_together_fork_one_prompt_pass(engine: LocalEngine) -> None
     assert len({tuple(t) for t in together}) > 1, "the seeds did not make the samples differ"
 
 
+@pytest.mark.numeric
 def test_a_request_forks_one_already_answering(engine: LocalEngine) -> None:
     first, second = (request(engine, PROMPTS[2], max_tokens=30) for _ in range(2))
 
@@ -144,6 +148,7 @@ def test_a_request_forks_one_already_answering(engine: LocalEngine) -> None:
     assert engine.stats["prefill_tokens"] == 2 * len(prompt_of(first))  # the last run's too
 
 
+@pytest.mark.numeric
 def test_a_request_forks_a_fork(engine: LocalEngine) -> None:
     short, long, later = (request(engine, PROMPTS[2], max_tokens=n) for n in (2, 40, 12))
 
@@ -164,6 +169,7 @@ def test_a_request_forks_a_fork(engine: LocalEngine) -> None:
     assert got == run_together(engine, [later])[0]
 
 
+@pytest.mark.numeric
 def test_a_fork_on_other_adapter_weights_is_not_a_fork(
     engine: LocalEngine, tiny_model: Path, adapter: Path
 ) -> None:

@@ -7,22 +7,12 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 import torch
 
 from engines import threads
 from engines.local import LocalEngine
-
-
-@pytest.fixture
-def two_threads() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    yield
-    torch.set_num_threads(before)
 
 
 def worker_threads(engine: LocalEngine) -> int:
@@ -33,7 +23,7 @@ def worker_threads(engine: LocalEngine) -> int:
 
 
 def test_an_engine_borrows_its_builders_threads_and_gives_them_back(
-    tiny_model: Path, two_threads: None
+    tiny_model: Path, two_torch_threads: None
 ) -> None:
     first = LocalEngine(tiny_model)
     try:
@@ -48,7 +38,7 @@ def test_an_engine_borrows_its_builders_threads_and_gives_them_back(
     assert torch.get_num_threads() == 2
 
 
-def test_take_back_leaves_a_thread_that_built_no_engine_alone(two_threads: None) -> None:
+def test_take_back_leaves_a_thread_that_built_no_engine_alone(two_torch_threads: None) -> None:
     seen: list[int] = []
 
     def elsewhere() -> None:

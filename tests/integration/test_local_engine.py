@@ -80,6 +80,7 @@ def tokens(chunks: list[GenerationChunk]) -> list[int]:
     return [t for c in chunks for t in c.token_ids]
 
 
+@pytest.mark.numeric
 def test_mixed_batch_equals_peft_per_adapter(
     engine: LocalEngine, tiny_model: Path, adapters: dict[str, Path]
 ) -> None:
@@ -215,6 +216,7 @@ def test_unload_lets_requests_in_flight_finish(
         engine.unload_adapter("coding@1")
 
 
+@pytest.mark.numeric
 def test_reloading_a_name_serves_the_new_weights(
     engine: LocalEngine, tiny_model: Path, adapters: dict[str, Path]
 ) -> None:

@@ -62,6 +62,7 @@ def answers(engine: LocalEngine, plan: list[tuple[str | None, list[int]]]) -> li
     return asyncio.run(run_all())
 
 
+@pytest.mark.numeric
 def test_every_family_answers_as_peft_does(
     family_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
@@ -100,6 +101,7 @@ def test_every_family_answers_as_peft_does(
     assert first[0] != first[4] and first[2] != first[4]
 
 
+@pytest.mark.numeric
 def test_qwen2_biases_and_mistral_windows_change_the_answer(
     tiny_model: Path, tmp_path: Path
 ) -> None:
@@ -203,6 +205,7 @@ def first_divergence(a: list[int], b: list[int]) -> int:
     )
 
 
+@pytest.mark.numeric
 def test_bfloat16_follows_peft_in_bfloat16(
     family_model: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:

@@ -64,6 +64,7 @@ def answer(
     return tokens(asyncio.run(collect(engine, request)))
 
 
+@pytest.mark.numeric
 def test_an_answer_from_a_cached_prefix_is_the_answer_computed_whole(
     engine: LocalEngine, uncached: LocalEngine, adapter: Path
 ) -> None:
@@ -79,6 +80,7 @@ def test_an_answer_from_a_cached_prefix_is_the_answer_computed_whole(
     assert uncached.prefixes.stats["hits"] == 0
 
 
+@pytest.mark.numeric
 def test_an_adapter_never_reuses_the_base_models_prefix(
     engine: LocalEngine, tiny_model: Path, adapter: Path
 ) -> None:
@@ -89,6 +91,7 @@ def test_an_adapter_never_reuses_the_base_models_prefix(
     assert engine.prefixes.stats["hits"] == 0
 
 
+@pytest.mark.numeric
 def test_samples_of_one_prompt_share_its_prefill(
     engine: LocalEngine, uncached: LocalEngine
 ) -> None:
@@ -101,6 +104,7 @@ def test_samples_of_one_prompt_share_its_prefill(
     assert engine.prefixes.stats["entries"] == 1
 
 
+@pytest.mark.numeric
 def test_unloading_an_adapter_drops_its_prefixes(
     engine: LocalEngine, tiny_model: Path, adapter: Path, tmp_path: Path
 ) -> None:
@@ -138,6 +142,7 @@ def test_the_cache_stays_within_its_cap_and_counts_evictions(tiny_model: Path) -
         engine.close()
 
 
+@pytest.mark.numeric
 def test_an_answer_longer_than_the_first_kv_buffer_is_pefts(
     engine: LocalEngine, tiny_model: Path
 ) -> None:

@@ -31,6 +31,7 @@ from learners.router_training import (
 )
 from macaron import wiring
 from server.router import RouterService, SentenceEmbedder
+from tests.numeric import assert_close
 
 HELDOUT = Path(__file__).resolve().parents[2] / "learners" / "routing-v1.jsonl"
 DIGEST = "0" * 64
@@ -109,23 +110,27 @@ def test_the_heldout_set_is_large_balanced_and_never_trained_on(
     assert len({normalised(t.text) for t in heldout}) == len(heldout), "no duplicate turns"
 
 
+@pytest.mark.numeric
 def test_embeddings_are_unit_length_mean_pooled_sentence_vectors(
     embedder: SentenceEmbedder,
 ) -> None:
+    """Unit length and batched as alone, to float32's rounding. Guards the pooling: a vector
+    left unnormalised, or padding averaged in (the attention mask ignored), is far off."""
     texts = ["How do I reverse a list in Python?", "Book me a table for two tonight, please."]
     exact = SentenceEmbedder(int8=False)
     batch = exact.embed(texts)  # batched (the int8 encoder embeds one text at a time)
     assert batch.shape == (2, 384)
-    assert torch.allclose(batch.norm(dim=1), torch.ones(2, dtype=batch.dtype), atol=1e-5)
+    assert_close(batch.norm(dim=1), torch.ones(2), ulps=16)
     # padding the shorter text in a batch must not change its embedding (the mask is honoured)
     alone = torch.tensor([exact.embed_one(t) for t in texts], dtype=batch.dtype)
-    assert torch.allclose(batch, alone, atol=1e-5)
+    assert_close(batch, alone, ulps=32)
     paraphrase = torch.tensor(embedder.embed_one("What's the way to invert a Python list?"))
     served = embedder.embed(texts)
     assert float(paraphrase @ served[0]) > float(paraphrase @ served[1]) + 0.3
     assert torch.equal(served[1], torch.tensor(embedder.embed_one(texts[1])))
 
 
+@pytest.mark.numeric
 def test_the_int8_encoder_embeds_as_the_float32_one(embedder: SentenceEmbedder) -> None:
     exact = SentenceEmbedder(int8=False)
     for text in ["Show me a chart of my sleep", "Why is the sky blue?", "Email Ana the slides"]:
@@ -133,11 +138,15 @@ def test_the_int8_encoder_embeds_as_the_float32_one(embedder: SentenceEmbedder) 
         assert float(int8 @ float32) > 0.9  # unit vectors: the cosine
 
 
+@pytest.mark.numeric
+@pytest.mark.usefixtures("two_torch_threads")
 def test_an_embedder_runs_on_its_own_threads_and_leaves_torchs_count_to_the_others() -> None:
-    """Its passes use one intra-op thread (or torch's count when it is given none), while the
-    thread that made it, and a thread that starts afterwards (as the engine's does), keep
-    torch's count."""
+    """Its passes use one intra-op thread (or torch's count when it is given none: two here),
+    while the thread that made it, and a thread that starts afterwards (as the engine's does),
+    keep torch's count. The embedding on one thread is the embedding on two, to float32's
+    rounding: guards a pass whose result depends on the threads it ran on."""
     count = torch.get_num_threads()
+    assert count == 2
     pinned, unpinned = SentenceEmbedder(), SentenceEmbedder(threads=None)
     assert (pinned.threads, unpinned.threads, torch.get_num_threads()) == (1, count, count)
     later: list[int] = []
@@ -146,9 +155,10 @@ def test_an_embedder_runs_on_its_own_threads_and_leaves_torchs_count_to_the_othe
     thread.join()
     assert later == [count]
     one, two = (torch.tensor(e.embed_one("Why is the sky blue?")) for e in (pinned, unpinned))
-    assert torch.allclose(one, two, atol=1e-5)
+    assert_close(one, two, ulps=16)
 
 
+@pytest.mark.numeric
 def test_heldout_accuracy_of_the_seed_router(
     seed_router: RouterService, heldout: list[LabelledTurn]
 ) -> None:

@@ -98,6 +98,7 @@ def load(fleet: FleetEngine, model: Path, folder: Path) -> dict[str, Path]:
 @pytest.mark.parametrize(
     "served", [("qwen2", "float32"), ("mistral", "float32")], indirect=True, ids="-".join
 )
+@pytest.mark.numeric
 def test_float32_answers_through_the_fleet_equal_peft(served: Served, tmp_path: Path) -> None:
     model, fleet = served
     adapters = load(fleet, model, tmp_path)
@@ -114,6 +115,7 @@ def test_float32_answers_through_the_fleet_equal_peft(served: Served, tmp_path: 
     indirect=True,
     ids="-".join,
 )
+@pytest.mark.numeric
 def test_bfloat16_answers_through_the_fleet_follow_peft_in_bfloat16(
     served: Served, tmp_path: Path
 ) -> None:

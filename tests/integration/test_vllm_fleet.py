@@ -163,6 +163,7 @@ def peft_tokens(base_dir: Path, adapter: Path, prompt: tuple[int, ...], tokens: 
     return [int(t) for t in out[0, len(prompt) :]]
 
 
+@pytest.mark.numeric
 def test_constrained_answers_through_the_fleet_equal_the_local_engine(
     fleet: FleetEngine, adapters: dict[str, Path], vllm_model: Path
 ) -> None:
@@ -209,6 +210,7 @@ def test_constrained_answers_through_the_fleet_equal_the_local_engine(
         local.close()
 
 
+@pytest.mark.numeric
 def test_the_contract_scores_a_release_on_the_fleet_as_on_the_local_engine(
     fleet: FleetEngine, adapters: dict[str, Path], vllm_model: Path
 ) -> None:
@@ -242,6 +244,7 @@ def test_the_contract_scores_a_release_on_the_fleet_as_on_the_local_engine(
     }
 
 
+@pytest.mark.numeric
 def test_outputs_through_the_fleet_equal_peft(
     fleet: FleetEngine, replicas: list[VllmReplica], adapters: dict[str, Path], vllm_model: Path
 ) -> None:
