@@ -1,4 +1,5 @@
-"""The content-addressed artifact store for adapters: ``$MACARON_HOME/adapters/<sha256>/``.
+"""The content-addressed artifact store for adapters: ``$MACARON_HOME/adapters/<sha256>/``,
+and the one way a release's adapters reach an engine (``load_release``).
 
 An adapter's address is the sha256 over its files (names and contents), so a folder whose bytes
 changed no longer matches its address: ``verified_path`` refuses it before an engine loads it.
@@ -10,9 +11,12 @@ import hashlib
 import os
 import shutil
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 
+from core.engine import Engine
 from core.errors import AdapterInvalid, AdapterNotFound
+from core.release import Release
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 
@@ -65,3 +69,24 @@ class ArtifactStore:
         if actual != sha256:
             raise AdapterInvalid(f"adapter {sha256} is corrupted: its content hashes to {actual}")
         return folder
+
+
+def load_release(
+    engine: Engine,
+    store: ArtifactStore,
+    release: Release,
+    specialists: Collection[str] | None = None,
+) -> list[str]:
+    """Ask ``engine`` for the adapter of each specialist of ``release`` (of ``specialists``
+    when given), each checked against its content address first; returns the names the engine
+    lacked, which it loaded. Asking for an adapter an engine holds changes nothing there (a
+    versioned name is immutable) and pins it in a shared engine's background view."""
+    present = set(engine.loaded_adapters())
+    loaded = []
+    for specialist, ref in release.adapters.items():
+        if specialists is not None and specialist not in specialists:
+            continue
+        engine.load_adapter(ref.name, str(store.verified_path(ref.sha256, ref.path)))
+        if ref.name not in present:
+            loaded.append(ref.name)
+    return loaded

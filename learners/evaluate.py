@@ -25,6 +25,7 @@ from core.harness.artifact import HarnessVersion, harness_name
 from core.ids import uuid7
 from core.release import AdapterRef, Release, changed_specialists
 from core.sequential import Key
+from infra.artifacts import load_release
 from infra.postgres.db import DictConnection, Pool
 from infra.postgres.registry import (
     active_release,
@@ -185,11 +186,7 @@ def _judge(
     loaded: set[str] = set()
     try:
         for release, _ in (active, parent, candidate):
-            for ref in release.adapters.values():
-                if ref.name not in engine.loaded_adapters():
-                    path = rt.store.verified_path(ref.sha256, ref.path)
-                    engine.load_adapter(ref.name, str(path))
-                    loaded.add(ref.name)
+            loaded.update(load_release(engine, rt.store, release))
         shared = _shared(rt, contract, active, parent)
         before = release_outcomes(rt.pool, engine, *parent, contract, shared)
         verdict = asyncio.run(

@@ -41,6 +41,7 @@ from core.ids import derived_id
 from core.log import EventLog
 from core.release import Release
 from core.routing import SpecialistName
+from infra.artifacts import load_release
 from infra.postgres.registry import active_release, harness_by_name
 from learners.contract_runner import CONCURRENCY, load_contract
 from learners.environments import (
@@ -303,9 +304,8 @@ def _sampler(
     """A sampler of the release's adapter for the job's specialist (loaded if the engine lacks
     it; asked for even if it has it, so a shared engine's view pins it for the job), capped at
     the settings' answer length."""
+    load_release(engine, rt.store, release, [job.specialist])
     adapter = release.adapter_for(job.specialist)
-    if adapter is not None:
-        engine.load_adapter(adapter.name, str(rt.store.verified_path(adapter.sha256, adapter.path)))
     decoding = harness.spec.for_specialist(job.specialist).decoding
     return Sampler(
         engine=engine,

@@ -221,7 +221,7 @@ def chat_server(
     from server.chat import ChatService
     from server.gate import Gate
     from server.promotion import PromotionListener
-    from server.releases import ensure_root_release, load_release
+    from server.releases import ensure_root_release, prepare_release
     from server.router import RouterService
     from server.turns.rate import MEMORY
     from server.turns.request import ChatLimits
@@ -250,7 +250,7 @@ def chat_server(
         router_version=router.version,
         specialists=router.specialists,
     )
-    harness = load_release(shared, store, db, release)
+    harness = prepare_release(shared, store, db, release)
     if isinstance(router, RouterService):
         serve_router_of(db, release, router)
     limits = ChatLimits(

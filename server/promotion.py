@@ -29,7 +29,7 @@ from core.log import EventLog
 from core.release import Release, rebased
 from core.routing import RouterModel
 from infra import observe
-from infra.artifacts import ArtifactStore
+from infra.artifacts import ArtifactStore, load_release
 from infra.postgres.db import DictConnection, Pool
 from infra.postgres.promotions import (
     RequestClaim,
@@ -77,7 +77,7 @@ class PromotionListener:
         try:
             active, harness, router = await asyncio.to_thread(self._active)
             if active.release_id != self.chat.release.release_id:
-                await self._load(active)
+                await asyncio.to_thread(load_release, self.chat.engine, self.store, active)
                 self.chat.serve(active, harness, router)
             if request is not None:
                 await self._carry_out(request)
@@ -141,7 +141,7 @@ class PromotionListener:
                 harness = harness_by_name(conn, release.harness_version)
                 router = self._router_of(conn, release)
             await asyncio.to_thread(prepare_harness, self.chat.engine, harness)
-            loaded = await self._load(release)
+            loaded = await asyncio.to_thread(load_release, self.chat.engine, self.store, release)
         except MacaronError as exc:
             await asyncio.to_thread(self._refuse, request, old, exc.message)
             return "refused"
@@ -155,18 +155,6 @@ class PromotionListener:
             return "refused"
         self.chat.serve(release, harness, router)
         return "done"
-
-    async def _load(self, release: Release) -> list[str]:
-        """Load the release's adapters the engine lacks; returns their names."""
-        present = set(self.chat.engine.loaded_adapters())
-        loaded = []
-        for ref in release.adapters.values():
-            if ref.name in present:
-                continue
-            folder = await asyncio.to_thread(self.store.verified_path, ref.sha256, ref.path)
-            await asyncio.to_thread(self.chat.engine.load_adapter, ref.name, str(folder))
-            loaded.append(ref.name)
-        return loaded
 
     async def _canary(self, release: Release, adapters: list[str]) -> None:
         """One short generation through each new adapter must succeed."""

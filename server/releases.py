@@ -19,7 +19,7 @@ from core.harness.grammars import output_constraint
 from core.log import EventLog
 from core.release import Release, release_id_for
 from infra import observe
-from infra.artifacts import ArtifactStore
+from infra.artifacts import ArtifactStore, load_release
 from infra.identity_adapter import register_identity_adapter, store_identity_adapter
 from infra.postgres.db import Pool
 from infra.postgres.registry import (
@@ -95,18 +95,16 @@ def ensure_root_release(
     return release
 
 
-def load_release(
+def prepare_release(
     engine: Engine, store: ArtifactStore, pool: Pool, release: Release
 ) -> HarnessVersion:
-    """Make every adapter of ``release`` servable, each checked against its content address;
-    returns the release's harness from the registry (checked against its address, and that
-    this server can serve it), its grammars prepared."""
+    """Make every adapter of ``release`` servable (``load_release``); returns the release's
+    harness from the registry (checked against its address, and that this server can serve
+    it), its grammars prepared."""
     with pool.connection() as conn:
         harness = harness_by_name(conn, release.harness_version)
     prepare_harness(engine, harness)
-    for adapter in release.adapters.values():
-        folder = store.verified_path(adapter.sha256, adapter.path)
-        engine.load_adapter(adapter.name, str(folder))
+    load_release(engine, store, release)
     observe.adapters_loaded.set(len(engine.loaded_adapters()))
     return harness
 

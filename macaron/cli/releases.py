@@ -14,7 +14,7 @@ from rich.table import Table
 
 from core.errors import PromotionFailed, ReleaseNotFound
 from core.settings import Settings
-from infra.artifacts import ArtifactStore
+from infra.artifacts import ArtifactStore, load_release
 from infra.postgres.lineage import (
     LineageStep,
     active_release_at,
@@ -205,8 +205,7 @@ def contract_run(
         engine = LocalEngine(wiring.model_dir(cfg))
         try:
             with console.status(f"running {contract.version} on {release.release_id}..."):
-                for ref in release.adapters.values():
-                    engine.load_adapter(ref.name, str(store.verified_path(ref.sha256, ref.path)))
+                load_release(engine, store, release)
                 outcomes = release_outcomes(pool, engine, release, harness, contract)
         finally:
             engine.close()

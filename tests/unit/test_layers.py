@@ -171,3 +171,45 @@ def test_the_check_sees_settings_read_from_the_environment(tmp_path: Path) -> No
         "from core import settings\na = settings.Settings()\nb = Settings(home=h)\nc = Settings()\n"
     )
     assert settings_read(module) == [2, 4]
+
+
+RELEASE_LOADER = "infra/artifacts.py"
+"""Where a release's adapters reach an engine (``load_release``): the engines themselves aside,
+no other module asks an engine to load an adapter."""
+
+
+def adapter_loads(path: Path) -> list[int]:
+    """The lines of ``path`` that call some object's ``load_adapter``."""
+    return [
+        node.lineno
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path)))
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr == "load_adapter"
+    ]
+
+
+def adapter_loads_outside_the_loader(root: Path = ROOT) -> list[str]:
+    return [
+        f"{path.relative_to(root)}:{line}"
+        for package in PROJECT
+        if package != "engines"
+        for path in sorted((root / package).rglob("*.py"))
+        if path.relative_to(root).as_posix() != RELEASE_LOADER
+        for line in adapter_loads(path)
+    ]
+
+
+def test_release_adapters_reach_an_engine_one_way() -> None:
+    assert adapter_loads_outside_the_loader() == []
+
+
+def test_the_check_sees_an_adapter_loaded_elsewhere(tmp_path: Path) -> None:
+    for path, text in (
+        ("server/m.py", "def f(engine, ref):\n    engine.load_adapter(ref.name, 'p')\n"),
+        ("engines/m.py", "def f(self):\n    self.engine.load_adapter('a@1', 'p')\n"),
+        (RELEASE_LOADER, "def f(engine):\n    engine.load_adapter('a@1', 'p')\n"),
+    ):
+        (tmp_path / path).parent.mkdir(exist_ok=True)
+        (tmp_path / path).write_text(text)
+    assert adapter_loads_outside_the_loader(tmp_path) == ["server/m.py:2"]
