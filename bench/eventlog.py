@@ -27,6 +27,7 @@ from rich.progress import Progress
 from bench.report import Row, report, row
 from core.events import HarnessStamp, NewEvent, TurnReceived
 from core.events.privacy import Cipher
+from core.mapper import Mapper
 from core.settings import Settings
 from infra.kafka.eventlog import KafkaEventLog
 from infra.kafka.topics import create_topics, event_topics
@@ -71,7 +72,7 @@ def raw_rows(events: list[NewEvent]) -> list[tuple[object, ...]]:
     """The rows a raw writer would store: same columns and serialised JSON, sealed untimed."""
     rows = []
     for seq, event in enumerate(events, start=1):
-        sealed = event.seal(seq, None)
+        sealed = Mapper().seal(event, seq, None)
         e = sealed.envelope
         rows.append(
             (
@@ -188,7 +189,7 @@ def bench_kafka(bootstrap: str, pool: Pool, n: int, batch: int, single: int) -> 
     )
 
     def raw_values(events: list[NewEvent]) -> list[tuple[bytes, bytes]]:
-        sealed = (e.seal(i, None) for i, e in enumerate(events, start=1))
+        sealed = (Mapper().seal(e, i, None) for i, e in enumerate(events, start=1))
         return [(s.envelope.key.encode(), s.envelope_json()) for s in sealed]
 
     singles = make_events(single, "single")

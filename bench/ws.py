@@ -36,7 +36,8 @@ from websockets.asyncio.client import ClientConnection, connect
 
 from bench.report import Row, report, row
 from core.events import Envelope, NewEvent
-from core.log import DeadLetter, LogPosition, Positions, RecordedEvent, seal_batch
+from core.log import DeadLetter, LogPosition, Positions, RecordedEvent
+from core.mapper import Mapper
 from core.routing import RouterDecision, RouterModel
 from core.settings import Settings
 from engines.instant import InstantEngine, fixed_reply
@@ -82,7 +83,7 @@ class MemoryLog:
 
     def append(self, events: Sequence[NewEvent]) -> list[RecordedEvent]:
         recorded = []
-        for sealed in seal_batch(events, {}, self._heads):
+        for sealed in Mapper().seal_batch(events, {}, self._heads):
             position = LogPosition(0, len(self._events))
             recorded.append(RecordedEvent(position, sealed.envelope, sealed.payload))
         self._events.extend(recorded)

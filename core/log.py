@@ -1,23 +1,22 @@
 """The ``EventLog`` port and the records it yields.
 
-Two adapters implement it (PostgreSQL, the embedded default; Kafka, for scale-out) and one
-contract test suite runs against both. Positions are per partition: the PostgreSQL log has one
-partition (0) whose offsets are its global positions.
+Two adapters implement it (PostgreSQL, the embedded default; Kafka, for scale-out), beside one
+in memory, and one contract test suite runs against each. Each holds a ``core.mapper.Mapper``,
+which turns events into their stored form and back. Positions are per partition: the
+PostgreSQL log has one partition (0) whose offsets are its global positions.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Collection, Generator, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
-from uuid import UUID
 
 from pydantic import ValidationError
 
-from core.errors import EventIdConflict, InvalidEvent, MacaronError, SequenceConflict
-from core.events import Envelope, EventPayload, NewEvent, Sealed, decode_payload
-from core.events.privacy import PRIVATE, Cipher, Forgotten
+from core.errors import InvalidEvent
+from core.events import Envelope, EventPayload, NewEvent
 
 Positions = dict[int, int]
 """Partition -> next offset to read (exclusive of everything before it)."""
@@ -57,50 +56,6 @@ def parse_envelope(raw: bytes | str | Mapping[str, Any]) -> Envelope:
         raise InvalidEvent(f"malformed envelope: {exc}") from exc
     except RecursionError as exc:
         raise InvalidEvent("malformed envelope: nested too deeply") from exc
-
-
-def decode_envelope(
-    position: LogPosition, envelope: Envelope, cipher: Cipher | None = None
-) -> RecordedEvent | DeadLetter:
-    """Open (with ``cipher``), upcast and validate a stored envelope's payload, or say why it is
-    a dead letter. Every event of a forgotten tenant reads as a ``Forgotten`` marker."""
-    try:
-        return RecordedEvent(position, envelope, _open_and_decode(envelope, cipher))
-    except MacaronError as exc:
-        code, reason = exc.code, exc.message
-    except Exception as exc:  # an upcaster meeting a payload it cannot lift, say
-        code, reason = InvalidEvent.code, f"{envelope.type} v{envelope.schema_version}: {exc!r}"
-    return DeadLetter(position, code, reason, json.dumps(envelope.to_json(), default=str))
-
-
-def _open_and_decode(envelope: Envelope, cipher: Cipher | None) -> EventPayload:
-    if cipher is None:
-        if PRIVATE in envelope.payload:
-            raise InvalidEvent(f"{envelope.type}: a sealed payload, and no data keys to open it")
-        return decode_payload(envelope)
-    if cipher.keys.is_forgotten(envelope.tenant_id):
-        return Forgotten(original_type=envelope.type)
-    opened = cipher.open(envelope)
-    if opened is None:
-        return Forgotten(original_type=envelope.type)
-    return decode_payload(replace(envelope, payload=opened))
-
-
-def decode_stored(
-    position: LogPosition, raw: bytes | str | Mapping[str, Any] | None, cipher: Cipher | None = None
-) -> RecordedEvent | DeadLetter:
-    """Parse and decode one stored record, or say why it goes to the dead-letter stream."""
-    if raw is None:  # a Kafka tombstone: never written by this log
-        return DeadLetter(position, InvalidEvent.code, "record has no value", "")
-    try:
-        envelope = parse_envelope(raw)
-    except InvalidEvent as exc:
-        if isinstance(raw, bytes):
-            text = raw.decode("utf-8", "replace")
-        else:
-            text = raw if isinstance(raw, str) else json.dumps(dict(raw), default=str)
-        return DeadLetter(position, exc.code, exc.message, text)
-    return decode_envelope(position, envelope, cipher)
 
 
 class EventLog(Protocol):
@@ -146,44 +101,3 @@ class EventLog(Protocol):
     def dead_letters(self) -> list[DeadLetter]: ...
 
     def close(self) -> None: ...
-
-
-def seal_batch(
-    events: Sequence[NewEvent],
-    stored_digests: Mapping[UUID, str],
-    heads: dict[str, tuple[int, str]],
-    cipher: Cipher | None = None,
-) -> list[Sealed]:
-    """Seal, in order, the events of a batch that are not stored yet, continuing each key's chain.
-
-    ``stored_digests`` maps already stored event ids to their content digests; ``heads`` maps each
-    key to its last (sequence, hash) and is advanced in place. A repeat of a stored id with the
-    same content is skipped (idempotent); with other content it is ``EventIdConflict``.
-    """
-    digests = dict(stored_digests)
-    fresh: list[Sealed] = []
-    for event in events:
-        known = digests.get(event.event_id)
-        sequence, prev_hash = heads.get(event.key, (0, None))
-        if known is None and event.sequence is not None and event.sequence != sequence + 1:
-            raise SequenceConflict(
-                f"key {event.key!r} is at sequence {sequence}; "
-                f"event {event.event_id} expected to be {event.sequence}"
-            )
-        sealed = event.seal(sequence + 1, prev_hash, cipher)
-        if known is not None:
-            if known != sealed.content_digest:
-                raise EventIdConflict(f"event {event.event_id} is stored with other content")
-            continue
-        heads[event.key] = (sealed.envelope.sequence, sealed.envelope.hash)
-        digests[event.event_id] = sealed.content_digest
-        fresh.append(sealed)
-    return fresh
-
-
-def warm_keys(cipher: Cipher | None, events: Sequence[NewEvent]) -> None:
-    """Fetch (or make) the writing keys of the batch's tenants, so that sealing under the
-    append's lock needs no other connection; a forgotten tenant fails here, before anything."""
-    if cipher is not None:
-        for tenant_id in {event.tenant_id for event in events}:
-            cipher.keys.writing_key(tenant_id)

@@ -17,15 +17,8 @@ from uuid import UUID
 from core.errors import EventIdConflict, InvalidEvent, TenantForgotten
 from core.events import Envelope, EventPayload, NewEvent
 from core.events.privacy import Cipher, DataKey
-from core.log import (
-    DeadLetter,
-    LogPosition,
-    Positions,
-    RecordedEvent,
-    decode_envelope,
-    parse_envelope,
-    seal_batch,
-)
+from core.log import DeadLetter, LogPosition, Positions, RecordedEvent, parse_envelope
+from core.mapper import Mapper
 
 PARTITION = 0
 
@@ -37,7 +30,7 @@ class InMemoryEventLog:
     """``EventLog`` over a list in this process."""
 
     def __init__(self, cipher: Cipher | None = None) -> None:
-        self._cipher = cipher
+        self._mapper = Mapper(cipher)
         self._stored: list[_Stored] = []  # the event at offset n is self._stored[n - 1]
         self._offsets: dict[UUID, int] = {}  # event id -> offset of its first copy
         self._heads: dict[str, tuple[int, str]] = {}  # key -> (sequence, hash) of its last event
@@ -51,11 +44,9 @@ class InMemoryEventLog:
                 for e in events
                 if e.event_id in self._offsets
             }
-            digests = {i: r.envelope.content_digest(self._cipher) for i, r in stored.items()}
+            digests = {i: self._mapper.content_digest(r.envelope) for i, r in stored.items()}
             heads = {e.key: self._heads[e.key] for e in events if e.key in self._heads}
-            fresh = seal_batch(
-                events, digests, heads, self._cipher
-            )  # raises before anything is stored
+            fresh = self._mapper.seal_batch(events, digests, heads)  # raises before storing
             for sealed in fresh:
                 offset = self._store(sealed.envelope, sealed.payload)
                 stored[sealed.envelope.event_id] = RecordedEvent(
@@ -93,11 +84,9 @@ class InMemoryEventLog:
     def _decoded(self, offset: int) -> RecordedEvent | DeadLetter:
         envelope, payload = self._stored[offset - 1]
         position = LogPosition(PARTITION, offset)
-        if payload is not None and (
-            self._cipher is None or not self._cipher.keys.is_forgotten(envelope.tenant_id)
-        ):
+        if payload is not None and not self._mapper.is_forgotten(envelope.tenant_id):
             return RecordedEvent(position, envelope, payload)
-        return decode_envelope(position, envelope, self._cipher)
+        return self._mapper.decode(position, envelope)
 
     def read(
         self,

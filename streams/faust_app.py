@@ -15,7 +15,8 @@ from typing import Any
 import faust
 
 from core.events.privacy import Cipher
-from core.log import DeadLetter, LogPosition, decode_stored
+from core.log import DeadLetter, LogPosition
+from core.mapper import Mapper
 from core.settings import Settings
 from streams.host import ProcessorHost
 
@@ -46,11 +47,13 @@ def faust_app(
 
 
 def _agent(host: ProcessorHost, cipher: Cipher) -> Any:
+    mapper = Mapper(cipher)
+
     async def process(stream: faust.StreamT[bytes]) -> AsyncIterator[None]:
         async for event in stream.events():
             message = event.message
             position = LogPosition(message.partition, message.offset)
-            decoded = decode_stored(position, event.value, cipher)
+            decoded = mapper.decode_stored(position, event.value)
             if isinstance(decoded, DeadLetter):
                 await asyncio.to_thread(host.skip, decoded)
             else:

@@ -1,5 +1,6 @@
 """The envelope of every event (identity, ordering, provenance, hash chain) and the base of
-every payload; sealing a new event at its place in its key's chain.
+every payload. Storing an event (its place in its key's chain, its tenant's words sealed) is the
+log's mapper's work (``core.mapper``): events know nothing of storage.
 
 An event is an immutable envelope around a typed payload. The envelope stores the payload as
 plain JSON at the schema version it was written with; ``core.events.catalogue.decode_payload``
@@ -8,9 +9,9 @@ upcasts it to the version this code knows and validates it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar
 from uuid import UUID
 
 from pydantic import (
@@ -24,11 +25,7 @@ from pydantic import (
 )
 
 from core.canonical import canonical_json, sha256_hex
-from core.errors import InvalidEvent
 from core.ids import uuid7
-
-if TYPE_CHECKING:
-    from core.events.privacy import Cipher
 
 HASH_PATTERN = r"^[0-9a-f]{64}$"
 _TYPE = r"^[A-Za-z][A-Za-z0-9_.]{0,99}$"
@@ -102,14 +99,6 @@ class Envelope:
     def computed_hash(self) -> str:
         return chain_hash(self.header(), sha256_hex(canonical_json(self.payload)))
 
-    def content_digest(self, cipher: Cipher | None = None) -> str:
-        """As ``Sealed.content_digest``: keyed, for an event sealed with ``cipher``."""
-        keyed = None if cipher is None else cipher.digest(self)
-        payload_sha256 = keyed or sha256_hex(canonical_json(self.payload))
-        return content_digest(
-            self.type, self.schema_version, self.tenant_id, self.key, payload_sha256
-        )
-
     def to_json(self) -> dict[str, Any]:
         """The whole envelope as JSON values."""
         return {**self.header(), "hash": self.hash, "payload": self.payload}
@@ -151,21 +140,6 @@ class EventPayload(BaseModel):
     """The fields that hold a tenant's words: sealed with its data key (``privacy``)."""
 
 
-@dataclass(frozen=True)
-class Sealed:
-    """An event fixed at its place in its key's chain, with its payload serialised once."""
-
-    envelope: Envelope
-    payload: EventPayload
-    payload_json: str
-    content_digest: str
-
-    def envelope_json(self) -> bytes:
-        """The envelope as JSON bytes, reusing the serialised payload."""
-        head = canonical_json({**self.envelope.header(), "hash": self.envelope.hash})
-        return head[:-1] + b',"payload":' + self.payload_json.encode() + b"}"
-
-
 class NewEvent(BaseModel):
     """An event a writer wants appended. The log assigns sequence (unless given) and hashes.
 
@@ -186,49 +160,3 @@ class NewEvent(BaseModel):
     trace: dict[str, str] = Field(default_factory=dict)
 
     _normalise_time = field_validator("occurred_at")(_utc)
-
-    def seal(self, sequence: int, prev_hash: str | None, cipher: Cipher | None = None) -> Sealed:
-        """Fix this event at ``sequence`` after ``prev_hash`` and compute its hash; with a
-        ``cipher``, its private fields are stored sealed with the tenant's data key."""
-        try:
-            return self._seal(sequence, prev_hash, cipher)
-        except (UnicodeEncodeError, ValueError) as exc:  # lone surrogates, NaN
-            raise InvalidEvent(f"{self.payload.event_type} cannot be stored: {exc}") from exc
-
-    def _seal(self, sequence: int, prev_hash: str | None, cipher: Cipher | None) -> Sealed:
-        payload = self.payload.model_dump(mode="json")
-        # Every field is already validated (by this model and the payload's): built directly.
-        unhashed = Envelope(
-            event_id=self.event_id,
-            type=self.payload.event_type,
-            schema_version=self.payload.schema_version,
-            occurred_at=self.occurred_at,
-            tenant_id=self.tenant_id,
-            key=self.key,
-            sequence=sequence,
-            causation_id=self.causation_id,
-            correlation_id=self.correlation_id,
-            trace=self.trace,
-            prev_hash=prev_hash,
-            hash="",
-            payload=payload,
-        )
-        sealed = (
-            None if cipher is None else cipher.seal(payload, self.payload.private_fields, unhashed)
-        )
-        if sealed is None:
-            payload_bytes = canonical_json(payload)
-        else:
-            payload, payload_bytes = sealed.stored, sealed.stored_json
-        payload_sha256 = sha256_hex(payload_bytes)
-        envelope = replace(
-            unhashed, payload=payload, hash=chain_hash(unhashed.header(), payload_sha256)
-        )
-        digest = content_digest(
-            envelope.type,
-            envelope.schema_version,
-            self.tenant_id,
-            self.key,
-            payload_sha256 if sealed is None else sealed.digest,
-        )
-        return Sealed(envelope, self.payload, payload_bytes.decode(), digest)

@@ -24,18 +24,10 @@ from kafka.errors import KafkaError
 from kafka.partitioner.default import murmur2
 
 from core.errors import EventIdConflict, LogUnavailable
-from core.events import Envelope, NewEvent, Sealed
+from core.events import Envelope, NewEvent
 from core.events.privacy import Cipher
-from core.log import (
-    DeadLetter,
-    LogPosition,
-    Positions,
-    RecordedEvent,
-    decode_stored,
-    parse_envelope,
-    seal_batch,
-    warm_keys,
-)
+from core.log import DeadLetter, LogPosition, Positions, RecordedEvent, parse_envelope
+from core.mapper import Mapper, Sealed
 from infra.kafka.topics import dead_letter_topic
 from infra.postgres.db import Pool, storage_errors, unavailable_as_typed
 
@@ -67,7 +59,7 @@ class KafkaEventLog:
     def __init__(
         self, bootstrap: str, topic: str, pool: Pool, cipher: Cipher | None = None
     ) -> None:
-        self._cipher = cipher
+        self._mapper = Mapper(cipher)
         self._bootstrap = bootstrap.split(",")
         self._topic = topic
         self._dlq = dead_letter_topic(topic)
@@ -98,7 +90,7 @@ class KafkaEventLog:
         if not events:
             return []
         keys = sorted({e.key for e in events})
-        warm_keys(self._cipher, events)  # before a connection is held: keys may need one
+        self._mapper.warm_keys(events)  # before a connection is held: keys may need one
         with (
             unavailable_as_typed(),
             storage_errors("kafka_appends_key_sequence_key"),
@@ -125,7 +117,7 @@ class KafkaEventLog:
             stored = {row["event_id"]: row for row in stored_rows.fetchall()}
             heads = {row["key"]: (row["sequence"], row["hash"]) for row in head_rows.fetchall()}
             digests = {i: r["content_digest"] for i, r in stored.items()}
-            fresh = seal_batch(events, digests, heads, self._cipher)
+            fresh = self._mapper.seal_batch(events, digests, heads)
             landed = self._produce(fresh)
             if fresh:
                 conn.execute(
@@ -174,8 +166,8 @@ class KafkaEventLog:
         for record in self._records(
             {position.partition: position.offset}, {position.partition: position.offset + 1}
         ):
-            decoded = decode_stored(
-                LogPosition(record.partition, record.offset), record.value, self._cipher
+            decoded = self._mapper.decode_stored(
+                LogPosition(record.partition, record.offset), record.value
             )
             if isinstance(decoded, RecordedEvent):
                 return decoded
@@ -253,8 +245,8 @@ class KafkaEventLog:
             yield from self._decoded(record)
 
     def _decoded(self, record: Any) -> Iterator[RecordedEvent]:
-        decoded = decode_stored(
-            LogPosition(record.partition, record.offset), record.value, self._cipher
+        decoded = self._mapper.decode_stored(
+            LogPosition(record.partition, record.offset), record.value
         )
         if isinstance(decoded, DeadLetter):
             self._dead_letter(decoded)

@@ -18,17 +18,10 @@ from psycopg.rows import DictRow, dict_row, tuple_row
 
 from core.canonical import canonical_json
 from core.errors import EventIdConflict, SequenceConflict
-from core.events import Envelope, NewEvent, Sealed
+from core.events import Envelope, NewEvent
 from core.events.privacy import Cipher
-from core.log import (
-    DeadLetter,
-    LogPosition,
-    Positions,
-    RecordedEvent,
-    decode_envelope,
-    seal_batch,
-    warm_keys,
-)
+from core.log import DeadLetter, LogPosition, Positions, RecordedEvent
+from core.mapper import Mapper, Sealed
 from infra.postgres.db import DictConnection, Pool, storage_errors, unavailable_as_typed
 
 APPEND_LOCK = 0x6D6163_61726F6E  # "macaron": the one lock every append takes
@@ -60,7 +53,7 @@ class PostgresEventLog:
 
     def __init__(self, pool: Pool, conninfo: str, cipher: Cipher | None = None) -> None:
         self._pool = pool
-        self._cipher = cipher
+        self._mapper = Mapper(cipher)
         self._conninfo = conninfo
         self._heads: OrderedDict[str, tuple[int, str]] = OrderedDict()  # least recent first
         self._heads_lock = threading.Lock()
@@ -70,7 +63,7 @@ class PostgresEventLog:
     def append(self, events: Sequence[NewEvent]) -> list[RecordedEvent]:
         if not events:
             return []
-        warm_keys(self._cipher, events)  # before a connection is held: keys may need one
+        self._mapper.warm_keys(events)  # before a connection is held: keys may need one
         with (
             unavailable_as_typed(),
             storage_errors("events_key_sequence_key"),
@@ -92,7 +85,7 @@ class PostgresEventLog:
         with self._heads_lock:
             heads = {e.key: self._heads[e.key] for e in events if e.key in self._heads}
         try:
-            fresh = seal_batch(events, {}, heads, self._cipher)
+            fresh = self._mapper.seal_batch(events, {}, heads)
         except SequenceConflict:  # the remembered head may be stale: let the log decide
             return None
         try:
@@ -130,8 +123,8 @@ class PostgresEventLog:
                 )
                 stored = {row[1]: self._stored(row) for row in stored_rows.fetchall()}
                 heads = {r["key"]: (r["sequence"], r["hash"]) for r in head_rows.fetchall()}
-                digests = {i: r.envelope.content_digest(self._cipher) for i, r in stored.items()}
-                fresh = seal_batch(events, digests, heads, self._cipher)
+                digests = {i: self._mapper.content_digest(r.envelope) for i, r in stored.items()}
+                fresh = self._mapper.seal_batch(events, digests, heads)
                 inserted = self._insert(conn, fresh) if fresh else None
             positions = (
                 {}
@@ -156,7 +149,7 @@ class PostgresEventLog:
                 self._heads.popitem(last=False)
 
     def _decode_row(self, row: Row) -> RecordedEvent | DeadLetter:
-        return decode_envelope(LogPosition(PARTITION, row[0]), _envelope(row), self._cipher)
+        return self._mapper.decode(LogPosition(PARTITION, row[0]), _envelope(row))
 
     def _stored(self, row: Row) -> RecordedEvent:
         record = self._decode_row(row)

@@ -23,7 +23,8 @@ from core.events import (
 from core.events.chain import verify_chain
 from core.events.upcasters import UpcasterRegistry
 from core.ids import uuid7, uuid7_time_ms
-from core.log import LogPosition, RecordedEvent, decode_stored, parse_envelope
+from core.log import LogPosition, RecordedEvent, parse_envelope
+from core.mapper import Mapper
 from tests.factories import raw_envelope, turn
 
 
@@ -77,14 +78,14 @@ def test_catalogue_names_every_event_of_the_data_flow() -> None:
 
 
 def test_seal_links_and_hashes() -> None:
-    first = turn("conv-1", 0).seal(1, None)
-    second = turn("conv-1", 1).seal(2, first.envelope.hash)
+    first = Mapper().seal(turn("conv-1", 0), 1, None)
+    second = Mapper().seal(turn("conv-1", 1), 2, first.envelope.hash)
     assert first.envelope.computed_hash() == first.envelope.hash
     assert second.envelope.prev_hash == first.envelope.hash
     assert verify_chain([first.envelope, second.envelope]) == []
     # The JSON written to a broker parses back to the same envelope.
     assert parse_envelope(second.envelope_json()) == second.envelope
-    assert second.content_digest == second.envelope.content_digest()
+    assert second.content_digest == Mapper().content_digest(second.envelope)
     with pytest.raises(ValidationError):
         Envelope.validate({**first.envelope.to_json(), "hash": "not-a-hash"})
 
@@ -93,7 +94,7 @@ def test_chain_catches_change_gap_and_relink() -> None:
     chain: list[Envelope] = []
     prev = None
     for n in range(4):
-        chain.append(turn("k", n).seal(n + 1, prev).envelope)
+        chain.append(Mapper().seal(turn("k", n), n + 1, prev).envelope)
         prev = chain[-1].hash
     changed = replace(chain[1], payload={**chain[1].payload, "content": "x"})
     kinds = [v.kind for v in verify_chain([chain[0], changed, chain[2], chain[3]])]
@@ -220,13 +221,13 @@ def test_decode_errors_are_typed() -> None:
     ],
 )
 def test_decode_stored_sets_malformed_records_aside(raw: bytes, code: str) -> None:
-    result = decode_stored(LogPosition(0, 7), raw)
+    result = Mapper().decode_stored(LogPosition(0, 7), raw)
     assert not isinstance(result, RecordedEvent)
     assert result.code == code and result.position == LogPosition(0, 7)
 
 
 def test_undecodable_records_become_dead_letters_not_crashes() -> None:
-    tombstone = decode_stored(LogPosition(2, 5), None)
+    tombstone = Mapper().decode_stored(LogPosition(2, 5), None)
     assert not isinstance(tombstone, RecordedEvent) and tombstone.code == "invalid_event"
     # A v1 TurnReceived without its "text" field: the upcaster cannot lift it.
     broken_v1 = raw_envelope(
@@ -235,7 +236,7 @@ def test_undecodable_records_become_dead_letters_not_crashes() -> None:
         schema_version=1,
         payload={"conversation_id": str(uuid.uuid4()), "turn_id": str(uuid.uuid4())},
     )
-    letter = decode_stored(LogPosition(0, 9), broken_v1)
+    letter = Mapper().decode_stored(LogPosition(0, 9), broken_v1)
     assert not isinstance(letter, RecordedEvent)
     assert letter.code == "invalid_event" and "TurnReceived v1" in letter.reason
 
@@ -246,4 +247,4 @@ def test_lone_surrogates_are_refused_when_sealing() -> None:
         update={"payload": event.payload.model_copy(update={"content": "x \ud800"})}
     )
     with pytest.raises(InvalidEvent):
-        bad.seal(1, None)
+        Mapper().seal(bad, 1, None)

@@ -28,6 +28,7 @@ from core.experience import first_step
 from core.harness.artifact import root_version
 from core.harness.hcp import build_context
 from core.log import LogPosition, RecordedEvent
+from core.mapper import Mapper
 from infra.postgres.experience_joins import JoinedTurn
 from streams.experience_rules import context_messages, experience_from
 from streams.routing_rules import routing_labels
@@ -70,9 +71,10 @@ AGENT_TURN = replace(
 
 
 def recorded(payload: EventPayload, event_id: UUID = FEEDBACK, offset: int = 7) -> RecordedEvent:
-    sealed = NewEvent(
+    event = NewEvent(
         payload=payload, tenant_id="acme", key=str(CONVERSATION), event_id=event_id, occurred_at=AT
-    ).seal(offset + 1, None)
+    )
+    sealed = Mapper().seal(event, offset + 1, None)
     return RecordedEvent(LogPosition(0, offset), sealed.envelope, sealed.payload)
 
 

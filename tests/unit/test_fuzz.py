@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from core.errors import InvalidFrame
 from core.events import ConversationStarted, NewEvent
-from core.log import DeadLetter, LogPosition, RecordedEvent, decode_stored
+from core.log import DeadLetter, LogPosition, RecordedEvent
+from core.mapper import Mapper
 from server import protocol
 
 pytestmark = pytest.mark.badinput
@@ -94,7 +95,7 @@ def _stored() -> dict[str, Any]:
         tenant_id="acme",
         key=str(conversation),
     )
-    data: dict[str, Any] = json.loads(event.seal(1, None).envelope_json())
+    data: dict[str, Any] = json.loads(Mapper().seal(event, 1, None).envelope_json())
     return data
 
 
@@ -103,14 +104,14 @@ AT = LogPosition(0, 7)
 
 
 def _decodes_or_dead_letters(raw: bytes | str | dict[str, Any] | None) -> None:
-    decoded = decode_stored(AT, raw)
+    decoded = Mapper().decode_stored(AT, raw)
     assert isinstance(decoded, RecordedEvent | DeadLetter)
     if isinstance(decoded, DeadLetter):
         assert decoded.position == AT and decoded.code and decoded.reason
 
 
 def test_a_real_envelope_decodes() -> None:
-    assert isinstance(decode_stored(AT, json.dumps(STORED)), RecordedEvent)
+    assert isinstance(Mapper().decode_stored(AT, json.dumps(STORED)), RecordedEvent)
 
 
 @given(st.binary() | st.text() | st.none())

@@ -213,3 +213,80 @@ def test_the_check_sees_an_adapter_loaded_elsewhere(tmp_path: Path) -> None:
         (tmp_path / path).parent.mkdir(exist_ok=True)
         (tmp_path / path).write_text(text)
     assert adapter_loads_outside_the_loader(tmp_path) == ["server/m.py:2"]
+
+
+def module_imports(root: Path = ROOT) -> dict[str, set[str]]:
+    """Each project module (dotted) and the project modules it imports, anywhere in it (a
+    ``TYPE_CHECKING`` import too); ``from a import b`` is the module ``a.b`` when there is one."""
+    paths = {
+        ".".join(path.relative_to(root).with_suffix("").parts).removesuffix(".__init__"): path
+        for package in PROJECT
+        for path in (root / package).rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in paths.items():
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                wanted = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                wanted = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
+            else:
+                continue
+            for target in wanted:
+                while target and target not in paths:
+                    target = target.rpartition(".")[0]
+                if target and target != name:
+                    targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The groups of modules that import each other, directly or round a circle (the strongly
+    connected components of more than one module, by Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph[module]):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = [stack.pop()]
+            while group[-1] != module:
+                group.append(stack.pop())
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_no_modules_import_each_other() -> None:
+    assert import_circles(module_imports()) == []
+
+
+def test_the_check_sees_an_import_circle(tmp_path: Path) -> None:
+    (tmp_path / "core" / "events").mkdir(parents=True)
+    (tmp_path / "core" / "events" / "__init__.py").write_text('"""Events."""\n')
+    (tmp_path / "core" / "events" / "envelope.py").write_text(
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+        "    from core.events.privacy import Cipher\n"
+    )
+    (tmp_path / "core" / "events" / "privacy.py").write_text(
+        "from core.events.envelope import Envelope\n"
+    )
+    (tmp_path / "core" / "log.py").write_text("from core.events import envelope, privacy\n")
+    graph = module_imports(tmp_path)
+    assert graph["core.log"] == {"core.events", "core.events.envelope", "core.events.privacy"}
+    assert import_circles(graph) == [["core.events.envelope", "core.events.privacy"]]

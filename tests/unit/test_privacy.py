@@ -15,7 +15,8 @@ from core.errors import MasterKeyInvalid
 from core.events import CATALOGUE, Envelope, FeedbackGiven, NewEvent, chain_hash
 from core.events.privacy import PRIVATE, Cipher, Forgotten
 from core.ids import uuid7
-from core.log import DeadLetter, LogPosition, RecordedEvent, decode_envelope
+from core.log import DeadLetter, LogPosition, RecordedEvent
+from core.mapper import Mapper
 from core.settings import Settings
 from infra.master_key import load_master_keys, new_master_key_line, parse_master_keys
 from infra.memory import InMemoryDataKeys
@@ -27,8 +28,8 @@ AT = LogPosition(0, 1)
 def sealed_pair() -> tuple[Cipher, InMemoryDataKeys, Envelope, Envelope]:
     keys = InMemoryDataKeys()
     cipher = Cipher(keys)
-    first = turn("conv-1", 0).seal(1, None, cipher).envelope
-    second = turn("conv-1", 1).seal(2, first.hash, cipher).envelope
+    first = Mapper(cipher).seal(turn("conv-1", 0), 1, None).envelope
+    second = Mapper(cipher).seal(turn("conv-1", 1), 2, first.hash).envelope
     return cipher, keys, first, second
 
 
@@ -45,7 +46,7 @@ def test_private_fields_are_stored_sealed_and_open_with_the_key() -> None:
     assert "msg-0" not in stored and "content" not in first.payload
     assert set(first.payload) >= {PRIVATE, "turn_id", "conversation_id"}
     assert first.computed_hash() == first.hash
-    record = decode_envelope(AT, first, cipher)
+    record = Mapper(cipher).decode(AT, first)
     assert isinstance(record, RecordedEvent)
     assert record.payload.client_msg_id == "msg-0"  # type: ignore[attr-defined]
 
@@ -53,32 +54,34 @@ def test_private_fields_are_stored_sealed_and_open_with_the_key() -> None:
 def test_a_sealed_part_moved_or_changed_does_not_open() -> None:
     cipher, _, first, second = sealed_pair()
     moved = rehashed(second, {**second.payload, PRIVATE: first.payload[PRIVATE]})
-    letter = decode_envelope(AT, moved, cipher)
+    letter = Mapper(cipher).decode(AT, moved)
     assert isinstance(letter, DeadLetter) and letter.code == "invalid_event"
     assert "does not open" in letter.reason
     part = dict(first.payload[PRIVATE])  # type: ignore[arg-type]
     part["sealed"] = "AAAA" + str(part["sealed"])[4:]
-    changed = decode_envelope(AT, rehashed(first, {**first.payload, PRIVATE: part}), cipher)
+    changed = Mapper(cipher).decode(AT, rehashed(first, {**first.payload, PRIVATE: part}))
     assert isinstance(changed, DeadLetter) and changed.code == "invalid_event"
     garbled = rehashed(first, {**first.payload, PRIVATE: "not an object"})
-    assert isinstance(decode_envelope(AT, garbled, cipher), DeadLetter)
+    assert isinstance(Mapper(cipher).decode(AT, garbled), DeadLetter)
 
 
 def test_a_sealed_payload_without_keys_is_a_dead_letter_and_plaintext_reads_as_it_is() -> None:
     cipher, _, first, _ = sealed_pair()
-    letter = decode_envelope(AT, first, None)
+    letter = Mapper().decode(AT, first)
     assert isinstance(letter, DeadLetter) and "no data keys" in letter.reason
-    plain = turn("conv-2", 0).seal(1, None).envelope  # written before tenants had keys
-    record = decode_envelope(AT, plain, cipher)
+    plain = Mapper().seal(turn("conv-2", 0), 1, None).envelope  # written before tenants had keys
+    record = Mapper(cipher).decode(AT, plain)
     assert isinstance(record, RecordedEvent) and record.payload.client_msg_id == "msg-0"  # type: ignore[attr-defined]
 
 
 def test_a_forgotten_tenants_events_read_as_markers() -> None:
     cipher, keys, first, _ = sealed_pair()
-    plain = turn("conv-2", 0).seal(1, None).envelope  # its own events from before keys, too
+    plain = (
+        Mapper().seal(turn("conv-2", 0), 1, None).envelope
+    )  # its own events from before keys, too
     assert keys.forget("tenant-a") is True
     for envelope in (first, plain):
-        record = decode_envelope(AT, envelope, cipher)
+        record = Mapper(cipher).decode(AT, envelope)
         assert isinstance(record, RecordedEvent)
         assert record.payload == Forgotten(original_type="TurnReceived")
 
@@ -87,18 +90,20 @@ def test_the_content_digest_is_keyed_and_the_same_for_a_repeat() -> None:
     keys = InMemoryDataKeys()
     cipher = Cipher(keys)
     event = turn("conv-1", 0)
-    once, again = event.seal(1, None, cipher), event.seal(7, "0" * 64, cipher)
+    once, again = Mapper(cipher).seal(event, 1, None), Mapper(cipher).seal(event, 7, "0" * 64)
     assert once.envelope.payload[PRIVATE] != again.envelope.payload[PRIVATE]  # fresh nonces
     assert once.content_digest == again.content_digest
-    assert once.envelope.content_digest(cipher) == once.content_digest
-    assert once.content_digest != event.seal(1, None).content_digest  # not the plaintext's
+    assert Mapper(cipher).content_digest(once.envelope) == once.content_digest
+    assert (
+        once.content_digest != Mapper().seal(event, 1, None).content_digest
+    )  # not the plaintext's
     other = NewEvent(
         payload=event.payload.model_copy(update={"content": "else"}),
         tenant_id="tenant-a",
         key="conv-1",
         event_id=event.event_id,
     )
-    assert other.seal(1, None, cipher).content_digest != once.content_digest
+    assert Mapper(cipher).seal(other, 1, None).content_digest != once.content_digest
 
 
 def test_every_private_field_is_a_field_of_its_event() -> None:
@@ -148,7 +153,7 @@ def test_a_key_wrapped_by_one_master_does_not_unwrap_with_another() -> None:
 
 def test_an_event_read_against_other_keys_is_a_dead_letter_not_forgotten() -> None:
     _, _, first, _ = sealed_pair()
-    elsewhere = decode_envelope(AT, first, Cipher(InMemoryDataKeys()))
+    elsewhere = Mapper(Cipher(InMemoryDataKeys())).decode(AT, first)
     assert isinstance(elsewhere, DeadLetter) and elsewhere.code == "invalid_event"
     assert "no data key" in elsewhere.reason
 
@@ -165,9 +170,9 @@ def test_the_stored_bytes_are_the_canonical_form_of_the_stored_payload() -> None
         NewEvent(payload=FeedbackGiven(turn_id=uuid7(), kind="up"), tenant_id="t", key="k"),
     ]
     for n, event in enumerate(events, start=1):
-        sealed = event.seal(n, None, cipher)
+        sealed = Mapper(cipher).seal(event, n, None)
         assert sealed.payload_json.encode() == canonical_json(sealed.envelope.payload)
         assert sealed.envelope.computed_hash() == sealed.envelope.hash
-        assert sealed.envelope.content_digest(cipher) == sealed.content_digest
-        record = decode_envelope(AT, sealed.envelope, cipher)
+        assert Mapper(cipher).content_digest(sealed.envelope) == sealed.content_digest
+        record = Mapper(cipher).decode(AT, sealed.envelope)
         assert isinstance(record, RecordedEvent) and record.payload == event.payload

@@ -30,6 +30,7 @@ from core.events import (
 )
 from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record, source_of
 from core.log import LogPosition, RecordedEvent
+from core.mapper import Mapper
 from infra.postgres.rollout_joins import ScoredSample
 from learners.contract_runner import (
     CONTRACT_V1,
@@ -87,9 +88,10 @@ def scored_event() -> RecordedEvent:
         reward=1.0,
         passed=True,
     )
-    sealed = NewEvent(
+    event = NewEvent(
         payload=payload, tenant_id="system", key="rollouts.x", event_id=SCORED, occurred_at=AT
-    ).seal(8, None)
+    )
+    sealed = Mapper().seal(event, 8, None)
     return RecordedEvent(LogPosition(0, 7), sealed.envelope, sealed.payload)
 
 

@@ -21,6 +21,7 @@ from core.events import (
     RoutingLabelled,
     RoutingSource,
 )
+from core.mapper import Mapper
 from core.router_features import WORD_BUCKETS, router_features, word_features
 from core.routing import (
     CLEARLY_OTHER,
@@ -257,7 +258,7 @@ def test_a_decision_becomes_the_router_decided_payload() -> None:
         reason="classifier",
         tool_callers=[],
     )
-    sealed = NewEvent(payload=payload, tenant_id="tenant-a", key="conv-1").seal(1, None)
+    sealed = Mapper().seal(NewEvent(payload=payload, tenant_id="tenant-a", key="conv-1"), 1, None)
     assert sealed.envelope.payload["router_version"] == MODEL.version
     assert sealed.envelope.schema_version == 2
 

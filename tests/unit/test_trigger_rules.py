@@ -14,6 +14,7 @@ from core.events import EventPayload, ExperienceRecorded, NewEvent, TrainingRequ
 from core.events.privacy import Forgotten
 from core.experience import EMPTY_CHAIN, chain_record
 from core.log import LogPosition, RecordedEvent
+from core.mapper import Mapper
 from core.release import AdapterRef
 from infra.memory import InMemoryEventLog
 from infra.postgres.runs import SnapshotRange
@@ -54,9 +55,10 @@ def reward(n: int) -> ExperienceRecorded:
 
 
 def recorded(payload: EventPayload, partition: int = 0, offset: int = 10) -> RecordedEvent:
-    sealed = NewEvent(
+    event = NewEvent(
         payload=payload, tenant_id="acme", key="experience.coding", event_id=EVENT, occurred_at=AT
-    ).seal(1, None)
+    )
+    sealed = Mapper().seal(event, 1, None)
     return RecordedEvent(LogPosition(partition, offset), sealed.envelope, sealed.payload)
 
 
