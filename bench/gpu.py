@@ -219,7 +219,7 @@ def training_rows(model_dir: Path, work: Path, device: str, dry: bool) -> list[R
     from transformers import AutoModelForCausalLM
 
     from engines.lora_layers import TARGETS
-    from learners.recipes.config import CPU_CONFIG, SFTExample, load_config
+    from learners.recipes.config import CPU_CONFIG, Examples, SFTExample, load_config
     from learners.recipes.lora import train_successor_adapter
 
     parent = work / "parent"
@@ -241,10 +241,8 @@ def training_rows(model_dir: Path, work: Path, device: str, dry: bool) -> list[R
         model_dir,
         parent,
         work / "successor",
-        sft=examples,
-        preferences=[],
-        older=[],
-        config=config,
+        Examples(sft=examples),
+        config,
         progress=lambda *_: seen.append(time.perf_counter()),
     )
     per_step = (seen[-1] - seen[0]) / max(len(seen) - 1, 1)

@@ -42,7 +42,7 @@ from infra.models import pull_model
 from infra.postgres.migrate import migrate
 from learners.contract_runner import CONTRACT_V2, CONTRACT_V2S
 from macaron import wiring
-from macaron.demo.generations import run_demo
+from macaron.demo import DemoOptions, run_demo
 from macaron.demo.records import DemoReport
 
 BASE_MODEL = "smollm2-135m-instruct"
@@ -100,12 +100,14 @@ def run(
         started = time.monotonic()
         demo = run_demo(
             settings,
-            generations=1,
-            turns_per_generation=120,
-            concurrency=8,
-            out_dir=home / "demo",
-            specialists=["genui"],
-            seed=seed,
+            DemoOptions(
+                generations=1,
+                turns_per_generation=120,
+                concurrency=8,
+                out_dir=home / "demo",
+                specialists=["genui"],
+                seed=seed,
+            ),
             step=lambda message: print(f"[{time.monotonic() - started:7.1f} s] {message}"),
         )
         return demo, phases(settings)

@@ -46,7 +46,7 @@ CHILD = """
 import json, resource, sys, tempfile, time, zlib
 from pathlib import Path
 from infra.identity_adapter import write_identity_adapter
-from learners.recipes.config import RolloutGroup, SFTExample, TrainingConfig
+from learners.recipes.config import Examples, TrainingConfig
 from learners.recipes.lora import train_successor_adapter
 
 job = json.load(sys.stdin)
@@ -56,9 +56,8 @@ with tempfile.TemporaryDirectory() as scratch:
                            seed=zlib.crc32(job["specialist"].encode()))
     result = train_successor_adapter(
         Path(job["model"]), parent, out,
-        sft=[SFTExample.model_validate(e) for e in job["sft"]], preferences=[], older=[],
-        config=TrainingConfig.model_validate(job["config"]),
-        groups=[RolloutGroup.model_validate(g) for g in job["groups"]],
+        Examples.model_validate({"sft": job["sft"], "groups": job["groups"]}),
+        TrainingConfig.model_validate(job["config"]),
     )
 rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"seconds": result.seconds, "losses": result.losses, "rss_mb": rss,

@@ -5,7 +5,6 @@ next version, and announced with ``CandidateTrained``."""
 from __future__ import annotations
 
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from infra.postgres.registry import next_adapter_version, register_adapter
 from infra.postgres.runs import finish_run
 from learners.recipes.config import (
     DEFAULT_CONFIG,
+    Examples,
     LiveSample,
     PreferencePair,
     RolloutGroup,
@@ -52,16 +52,7 @@ def train_adapter(
     parent_dir = rt.store.verified_path(parent["sha256"], parent["path"])
     with tempfile.TemporaryDirectory() as scratch:
         result = train_successor_adapter(
-            rt.model_dir,
-            parent_dir,
-            Path(scratch),
-            sft=examples.sft,
-            preferences=examples.pairs,
-            older=examples.older,
-            config=rt.training,
-            groups=examples.groups,
-            live=examples.live,
-            progress=progress,
+            rt.model_dir, parent_dir, Path(scratch), examples, rt.training, progress
         )
         sha, stored = rt.store.put(Path(scratch))
     metrics = {
@@ -99,17 +90,6 @@ def of_sources(records: list[Any], config: TrainingConfig) -> list[Any]:
     """The records whose source the config trains on (``TrainingConfig.sources``); the
     snapshot still hashes every record of its range, so what was left out stays auditable."""
     return [r for r in records if source_of(r) in config.sources]
-
-
-@dataclass(frozen=True)
-class Examples:
-    """What a snapshot trains on, by kind, and the older SFT examples replayed beside it."""
-
-    sft: list[SFTExample]
-    pairs: list[PreferencePair]
-    groups: list[RolloutGroup]
-    live: list[LiveSample]
-    older: list[SFTExample]
 
 
 def training_examples(records: list[Any], older: list[Any], parent: str) -> Examples:

@@ -102,20 +102,7 @@ class ExperienceBuilder:
                 history = [m.model_dump() for m in p.history]
                 store.record_conversation(conn, p.conversation_id, env.tenant_id, history)
             case TurnReceived():
-                store.record_turn(
-                    conn,
-                    turn_id=p.turn_id,
-                    conversation_id=p.conversation_id,
-                    tenant_id=env.tenant_id,
-                    position=env.sequence,
-                    content=p.content,
-                    harness_version=None if p.harness is None else p.harness.harness_version,
-                    regenerates=p.regenerates,
-                    specialist_hint=p.specialist_hint,
-                    input_kind=p.input_kind,
-                    client_decoding=p.decoding is not None,
-                    front_end=p.front_end,
-                )
+                store.record_turn(conn, env, p)
             case RouterDecided():
                 store.record_route(conn, p.turn_id, p.specialist, p.adapter_version)
             case HarnessActionExecuted():

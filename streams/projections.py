@@ -34,16 +34,7 @@ class Projections:
                     conn, p.conversation_id, env.tenant_id, p.release_id, env.occurred_at
                 )
             case TurnReceived():
-                tables.record_turn(
-                    conn,
-                    turn_id=p.turn_id,
-                    conversation_id=p.conversation_id,
-                    tenant_id=env.tenant_id,
-                    received_at=env.occurred_at,
-                    content=p.content,
-                    input_kind=p.input_kind,
-                    release_id=p.release_id,
-                )
+                tables.record_turn(conn, env, p)
             case RouterDecided():
                 tables.set_turn(
                     conn, p.turn_id, specialist=p.specialist, adapter_version=p.adapter_version

@@ -11,7 +11,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 from pydantic import JsonValue
 
-from core.events import ChatMessage
+from core.events import ChatMessage, Envelope, TurnReceived
 from core.harness.artifact import HarnessVersion, harness_number, root_version
 from infra.postgres.db import DictConnection
 from infra.postgres.registry import harness_by_name
@@ -61,37 +61,24 @@ def record_conversation(
     )
 
 
-def record_turn(
-    conn: DictConnection,
-    *,
-    turn_id: UUID,
-    conversation_id: UUID,
-    tenant_id: str,
-    position: int,
-    content: str,
-    harness_version: str | None,
-    regenerates: UUID | None = None,
-    specialist_hint: str | None = None,
-    input_kind: str = "text",
-    client_decoding: bool = False,
-    front_end: str | None = None,
-) -> None:
+def record_turn(conn: DictConnection, envelope: Envelope, turn: TurnReceived) -> None:
+    """The turn ``envelope`` holds (its payload, ``turn``), at its place in its conversation."""
     conn.execute(
         "INSERT INTO experience_turns (turn_id, conversation_id, tenant_id, position, content, "
         "harness_version, regenerates, specialist_hint, input_kind, client_decoding, front_end) "
         "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
         (
-            turn_id,
-            conversation_id,
-            tenant_id,
-            position,
-            content,
-            harness_version,
-            regenerates,
-            specialist_hint,
-            input_kind,
-            client_decoding,
-            front_end,
+            turn.turn_id,
+            turn.conversation_id,
+            envelope.tenant_id,
+            envelope.sequence,
+            turn.content,
+            None if turn.harness is None else turn.harness.harness_version,
+            turn.regenerates,
+            turn.specialist_hint,
+            turn.input_kind,
+            turn.decoding is not None,
+            turn.front_end,
         ),
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from uuid import UUID
 
+from core.events import Envelope, TurnReceived
 from infra.postgres.db import DictConnection
 
 TURN_COLUMNS = frozenset(
@@ -36,28 +37,27 @@ def record_conversation(
     )
 
 
-def record_turn(
-    conn: DictConnection,
-    *,
-    turn_id: UUID,
-    conversation_id: UUID,
-    tenant_id: str,
-    received_at: datetime,
-    content: str,
-    input_kind: str,
-    release_id: str | None,
-) -> None:
-    """A new turn, counted in its conversation once (a redelivered turn changes nothing)."""
+def record_turn(conn: DictConnection, envelope: Envelope, turn: TurnReceived) -> None:
+    """The turn ``envelope`` holds (its payload, ``turn``), counted in its conversation once (a
+    redelivered turn changes nothing)."""
     inserted = conn.execute(
         "INSERT INTO turns (turn_id, conversation_id, tenant_id, received_at, "
         "content, input_kind, release_id) VALUES (%s, %s, %s, %s, %s, %s, %s) "
         "ON CONFLICT DO NOTHING",
-        (turn_id, conversation_id, tenant_id, received_at, content, input_kind, release_id),
+        (
+            turn.turn_id,
+            turn.conversation_id,
+            envelope.tenant_id,
+            envelope.occurred_at,
+            turn.content,
+            turn.input_kind,
+            turn.release_id,
+        ),
     )
     if inserted.rowcount:
         conn.execute(
             "UPDATE conversations SET turns = turns + 1 WHERE conversation_id = %s",
-            (conversation_id,),
+            (turn.conversation_id,),
         )
 
 

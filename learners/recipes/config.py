@@ -118,6 +118,19 @@ class LiveSample(BaseModel):
     reward: float = Field(ge=0.0, le=1.0)
 
 
+class Examples(BaseModel):
+    """What a run trains on, by kind: SFT examples, preference pairs, rollout groups, live
+    samples, and the older SFT examples replayed beside them against forgetting."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    sft: list[SFTExample] = []
+    pairs: list[PreferencePair] = []
+    groups: list[RolloutGroup] = []
+    live: list[LiveSample] = []
+    older: list[SFTExample] = []
+
+
 class TrainingResult(BaseModel):
     model_config = ConfigDict(frozen=True)
 

@@ -34,10 +34,9 @@ from core.events import ChatMessage
 from infra.artifacts import ADAPTER_FILES
 from infra.hardware import has_native_bf16, native_dtype
 from learners.recipes.config import (
+    Examples,
     LiveSample,
-    PreferencePair,
     RolloutGroup,
-    SFTExample,
     TrainingConfig,
     TrainingResult,
 )
@@ -165,14 +164,7 @@ def group_samples(
 
 
 def setup(
-    base_model_dir: Path,
-    parent_adapter_dir: Path,
-    config: TrainingConfig,
-    sft: list[SFTExample],
-    preferences: list[PreferencePair],
-    older: list[SFTExample],
-    groups: list[RolloutGroup],
-    live: list[LiveSample],
+    base_model_dir: Path, parent_adapter_dir: Path, config: TrainingConfig, examples: Examples
 ) -> Run:
     device, dtype = config.device, run_dtype(config)
     model, tokenizer = load_model(base_model_dir, parent_adapter_dir, device, dtype)
@@ -183,9 +175,9 @@ def setup(
         return tokenize_turn(tokenizer, messages, answer, end, config.max_length)
 
     # With dpo_weight 0 the pairs would cost forward and backward passes and change nothing.
-    used = preferences if config.dpo_weight > 0 else []
+    used = examples.pairs if config.dpo_weight > 0 else []
     pairs = [(turn(p.messages, p.chosen), turn(p.messages, p.rejected)) for p in used]
-    rolled = group_samples(groups, live) if config.pg_weight > 0 else []
+    rolled = group_samples(examples.groups, examples.live) if config.pg_weight > 0 else []
     samples = [turn(messages, answer) for messages, answer, _ in rolled]
     with compute_in(device, dtype):
         reference = reference_logprobs(model, pairs, pad_id, config.batch_size, device)
@@ -200,8 +192,8 @@ def setup(
         model=model,
         optimizer=optimizer,
         pad_id=pad_id,
-        sft=[turn(e.messages, e.target) for e in sft],
-        older=[turn(e.messages, e.target) for e in older],
+        sft=[turn(e.messages, e.target) for e in examples.sft],
+        older=[turn(e.messages, e.target) for e in examples.older],
         pairs=pairs,
         reference=reference,
         samples=samples,
@@ -319,13 +311,8 @@ def train_successor_adapter(
     base_model_dir: Path,
     parent_adapter_dir: Path,
     out_dir: Path,
-    *,
-    sft: list[SFTExample],
-    preferences: list[PreferencePair],
-    older: list[SFTExample],
+    examples: Examples,
     config: TrainingConfig,
-    groups: list[RolloutGroup] | None = None,
-    live: list[LiveSample] | None = None,
     progress: Progress | None = None,
 ) -> TrainingResult:
     """Train the successor of the adapter in ``parent_adapter_dir`` and write it to
@@ -334,16 +321,7 @@ def train_successor_adapter(
         raise ConfigError("the training config asks for device cuda; this machine has no CUDA")
     started = time.perf_counter()
     torch.manual_seed(config.seed)
-    run = setup(
-        base_model_dir,
-        parent_adapter_dir,
-        config,
-        sft,
-        preferences,
-        older,
-        groups or [],
-        live or [],
-    )
+    run = setup(base_model_dir, parent_adapter_dir, config, examples)
     if not run.sft and not run.pairs and not run.samples:
         raise NothingToTrain(
             "a successor adapter needs SFT examples, or preference pairs, rollout groups or "
@@ -357,7 +335,7 @@ def train_successor_adapter(
         final_loss=losses[-1],
         losses=losses,
         seconds=time.perf_counter() - started,
-        examples=len(sft),
+        examples=len(examples.sft),
         pairs=len(run.pairs),
         samples=len(run.samples),
         precision="bfloat16" if run.dtype == torch.bfloat16 else "float32",

@@ -242,26 +242,23 @@ def demo(
     set, MACARON_MAX_NEW_TOKENS is 96, MACARON_TURNS_PER_MINUTE does not limit the simulated
     users (their answers only need to be long enough to be judged) and MACARON_TRAINING_CONFIG
     is the CPU recipe learners/recipes/lora-cpu.yaml (lora-rloo.yaml in --mode self)."""
-    from macaron.demo import demo_table, generation_table, run_demo  # torch, peft
+    from macaron.demo import DemoOptions, demo_table, generation_table, run_demo  # torch, peft
 
     cfg = settings(ctx)
     configure_telemetry(cfg, "macaron-demo")
-    folder = out or cfg.home / "demo"
+    options = DemoOptions(
+        generations=generations,
+        turns_per_generation=turns_per_generation,
+        concurrency=concurrency,
+        out_dir=out or cfg.home / "demo",
+        specialists=specialist_names(specialists),
+        seed=seed,
+        mode="self" if mode is DemoMode.self_ else "oracle",
+        samples=samples,
+        hints=hints.value,
+        rollouts=rollouts.value,
+    )
     with steps("starting") as step:
-        report = run_demo(
-            cfg,
-            generations=generations,
-            turns_per_generation=turns_per_generation,
-            concurrency=concurrency,
-            out_dir=folder,
-            specialists=specialist_names(specialists),
-            seed=seed,
-            mode="self" if mode is DemoMode.self_ else "oracle",
-            samples=samples,
-            hints=hints.value,
-            rollouts=rollouts.value,
-            step=step,
-            on_generation=lambda record: console.print(generation_table(record)),
-        )
+        report = run_demo(cfg, options, step, lambda g: console.print(generation_table(g)))
     console.print(demo_table(report))
-    console.print(f"wrote {folder / 'demo.json'} and {folder / 'demo.png'}")
+    console.print(f"wrote {options.out_dir / 'demo.json'} and {options.out_dir / 'demo.png'}")

@@ -19,6 +19,7 @@ and trains with the CPU recipe ``learners/recipes/lora-cpu.yaml`` (``MACARON_TRA
 """
 
 from macaron.demo.generations import DEMO_MAX_NEW_TOKENS, demo_settings, run_demo
+from macaron.demo.options import DemoOptions
 from macaron.demo.output import demo_table, generation_table, plot_scores, write_outputs
 from macaron.demo.records import DemoFailed, DemoReport, GenerationRecord, RunRecord
 from macaron.demo.stage import Stage, running_loop, worker_environment
@@ -26,6 +27,7 @@ from macaron.demo.stage import Stage, running_loop, worker_environment
 __all__ = [
     "DEMO_MAX_NEW_TOKENS",
     "DemoFailed",
+    "DemoOptions",
     "DemoReport",
     "GenerationRecord",
     "RunRecord",

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 from uuid import UUID
 
 from core.contract import Contract, Task
@@ -28,6 +27,7 @@ from learners.queue import enqueue_rollouts
 from learners.recipes.config import CPU_CONFIG, DEFAULT_CONFIG, RLOO_CONFIG, load_config
 from learners.rollout_job import RolloutJob, RolloutSummary
 from learners.tasks import DEFAULT_BANK
+from macaron.demo.options import DemoOptions, Mode
 from macaron.demo.outcomes import run_outcome, run_progress
 from macaron.demo.output import write_outputs
 from macaron.demo.records import (
@@ -40,7 +40,6 @@ from macaron.demo.records import (
 )
 from macaron.demo.stage import SERVER_START_S, RolloutPlace, Stage, Step, running_loop
 from macaron.simulator import (
-    DEFAULT_SPECIALISTS,
     SIMULATOR_TENANT,
     PlayedTurn,
     SimulationReport,
@@ -52,8 +51,6 @@ from server.turns.request import Router
 
 DEMO_MAX_NEW_TOKENS = 96
 DEMO_TURNS_PER_MINUTE = 100_000
-RUN_TIMEOUT_S = 3 * 3600.0
-"""Longest wait for the runs of one generation to be trained, evaluated and decided."""
 TRIGGER_LAG_S = 30.0
 """How long the processors may take, after the last simulated turn, to queue a run."""
 POLL_S = 1.0
@@ -63,7 +60,6 @@ SETTLE_S = 2.0
 trigger's count is often a round's last."""
 ROLLOUT_CHUNK = 8
 """Prompts rolled out per round of the self mode (a job per specialist among them)."""
-Mode = Literal["oracle", "self"]
 
 
 def demo_settings(settings: Settings, mode: Mode = "oracle") -> Settings:
@@ -91,60 +87,49 @@ def demo_settings(settings: Settings, mode: Mode = "oracle") -> Settings:
 
 def run_demo(
     settings: Settings,
-    *,
-    generations: int,
-    turns_per_generation: int,
-    concurrency: int,
-    out_dir: Path,
-    specialists: Sequence[str] = DEFAULT_SPECIALISTS,
-    seed: int = 0,
+    options: DemoOptions,
     step: Step = lambda _: None,
     on_generation: Callable[[GenerationRecord], None] | None = None,
     router: Router | None = None,
-    run_timeout_s: float = RUN_TIMEOUT_S,
-    mode: Mode = "oracle",
-    samples: int = 8,
-    hints: HintMode = "none",
-    rollouts: RolloutPlace = "worker",
 ) -> DemoReport:
-    """Measure the active release, then run ``generations`` generations of the loop; writes
-    ``demo.json`` and ``demo.png`` into ``out_dir`` after each generation. The traffic of a
+    """Measure the active release, then run the options' generations of the loop; writes
+    ``demo.json`` and ``demo.png`` into its ``out_dir`` after each generation. The traffic of a
     generation is simulated users whose oracle corrects wrong answers with the reference
-    (``oracle``, at most ``turns_per_generation`` turns) or rollout jobs of ``samples`` samples
-    per prompt judged by the verifiers (``self``, at most ``turns_per_generation`` prompts),
-    groups with no passing sample resampled as ``hints`` says (``tools``: a tool sweep;
-    ``checker``: the checker's hint, an ablation), sampled by the worker or the chat server's
-    rollout lane, as ``rollouts`` says."""
-    if min(generations, turns_per_generation, concurrency) < 1:
+    (``oracle``) or rollout jobs judged by the verifiers (``self``), groups with no passing
+    sample resampled as ``hints`` says (``tools``: a tool sweep; ``checker``: the checker's
+    hint, an ablation), sampled by the worker or the chat server's rollout lane, as
+    ``rollouts`` says."""
+    o = options
+    if min(o.generations, o.turns_per_generation, o.concurrency) < 1:
         raise ConfigError("generations, turns per generation and concurrency must be at least 1")
-    _check_traffic(mode, hints, rollouts)
-    settings = demo_settings(settings, mode)
+    _check_traffic(o.mode, o.hints, o.rollouts)
+    settings = demo_settings(settings, o.mode)
     contract = load_contract(settings.contract_path or DEFAULT_CONTRACT)
-    unscored = sorted(set(specialists) - contract.suites.keys())
+    unscored = sorted(set(o.specialists) - contract.suites.keys())
     if unscored:
         raise ConfigError(
             f"contract {contract.version} has no suite for {', '.join(unscored)}: "
             "their training runs could not be evaluated"
         )
     bank = load_training_bank(settings.task_bank_path or DEFAULT_BANK, contract)
-    tasks = bank_tasks(bank.tasks, specialists)
-    plays = Curriculum(tasks, seed) if mode == "self" else task_stream(tasks, seed)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    tasks = bank_tasks(bank.tasks, o.specialists)
+    plays = Curriculum(tasks, o.seed) if o.mode == "self" else task_stream(tasks, o.seed)
+    o.out_dir.mkdir(parents=True, exist_ok=True)
     report = DemoReport(contract.version, [])
 
     def keep(record: GenerationRecord) -> None:
         report.generations.append(record)
-        write_outputs(report, out_dir)
+        write_outputs(report, o.out_dir)
         if on_generation is not None:
             on_generation(record)
 
-    with running_loop(settings, out_dir, step, router=router, rollouts=rollouts) as stage:
-        traffic = Traffic(mode, samples, seed, hints)
+    with running_loop(settings, o.out_dir, step, router=router, rollouts=o.rollouts) as stage:
+        traffic = Traffic(o.mode, o.samples, o.seed, o.hints)
         demo = _Demo(stage, contract, plays, step, settings.train_threshold, traffic)
         step("generation 0: measuring the contract on the active release")
         keep(demo.measure())
-        for n in range(1, generations + 1):
-            keep(demo.generation(n, turns_per_generation, concurrency, run_timeout_s))
+        for n in range(1, o.generations + 1):
+            keep(demo.generation(n, o.turns_per_generation, o.concurrency, o.run_timeout_s))
     return report
 
 

@@ -20,7 +20,7 @@ from learners.contract_runner import (
     load_contract,
     run_contract,
 )
-from learners.recipes.config import SFTExample, TrainingConfig
+from learners.recipes.config import Examples, SFTExample, TrainingConfig
 from learners.recipes.lora import train_successor_adapter
 from learners.tasks import load_bank
 from tests.factories import make_adapter
@@ -100,13 +100,7 @@ def test_training_one_specialist_leaves_the_others_answers_token_identical(
     ]
     config = TrainingConfig(steps=4, batch_size=4, learning_rate=0.05, max_length=256)
     trained = train_successor_adapter(
-        tiny_model,
-        folders["genui@1"],
-        tmp_path / "genui-2",
-        sft=sft,
-        preferences=[],
-        older=[],
-        config=config,
+        tiny_model, folders["genui@1"], tmp_path / "genui-2", Examples(sft=sft), config
     )
     assert trained.examples == len(sft)
     candidate = {**parent, "genui": "genui@2"}

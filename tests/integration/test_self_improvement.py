@@ -47,7 +47,7 @@ from learners.rollout_job import RolloutJob, RolloutSummary, rollout_key, run_ro
 from learners.runtime import Runtime
 from learners.tasks import TaskBank
 from macaron import wiring
-from macaron.demo import run_demo
+from macaron.demo import DemoOptions, run_demo
 from server.releases import ensure_root_release
 from server.router import RouterService
 from streams.experience_rules import ExperienceBuilder
@@ -114,15 +114,17 @@ def test_the_self_mode_demo_trains_a_successor_without_any_reference_answer(
     edits = hold_oracle_edits(stored, 3)
     report = run_demo(
         self_settings,
-        generations=1,
-        turns_per_generation=16,
-        concurrency=2,
-        out_dir=tmp_path / "demo",
-        specialists=("genui",),
+        DemoOptions(
+            generations=1,
+            turns_per_generation=16,
+            concurrency=2,
+            out_dir=tmp_path / "demo",
+            specialists=("genui",),
+            run_timeout_s=300,
+            mode="self",
+            samples=4,
+        ),
         router=router,
-        run_timeout_s=300,
-        mode="self",
-        samples=4,
     )
     base, first = report.generations
     assert (base.mode, base.hints) == ("self", "none")  # measured only, in the demo's mode

@@ -27,7 +27,7 @@ from infra.postgres.keys import list_keys
 from learners.recipes.config import CPU_CONFIG, RLOO_CONFIG
 from learners.tasks import load_bank
 from macaron.cli import app
-from macaron.demo import DEMO_MAX_NEW_TOKENS, demo_settings, run_demo
+from macaron.demo import DEMO_MAX_NEW_TOKENS, DemoOptions, demo_settings, run_demo
 from macaron.simulator import (
     SIMULATOR_TENANT,
     SimulationReport,
@@ -264,14 +264,16 @@ def test_the_demo_runs_a_generation_and_writes_its_record(
     seen: list[int] = []
     report = run_demo(
         settings,
-        generations=1,
-        turns_per_generation=12,
-        concurrency=2,
-        out_dir=out,
-        specialists=("genui",),
+        DemoOptions(
+            generations=1,
+            turns_per_generation=12,
+            concurrency=2,
+            out_dir=out,
+            specialists=("genui",),
+            run_timeout_s=240,
+        ),
         router=router,
         on_generation=lambda g: seen.append(g.generation),
-        run_timeout_s=240,
     )
 
     assert seen == [0, 1]

@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from core.events import ExperienceRecorded, NewEvent
+from core.events import ExperienceRecorded, HarnessStamp, NewEvent, TurnReceived
 from core.harness.artifact import root_harness
 from core.log import RecordedEvent
+from core.mapper import Mapper
 from core.settings import Settings
 from engines.instant import InstantEngine
 from infra.kafka.eventlog import KafkaEventLog
@@ -199,16 +200,18 @@ def test_experience_is_built_with_the_harness_the_turn_ran_under(pool: Pool) -> 
         brief = register_harness(conn, spec, parent=root)
     turns = {name: uuid.uuid4() for name in ("brief", "unstamped")}
     with pool.connection() as conn, conn.transaction():
-        for position, (name, turn_id) in enumerate(turns.items()):
-            record_turn(
-                conn,
-                turn_id=turn_id,
+        for position, (name, turn_id) in enumerate(turns.items(), start=1):
+            stamp = HarnessStamp(harness_version=brief.name, hcp_version="hcp-1")
+            turn = TurnReceived(
                 conversation_id=uuid.uuid4(),
-                tenant_id="acme",
-                position=position,
+                turn_id=turn_id,
+                client_msg_id=name,
                 content="hello",
-                harness_version=brief.name if name == "brief" else None,
+                release_id=None,
+                harness=stamp if name == "brief" else None,
             )
+            event = NewEvent(payload=turn, tenant_id="acme", key=str(turn.conversation_id))
+            record_turn(conn, Mapper().seal(event, position, None).envelope, turn)
             record_route(conn, turn_id, "chat", "chat@0")
             record_response(conn, turn_id, "Hi.", None)
             record_completion(conn, turn_id)

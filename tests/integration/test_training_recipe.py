@@ -26,6 +26,7 @@ from learners.recipes.config import (
     CPU_CONFIG,
     DEFAULT_CONFIG,
     RLOO_CONFIG,
+    Examples,
     LiveSample,
     PreferencePair,
     RolloutGroup,
@@ -106,10 +107,8 @@ def trained(
         tiny_model,
         parent,
         out,
-        sft=SFT,
-        preferences=[],
-        older=[],
-        config=CONFIG,
+        Examples(sft=SFT),
+        CONFIG,
         progress=lambda step, steps, metrics: seen.append((step, steps, metrics)),
     )
     return result, out, seen
@@ -144,10 +143,8 @@ def test_auto_precision_trains_in_bf16_where_the_cpu_has_it_within_1_percent(
         tiny_model,
         parent,
         tmp_path,
-        sft=SFT,
-        preferences=[],
-        older=[],
-        config=CONFIG.model_copy(update={"precision": "auto"}),
+        Examples(sft=SFT),
+        CONFIG.model_copy(update={"precision": "auto"}),
     )
     assert result.precision == ("bfloat16" if has_native_bf16() else "float32")
     assert trained[0].precision == "float32"
@@ -195,9 +192,7 @@ def test_same_seed_gives_identical_bytes(
     trained: tuple[TrainingResult, Path, Metrics], tiny_model: Path, parent: Path, tmp_path: Path
 ) -> None:
     first, out, _ = trained
-    again = train_successor_adapter(
-        tiny_model, parent, tmp_path, sft=SFT, preferences=[], older=[], config=CONFIG
-    )
+    again = train_successor_adapter(tiny_model, parent, tmp_path, Examples(sft=SFT), CONFIG)
     assert again.losses == first.losses
     for name in ADAPTER_FILES:
         assert (tmp_path / name).read_bytes() == (out / name).read_bytes(), name
@@ -210,13 +205,7 @@ def test_training_starts_from_the_parent_weights(
     batch as its parent's run: it is the parent's trained loss, not the identity's."""
     child, out, _ = trained
     grandchild = train_successor_adapter(
-        tiny_model,
-        out,
-        tmp_path,
-        sft=SFT,
-        preferences=[],
-        older=[],
-        config=CONFIG.model_copy(update={"steps": 1}),
+        tiny_model, out, tmp_path, Examples(sft=SFT), CONFIG.model_copy(update={"steps": 1})
     )
     assert grandchild.losses[0] < child.losses[-1]
 
@@ -241,10 +230,8 @@ def test_preference_pairs_add_a_dpo_loss_against_the_parent(
         tiny_model,
         parent,
         tmp_path,
-        sft=SFT[4:8],
-        preferences=pairs,
-        older=older,
-        config=CONFIG.model_copy(update={"steps": 2, "replay_share": 0.25}),
+        Examples(sft=SFT[4:8], pairs=pairs, older=older),
+        CONFIG.model_copy(update={"steps": 2, "replay_share": 0.25}),
         progress=lambda step, steps, metrics: seen.append((step, steps, metrics)),
     )
     assert result.pairs == 4
@@ -265,13 +252,7 @@ def test_dpo_raises_the_chosen_answer_over_the_rejected_one(
         for example in SFT[:4]
     ]
     train_successor_adapter(
-        tiny_model,
-        parent,
-        tmp_path,
-        sft=[],
-        preferences=pairs,
-        older=[],
-        config=CONFIG.model_copy(update={"steps": 3}),
+        tiny_model, parent, tmp_path, Examples(pairs=pairs), CONFIG.model_copy(update={"steps": 3})
     )
 
     def margin(adapter: Path) -> float:
@@ -339,11 +320,8 @@ def test_policy_gradient_raises_rewarded_answers_over_the_others(
         tiny_model,
         parent,
         tmp_path,
-        sft=[],
-        preferences=[],
-        older=[],
-        config=RLOO,
-        groups=GROUPS,
+        Examples(groups=GROUPS),
+        RLOO,
         progress=lambda step, steps, metrics: seen.append((step, steps, metrics)),
     )
     print(f"pg losses {[m['pg_loss'] for _, _, m in seen]}")
@@ -408,12 +386,8 @@ def test_nothing_to_train(tiny_model: Path, parent: Path, tmp_path: Path) -> Non
                 tiny_model,
                 parent,
                 tmp_path,
-                sft=[],
-                preferences=preferences,
-                older=SFT,
-                config=config,
-                groups=groups,
-                live=live,
+                Examples(pairs=preferences, older=SFT, groups=groups, live=live),
+                config,
             )
         assert caught.value.code == "nothing_to_train"
         assert not list(tmp_path.iterdir())
@@ -557,7 +531,7 @@ def test_a_training_step_has_the_losses_and_gradients_of_its_parts_computed_apar
     the wrong place, moves the gradients by far more."""
     config = RLOO.model_copy(update={"batch_size": 3, "dpo_weight": 0.5})
     pairs = [PreferencePair(messages=e.messages, chosen=TREE, rejected="No.") for e in SFT[3:5]]
-    run = setup(tiny_model, parent, config, SFT[:6], pairs, [], GROUPS, [])
+    run = setup(tiny_model, parent, config, Examples(sft=SFT[:6], pairs=pairs, groups=GROUPS))
     _perturb(run.model)
     run.model.train()
     sft_batch, pair_ids, sample_ids = run.sft[:3], [1, 0], [0, 1, 3]

@@ -15,17 +15,19 @@ from core.errors import ConfigError
 from core.settings import Settings
 from learners.recipes.config import CPU_CONFIG, RLOO_CONFIG, load_config
 from macaron.cli import app
-from macaron.demo import demo_settings, run_demo
+from macaron.demo import DemoOptions, demo_settings, run_demo
 
 
 def demo(tmp_path: Path, settings: Settings | None = None, **options: Any) -> None:
     run_demo(
         settings or Settings(home=tmp_path),
-        generations=1,
-        turns_per_generation=1,
-        concurrency=1,
-        out_dir=tmp_path / "demo",
-        **options,
+        DemoOptions(
+            generations=1,
+            turns_per_generation=1,
+            concurrency=1,
+            out_dir=tmp_path / "demo",
+            **options,
+        ),
     )
 
 

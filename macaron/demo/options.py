@@ -1,0 +1,39 @@
+"""What one demo runs (``run_demo``'s options, ``macaron demo``'s flags): how many generations
+and how much traffic each, on which specialists, in which mode, seeded how."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from learners.environments import HintMode
+from macaron.demo.stage import RolloutPlace
+from macaron.simulator import DEFAULT_SPECIALISTS
+
+Mode = Literal["oracle", "self"]
+RUN_TIMEOUT_S = 3 * 3600.0
+"""Longest wait for the runs of one generation to be trained, evaluated and decided."""
+
+
+@dataclass(frozen=True)
+class DemoOptions:
+    """``generations`` generations after the measure of the active release, each of at most
+    ``turns_per_generation`` simulated turns (``oracle``) or prompts rolled out with ``samples``
+    samples each (``self``), ``concurrency`` at once, on ``specialists``' tasks in an order
+    seeded by ``seed``; groups with no passing sample resampled as ``hints`` says; rollouts
+    sampled where ``rollouts`` says; a run that takes longer than ``run_timeout_s`` fails the
+    demo. ``demo.json`` and ``demo.png`` go to ``out_dir``."""
+
+    generations: int
+    turns_per_generation: int
+    concurrency: int
+    out_dir: Path
+    specialists: Sequence[str] = DEFAULT_SPECIALISTS
+    seed: int = 0
+    mode: Mode = "oracle"
+    samples: int = 8
+    hints: HintMode = "none"
+    rollouts: RolloutPlace = "worker"
+    run_timeout_s: float = RUN_TIMEOUT_S
