@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from core.registry import NewAdapterVersion
 from core.release import AdapterRef
 from infra.artifacts import ArtifactStore
 from infra.postgres.db import DictConnection
@@ -94,11 +95,13 @@ def register_identity_adapter(
     """Register a stored version-0 adapter (``store_identity_adapter``) as ``specialist@0``."""
     return register_adapter(
         conn,
-        specialist=specialist,
-        version=0,
-        parent_id=None,
-        sha256=sha,
-        path=str(path),
-        rank=IDENTITY_RANK,
-        base_model=base_model,
+        NewAdapterVersion(
+            specialist=specialist,
+            version=0,
+            parent_id=None,
+            sha256=sha,
+            path=str(path),
+            rank=IDENTITY_RANK,
+            base_model=base_model,
+        ),
     )

@@ -23,6 +23,7 @@ from core.engine import Engine
 from core.events import ContractEvaluated, NewEvent, PromotionRejected
 from core.harness.artifact import HarnessVersion, harness_name
 from core.ids import uuid7
+from core.registry import EvaluationRecord
 from core.release import AdapterRef, Release, changed_specialists
 from core.sequential import Key
 from infra.artifacts import load_release
@@ -92,12 +93,14 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
     with rt.pool.connection() as conn, conn.transaction():
         record_evaluation(
             conn,
-            evaluation_id=evaluation_id,
-            run_id=run_id,
-            adapter_version_id=run["result_adapter_id"],
-            contract_version=contract.version,
-            scores=_evaluation_record(contract, verdict, parent, fallback or release),
-            passed=decision.passed,
+            EvaluationRecord(
+                evaluation_id=evaluation_id,
+                run_id=run_id,
+                adapter_version_id=run["result_adapter_id"],
+                contract_version=contract.version,
+                scores=_evaluation_record(contract, verdict, parent, fallback or release),
+                passed=decision.passed,
+            ),
         )
         if decision.passed:
             record_successor(conn, successor, run_id)

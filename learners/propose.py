@@ -12,6 +12,7 @@ from core.experience import SFTRecord, records_of
 from core.harness.artifact import Exemplar, HarnessSpec
 from core.harness.proposals import RECIPE_PREFIX, changes, exemplar_of, next_change, propose
 from core.ids import derived_id
+from core.registry import QueuedRun, RunOutput
 from core.release import AdapterRef
 from core.settings import Settings
 from infra.postgres.db import DictConnection
@@ -47,7 +48,9 @@ def propose_harness(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) 
         metrics = {"exemplars_found": float(len(examples))}
         config = {"change": change}
         finish_run(
-            conn, run["run_id"], harness_version=harness.version, config=config, metrics=metrics
+            conn,
+            run["run_id"],
+            RunOutput(harness_version=harness.version, config=config, metrics=metrics),
         )
     proposed = HarnessProposed(
         run_id=run["run_id"],
@@ -114,12 +117,14 @@ def queue_harness_run(
     run_id = harness_run_id(run["run_id"])
     queued = queue_run(
         conn,
-        run_id=run_id,
-        specialist=specialist,
-        parent_adapter_id=adapter.adapter_version_id,
-        snapshot_id=run["snapshot_id"],
-        kind="harness",
-        recipe=recipe,
+        QueuedRun(
+            run_id=run_id,
+            specialist=specialist,
+            parent_adapter_id=adapter.adapter_version_id,
+            snapshot_id=run["snapshot_id"],
+            kind="harness",
+            recipe=recipe,
+        ),
     )
     if not queued and training_run(conn, run_id) is None:
         return None  # a newer adapter run of the specialist is in flight: it proposes later

@@ -16,6 +16,7 @@ from core.contract import RoutingRule, decide_routing
 from core.errors import ContractInvalid
 from core.events import NewEvent, RouterEvaluated
 from core.ids import derived_id
+from core.registry import RouterRunEnd
 from core.routing import ROUTER_RUNS_KEY
 from core.routing_labels import FollowUp, LabelledTurn, labels_of
 from infra.jsonl import load_jsonl
@@ -64,7 +65,7 @@ def train_router_run(rt: Runtime, run_id: UUID) -> RouterOutcome:
         judged = _judged(rt, run)
     except Exception as exc:
         with rt.pool.connection() as conn, conn.transaction():
-            finish_router_run(conn, run_id, status="failed", error=repr(exc)[:2000])
+            finish_router_run(conn, run_id, RouterRunEnd(status="failed", error=repr(exc)[:2000]))
         raise
     return _settled(rt, judged)
 
@@ -105,11 +106,13 @@ def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
         finish_router_run(
             conn,
             run["run_id"],
-            status="passed" if passed else "refused",
-            parent=parent.version,
-            router_version=candidate.version,
-            release_id=None if child is None else child.release_id,
-            evaluation=evaluation,
+            RouterRunEnd(
+                status="passed" if passed else "refused",
+                parent=parent.version,
+                router_version=candidate.version,
+                release_id=None if child is None else child.release_id,
+                evaluation=evaluation,
+            ),
         )
         recorded = router_run(conn, run["run_id"])
     if recorded is None:

@@ -18,6 +18,7 @@ from core.experience import (
     records_of,
     source_of,
 )
+from core.registry import NewAdapterVersion, RunOutput
 from core.release import AdapterRef
 from infra.postgres.registry import next_adapter_version, register_adapter
 from infra.postgres.runs import finish_run
@@ -144,20 +145,24 @@ def _record_candidate(
     with rt.pool.connection() as conn, conn.transaction():
         adapter = register_adapter(
             conn,
-            specialist=run["specialist"],
-            version=next_adapter_version(conn, run["specialist"]),
-            parent_id=parent["adapter_version_id"],
-            sha256=sha,
-            path=path,
-            rank=int(parent["rank"]),
-            base_model=parent["base_model"],
+            NewAdapterVersion(
+                specialist=run["specialist"],
+                version=next_adapter_version(conn, run["specialist"]),
+                parent_id=parent["adapter_version_id"],
+                sha256=sha,
+                path=path,
+                rank=int(parent["rank"]),
+                base_model=parent["base_model"],
+            ),
         )
         finish_run(
             conn,
             run["run_id"],
-            adapter_version_id=adapter.adapter_version_id,
-            config=rt.training.model_dump(),
-            metrics=metrics,
-            recipe=(rt.settings.training_config or DEFAULT_CONFIG).stem,
+            RunOutput(
+                adapter_version_id=adapter.adapter_version_id,
+                config=rt.training.model_dump(),
+                metrics=metrics,
+                recipe=(rt.settings.training_config or DEFAULT_CONFIG).stem,
+            ),
         )
     return adapter

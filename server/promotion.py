@@ -26,6 +26,7 @@ from core.events.tenants import SYSTEM_TENANT
 from core.harness.artifact import HarnessVersion
 from core.ids import derived_id
 from core.log import EventLog
+from core.registry import Promotion
 from core.release import Release, rebased
 from core.routing import RouterModel
 from infra import observe
@@ -189,12 +190,14 @@ class PromotionListener:
             activate_release(conn, release.release_id, request["requested_by"])
             record_promotion(
                 conn,
-                promotion_id=request["request_id"],
-                kind="rolled_back" if rollback else "promoted",
-                from_release_id=old.release_id,
-                to_release_id=release.release_id,
-                run_id=request["run_id"],
-                reason=reason,
+                Promotion(
+                    promotion_id=request["request_id"],
+                    kind="rolled_back" if rollback else "promoted",
+                    from_release_id=old.release_id,
+                    to_release_id=release.release_id,
+                    run_id=request["run_id"],
+                    reason=reason,
+                ),
             )
             finish_request(conn, request["request_id"], note=rebase)
         payload = (
@@ -226,12 +229,14 @@ class PromotionListener:
             fail_request(conn, request["request_id"], reason)
             record_promotion(
                 conn,
-                promotion_id=request["request_id"],
-                kind="rejected",
-                from_release_id=old.release_id,
-                to_release_id=request["release_id"],
-                run_id=request["run_id"],
-                reason=reason,
+                Promotion(
+                    promotion_id=request["request_id"],
+                    kind="rejected",
+                    from_release_id=old.release_id,
+                    to_release_id=request["release_id"],
+                    run_id=request["run_id"],
+                    reason=reason,
+                ),
             )
         if request["run_id"] is not None:
             self.log.append(

@@ -35,6 +35,7 @@ from core.events.tenants import SYSTEM_TENANT
 from core.experience import EMPTY_CHAIN, chain_record, snapshot_events
 from core.ids import derived_id
 from core.log import EventLog
+from core.registry import QueuedRun
 from core.release import AdapterRef, Release
 from core.routing import ROUTER_RUNS_KEY, ROUTING_KEY
 from infra.postgres.db import DictConnection
@@ -149,13 +150,15 @@ def _queue(
     record_snapshot(conn, snapshot)
     queued = queue_run(
         conn,
-        run_id=run_id,
-        specialist=specialist,
-        parent_adapter_id=int(ancestor["adapter_version_id"]),
-        snapshot_id=snapshot.snapshot_id,
-        kind="adapter",
-        recipe=recipe,
-        unlearning=True,
+        QueuedRun(
+            run_id=run_id,
+            specialist=specialist,
+            parent_adapter_id=int(ancestor["adapter_version_id"]),
+            snapshot_id=snapshot.snapshot_id,
+            kind="adapter",
+            recipe=recipe,
+            unlearning=True,
+        ),
     )
     if not queued and run_result(conn, run_id) is None:
         raise TrainingInFlight(f"a run of {specialist} is queued or running; it goes first")

@@ -36,6 +36,7 @@ from core.events.privacy import Forgotten
 from core.experience import EMPTY_CHAIN, chain_record, experience_key
 from core.ids import derived_id
 from core.log import EventLog, RecordedEvent
+from core.registry import QueuedRun
 from core.release import AdapterRef
 from infra.postgres.backfills import is_backfill
 from infra.postgres.db import DictConnection
@@ -171,12 +172,14 @@ def _snapshot(
     record_snapshot(conn, request.snapshot)
     queued = queue_run(
         conn,
-        run_id=request.run_id,
-        specialist=pending.specialist,
-        parent_adapter_id=request.parent_adapter_id,
-        snapshot_id=request.snapshot.snapshot_id,
-        kind="adapter",
-        recipe=RECIPE,
+        QueuedRun(
+            run_id=request.run_id,
+            specialist=pending.specialist,
+            parent_adapter_id=request.parent_adapter_id,
+            snapshot_id=request.snapshot.snapshot_id,
+            kind="adapter",
+            recipe=RECIPE,
+        ),
     )
     if not queued and run_result(conn, request.run_id) is None:
         # Another filter version's run was queued meanwhile (each version's records lock a row

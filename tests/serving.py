@@ -21,6 +21,7 @@ from websockets.sync.client import ClientConnection, connect
 from core.engine import Engine
 from core.events import PromotionRejected, ReleasePromoted
 from core.harness.artifact import HarnessSpec
+from core.registry import NewAdapterVersion
 from core.release import AdapterRef, Release
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
@@ -214,13 +215,15 @@ def registered_successor(
         parent = release.adapters[specialist]
         ref: AdapterRef = register_adapter(
             conn,
-            specialist=specialist,
-            version=parent.version + 1,
-            parent_id=parent.adapter_version_id,
-            sha256=sha,
-            path=str(path),
-            rank=rank,
-            base_model=release.base_model,
+            NewAdapterVersion(
+                specialist=specialist,
+                version=parent.version + 1,
+                parent_id=parent.adapter_version_id,
+                sha256=sha,
+                path=str(path),
+                rank=rank,
+                base_model=release.base_model,
+            ),
         )
         child = release.successor(adapters={specialist: ref})
         create_release(conn, child, active=False)

@@ -12,6 +12,7 @@ import psycopg
 
 from core.errors import PromotionFailed, PromotionInProgress, ReleaseNotFound
 from core.ids import uuid7
+from core.registry import Promotion
 from infra.postgres.db import DictConnection, Pool
 
 
@@ -118,21 +119,13 @@ def last_request_of_run(conn: DictConnection, run_id: UUID) -> dict[str, Any] | 
     return None if row is None else dict(row)
 
 
-def record_promotion(
-    conn: DictConnection,
-    *,
-    promotion_id: UUID,
-    kind: str,
-    from_release_id: str,
-    to_release_id: str,
-    run_id: UUID | None,
-    reason: str,
-) -> None:
+def record_promotion(conn: DictConnection, promotion: Promotion) -> None:
     """What happened to a request (``promoted``, ``rolled_back`` or ``rejected``), for lineage."""
+    p = promotion
     conn.execute(
         "INSERT INTO promotions (promotion_id, kind, from_release_id, to_release_id, "
         "run_id, reason) VALUES (%s, %s, %s, %s, %s, %s)",
-        (promotion_id, kind, from_release_id, to_release_id, run_id, reason),
+        (p.promotion_id, p.kind, p.from_release_id, p.to_release_id, p.run_id, p.reason),
     )
 
 

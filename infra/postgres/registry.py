@@ -12,6 +12,7 @@ from psycopg.types.json import Jsonb
 from core.canonical import canonical_json, sha256_hex
 from core.errors import HarnessInvalid, HarnessNotFound, NoActiveRelease, ReleaseNotFound
 from core.harness.artifact import HarnessSpec, HarnessVersion, harness_from, harness_number
+from core.registry import NewAdapterVersion
 from core.release import AdapterRef, Release
 from infra.postgres.db import DictConnection
 
@@ -22,30 +23,21 @@ def ensure_specialists(conn: DictConnection, names: list[str]) -> None:
     )
 
 
-def register_adapter(
-    conn: DictConnection,
-    *,
-    specialist: str,
-    version: int,
-    parent_id: int | None,
-    sha256: str,
-    path: str,
-    rank: int,
-    base_model: str,
-) -> AdapterRef:
+def register_adapter(conn: DictConnection, adapter: NewAdapterVersion) -> AdapterRef:
+    a = adapter
     row = conn.execute(
         "INSERT INTO adapter_versions (specialist, version, parent_id, sha256, path, rank, "
         "base_model) VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING adapter_version_id",
-        (specialist, version, parent_id, sha256, path, rank, base_model),
+        (a.specialist, a.version, a.parent_id, a.sha256, a.path, a.rank, a.base_model),
     ).fetchone()
     assert row is not None  # RETURNING always yields the row
     return AdapterRef(
         adapter_version_id=row["adapter_version_id"],
-        specialist=specialist,
-        version=version,
-        sha256=sha256,
-        path=path,
-        rank=rank,
+        specialist=a.specialist,
+        version=a.version,
+        sha256=a.sha256,
+        path=a.path,
+        rank=a.rank,
     )
 
 

@@ -11,6 +11,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
+from core.registry import RouterRunEnd
 from core.routing import RouterInvalid, RouterModel, RouterNotFound
 from infra.postgres.db import DictConnection
 
@@ -96,29 +97,19 @@ def claim_router_run(
     return None if row is None else dict(row)
 
 
-def finish_router_run(
-    conn: DictConnection,
-    run_id: UUID,
-    *,
-    status: str,
-    parent: str | None = None,
-    router_version: str | None = None,
-    release_id: str | None = None,
-    evaluation: Mapping[str, Any] | None = None,
-    error: str | None = None,
-) -> None:
+def finish_router_run(conn: DictConnection, run_id: UUID, end: RouterRunEnd) -> None:
     """Record how a running run ended (nothing changes for a run no longer running)."""
     conn.execute(
         "UPDATE router_runs SET status = %s, parent_router_version = %s, router_version = %s, "
         "release_id = %s, evaluation = %s, error = %s, finished_at = now() "
         "WHERE run_id = %s AND status = 'running'",
         (
-            status,
-            parent,
-            router_version,
-            release_id,
-            None if evaluation is None else Jsonb(dict(evaluation)),
-            error,
+            end.status,
+            end.parent,
+            end.router_version,
+            end.release_id,
+            None if end.evaluation is None else Jsonb(dict(end.evaluation)),
+            end.error,
             run_id,
         ),
     )

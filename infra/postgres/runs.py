@@ -10,14 +10,13 @@ specialist is in flight (a unique index).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
+from core.registry import EvaluationRecord, QueuedRun, RunKind, RunOutput
 from infra.postgres.db import DictConnection
-
-RunKind = Literal["adapter", "harness"]
 
 
 @dataclass(frozen=True)
@@ -69,24 +68,22 @@ def dataset_snapshot(conn: DictConnection, snapshot_id: UUID) -> dict[str, Any] 
     return None if row is None else dict(row)
 
 
-def queue_run(
-    conn: DictConnection,
-    *,
-    run_id: UUID,
-    specialist: str,
-    parent_adapter_id: int,
-    snapshot_id: UUID,
-    kind: RunKind,
-    recipe: str,
-    unlearning: bool = False,
-) -> bool:
+def queue_run(conn: DictConnection, run: QueuedRun) -> bool:
     """Queue the run; ``False`` when it was not (it exists, or a run of the specialist is in
-    flight). ``unlearning``: it retrains without forgotten tenants (``server.unlearning``)."""
+    flight)."""
     inserted = conn.execute(
         "INSERT INTO training_runs (run_id, specialist, parent_adapter_id, snapshot_id, "
         "kind, recipe, status, unlearning) VALUES (%s, %s, %s, %s, %s, %s, 'queued', %s) "
         "ON CONFLICT DO NOTHING RETURNING run_id",
-        (run_id, specialist, parent_adapter_id, snapshot_id, kind, recipe, unlearning),
+        (
+            run.run_id,
+            run.specialist,
+            run.parent_adapter_id,
+            run.snapshot_id,
+            run.kind,
+            run.recipe,
+            run.unlearning,
+        ),
     ).fetchone()
     return inserted is not None
 
@@ -151,23 +148,20 @@ def fail_run(conn: DictConnection, run_id: UUID, error: str) -> None:
     )
 
 
-def finish_run(
-    conn: DictConnection,
-    run_id: UUID,
-    *,
-    adapter_version_id: int | None = None,
-    harness_version: int | None = None,
-    config: dict[str, Any],
-    metrics: dict[str, float],
-    recipe: str | None = None,
-) -> None:
-    """Mark the run succeeded with its result: a trained adapter or a proposed harness;
-    ``recipe``, when given, names what it was trained with (the training config)."""
+def finish_run(conn: DictConnection, run_id: UUID, output: RunOutput) -> None:
+    """Mark the run succeeded with what it made: a trained adapter or a proposed harness."""
     conn.execute(
         "UPDATE training_runs SET status = 'succeeded', result_adapter_id = %s, "
         "result_harness_version = %s, config = %s, metrics = %s, finished_at = now(), "
         "lease_until = NULL, recipe = COALESCE(%s, recipe) WHERE run_id = %s",
-        (adapter_version_id, harness_version, Jsonb(config), Jsonb(metrics), recipe, run_id),
+        (
+            output.adapter_version_id,
+            output.harness_version,
+            Jsonb(output.config),
+            Jsonb(output.metrics),
+            output.recipe,
+            run_id,
+        ),
     )
 
 
@@ -180,22 +174,21 @@ def runs_of_kind(conn: DictConnection, specialist: str, kind: RunKind) -> int:
     return 0 if row is None else int(row["n"])
 
 
-def record_evaluation(
-    conn: DictConnection,
-    *,
-    evaluation_id: UUID,
-    run_id: UUID,
-    adapter_version_id: int | None,
-    contract_version: str,
-    scores: dict[str, Any],
-    passed: bool,
-) -> None:
+def record_evaluation(conn: DictConnection, evaluation: EvaluationRecord) -> None:
     """Record a candidate's evaluation once (a redelivered task records nothing new)."""
+    e = evaluation
     conn.execute(
         "INSERT INTO evaluations (evaluation_id, run_id, adapter_version_id, "
         "contract_version, scores, passed) VALUES (%s, %s, %s, %s, %s, %s) "
         "ON CONFLICT DO NOTHING",
-        (evaluation_id, run_id, adapter_version_id, contract_version, Jsonb(scores), passed),
+        (
+            e.evaluation_id,
+            e.run_id,
+            e.adapter_version_id,
+            e.contract_version,
+            Jsonb(e.scores),
+            e.passed,
+        ),
     )
 
 

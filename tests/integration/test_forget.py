@@ -20,6 +20,7 @@ from core.events import ModelResponded, TurnReceived
 from core.events.chain import verify_chain
 from core.events.privacy import Forgotten
 from core.experience import experience_key
+from core.registry import QueuedRun, RunOutput
 from core.settings import Settings
 from engines.instant import InstantEngine
 from infra.identity_adapter import write_identity_adapter
@@ -276,14 +277,20 @@ def test_retraining_starts_before_the_exposure_and_leaves_the_tenant_out(
         made = child.adapters["agent"]
         queue_run(
             conn,
-            run_id=run_id,
-            specialist="agent",
-            parent_adapter_id=made.adapter_version_id,  # the parent does not matter here
-            snapshot_id=trained_on.snapshot_id,
-            kind="adapter",
-            recipe="lora",
+            QueuedRun(
+                run_id=run_id,
+                specialist="agent",
+                parent_adapter_id=made.adapter_version_id,
+                snapshot_id=trained_on.snapshot_id,
+                kind="adapter",
+                recipe="lora",
+            ),
         )
-        finish_run(conn, run_id, adapter_version_id=made.adapter_version_id, config={}, metrics={})
+        finish_run(
+            conn,
+            run_id,
+            RunOutput(adapter_version_id=made.adapter_version_id, config={}, metrics={}),
+        )
         activate_release(conn, child.release_id, "test")
         assert not exposure(conn, server.log, ["acme"]).active  # queued after: acme unreadable
         conn.execute(  # as if queued before acme was forgotten
