@@ -39,7 +39,8 @@ TARGETS = {32: ">= 1.6x"}
 def run_counts(
     model_dir: str, adapters: dict[str, str], tokens: int, dtype: str
 ) -> dict[str, float]:
-    from engines.local import EngineLimits, LocalEngine
+    from engines.limits import EngineLimits
+    from engines.local import LocalEngine
 
     limits = EngineLimits(max_batch=max(COUNTS), max_queue=2 * max(COUNTS))
     engine = LocalEngine(Path(model_dir), limits=limits, dtype=getattr(torch, dtype))

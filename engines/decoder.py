@@ -10,6 +10,7 @@ padding is sliced off before each attention."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -19,6 +20,16 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 from engines.kv_pool import KVSlot
 
 Rotary = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) for every position of the pass
+
+
+@dataclass(frozen=True)
+class Pass:
+    """What every layer of one pass shares: each row's slot and how many tokens it carries,
+    and the rotary embedding of every position."""
+
+    slots: list[KVSlot]
+    lengths: list[int]
+    rotary: Rotary
 
 
 def forward(model: Any, slots: list[KVSlot], tokens: list[list[int]]) -> torch.Tensor:
@@ -36,10 +47,10 @@ def forward(model: Any, slots: list[KVSlot], tokens: list[list[int]]) -> torch.T
         [list(range(s.length, s.length + steps)) for s in slots], device=device
     )
     hidden = inner.embed_tokens(ids)
-    rotary: Rotary = inner.rotary_emb(hidden, positions)
+    step = Pass(slots, lengths, inner.rotary_emb(hidden, positions))
     for index, layer in enumerate(inner.layers):
         window = attention_window(model.config, layer.self_attn)
-        hidden = _decoder_layer(layer, index, hidden, rotary, slots, lengths, window)
+        hidden = _decoder_layer(layer, index, hidden, step, window)
     for slot, length in zip(slots, lengths, strict=True):
         slot.advance(length)
     last = hidden[torch.arange(len(tokens)), torch.tensor(lengths) - 1]
@@ -59,13 +70,7 @@ def attention_window(config: Any, attn: Any) -> int | None:
 
 
 def _decoder_layer(
-    layer: Any,
-    index: int,
-    hidden: torch.Tensor,
-    rotary: Rotary,
-    slots: list[KVSlot],
-    lengths: list[int],
-    window: int | None,
+    layer: Any, index: int, hidden: torch.Tensor, step: Pass, window: int | None
 ) -> torch.Tensor:
     """Layer ``index``: batched projections and MLP; attention over each row's own tokens, in
     one call for a decode pass, else request by request."""
@@ -76,12 +81,14 @@ def _decoder_layer(
     q = attn.q_proj(x).view(shape).transpose(1, 2)
     k = attn.k_proj(x).view(shape).transpose(1, 2)
     v = attn.v_proj(x).view(shape).transpose(1, 2)
-    q, k = apply_rotary_pos_emb(q, k, *rotary)
+    q, k = apply_rotary_pos_emb(q, k, *step.rotary)
     if steps == 1:
-        pool = slots[0].pool
-        merged = pool.decode_attention(index, slots, q, (k, v), scale=attn.scaling, window=window)
+        pool = step.slots[0].pool
+        merged = pool.decode_attention(
+            index, step.slots, q, (k, v), scale=attn.scaling, window=window
+        )
     else:
-        merged = _prefill_attention(attn, index, slots, lengths, (q, k, v), window)
+        merged = _prefill_attention(attn, index, step.slots, step.lengths, (q, k, v), window)
     hidden = hidden + attn.o_proj(merged.transpose(1, 2).reshape(batch, steps, -1))
     result: torch.Tensor = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
     return result

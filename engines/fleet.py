@@ -30,6 +30,7 @@ import contextlib
 import logging
 import threading
 from collections.abc import AsyncGenerator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,17 @@ log = logging.getLogger(__name__)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # not a log line per request
 
 
+@dataclass(frozen=True)
+class FleetOptions:
+    """The largest adapter rank the replicas take, requests in flight per replica, a request's
+    timeout and how often each replica's health is checked."""
+
+    max_lora_rank: int = 16
+    max_in_flight: int = 64
+    timeout_s: float = 60.0
+    health_interval_s: float = 2.0
+
+
 class FleetEngine:
     """``Engine`` over vLLM replicas (base URLs such as ``http://10.0.0.5:8000``)."""
 
@@ -74,13 +86,10 @@ class FleetEngine:
         self,
         urls: Sequence[str],
         model_dir: Path,
-        *,
-        max_lora_rank: int = 16,
-        max_in_flight: int = 64,
-        timeout_s: float = 60.0,
-        health_interval_s: float = 2.0,
+        options: FleetOptions = FleetOptions(),
         leases: AdapterLeases | None = None,
     ) -> None:
+        max_in_flight, health_interval_s = options.max_in_flight, options.health_interval_s
         if not urls:
             raise ConfigError("the vLLM fleet needs at least one replica URL")
         try:
@@ -89,8 +98,8 @@ class FleetEngine:
             raise ModelUnavailable(f"cannot load the tokenizer from {model_dir}: {exc}") from exc
         self._http = admin_client()
         self._balancer = Balancer([Replica(u.rstrip("/"), self._http) for u in urls], max_in_flight)
-        self.max_lora_rank = max_lora_rank
-        self._timeout = httpx.Timeout(timeout_s, connect=CONNECT_TIMEOUT_S)
+        self.max_lora_rank = options.max_lora_rank
+        self._timeout = httpx.Timeout(options.timeout_s, connect=CONNECT_TIMEOUT_S)
         self._adapters: AdapterTable[str] = AdapterTable()  # folders, as every replica reads them
         self._lock = threading.Lock()  # the adapter table
         self._admin = threading.Lock()  # one load, unload or resynchronisation at a time

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -30,6 +29,7 @@ from engines.adapter_table import AdapterTable
 from engines.base_model import load_base_model
 from engines.detok import IncrementalText
 from engines.grammar import Grammars
+from engines.limits import EngineLimits
 from engines.lora_layers import (
     AdapterConfig,
     BatchAdapters,
@@ -44,18 +44,6 @@ from engines.prefixes import PrefixCache
 from engines.prompts import chat_prompt_ids, prompt_ids
 from engines.scheduler import BatchScheduler
 from engines.sequence import Generation, eos_ids
-
-
-@dataclass(frozen=True)
-class EngineLimits:
-    max_batch: int = 16
-    max_queue: int = 64
-    max_rank: int = 64
-    max_adapters: int = 32
-    max_adapter_bytes: int = 512 * 2**20
-    max_prompt_tokens: int = 4096
-    max_prefix_cache_bytes: int = 256 * 2**20
-    prefill_budget: int = 512  # prompt tokens one pass computes, padding of short rows included
 
 
 class LocalEngine:
@@ -83,11 +71,9 @@ class LocalEngine:
         self._scheduler = BatchScheduler(
             self.model,
             batch,
+            self.limits,
             release=self._release,
             prefixes=self.prefixes,
-            max_batch=self.limits.max_batch,
-            max_queue=self.limits.max_queue,
-            prefill_budget=self.limits.prefill_budget,
             threads=threads.hand_over(),
         )
         self.stats = self._scheduler.stats

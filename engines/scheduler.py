@@ -23,6 +23,7 @@ from core.errors import EngineError, EngineOverloaded, EngineUnavailable, Macaro
 from engines.decoder import forward
 from engines.grammar import constrained, new_bitmask
 from engines.kv_pool import KVPool, KVSlot
+from engines.limits import EngineLimits
 from engines.lora_layers import BatchAdapters, LoRAWeights
 from engines.prefixes import PrefixCache
 from engines.sequence import Generation, eos_ids, prefill_rows, sample
@@ -48,12 +49,10 @@ class BatchScheduler:
         self,
         model: Any,
         adapters: BatchAdapters,
+        limits: EngineLimits,
         *,
         release: Callable[[LoRAWeights | None], None],
         prefixes: PrefixCache,
-        max_batch: int,
-        max_queue: int,
-        prefill_budget: int,
         threads: int,
     ) -> None:
         self._model = model
@@ -61,13 +60,13 @@ class BatchScheduler:
         self._adapters = adapters
         self._release = release
         self._prefixes = prefixes
-        self._max_batch = max_batch
-        self._max_queue = max_queue
-        self._prefill_budget = prefill_budget
+        self._max_batch = limits.max_batch
+        self._max_queue = limits.max_queue
+        self._prefill_budget = limits.prefill_budget
         self._eos = eos_ids(model)
-        self._bitmask = new_bitmask(max_batch, model.config.vocab_size)
-        self._pool = KVPool(model, max_batch)
-        self._pending: queue.Queue[Generation] = queue.Queue(max_queue)
+        self._bitmask = new_bitmask(limits.max_batch, model.config.vocab_size)
+        self._pool = KVPool(model, limits.max_batch)
+        self._pending: queue.Queue[Generation] = queue.Queue(limits.max_queue)
         self._prefilling: list[Generation] = []  # prompts being computed, forks on each
         self._active: list[Generation] = []  # answering
         counters = ("max_batch", "steps", "tokens", "cancelled", "active", "threads")

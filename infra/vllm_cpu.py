@@ -80,24 +80,32 @@ class VllmReplica:
             self.kill()
 
 
+@dataclass(frozen=True)
+class ReplicaOptions:
+    """How a replica runs: ``cores`` is vLLM's OpenMP binding (``0``, ``0-1``; two replicas on
+    one machine should not share cores), then the adapters it holds (their largest rank, how
+    many at once), its KV cache and its dtype."""
+
+    cores: str = "auto"
+    max_lora_rank: int = 16
+    max_loras: int = 8
+    kv_cache_gib: int = 1
+    dtype: str = "float32"
+
+
 def start_replica(
     python: Path,
     model_dir: Path,
     port: int,
     log_path: Path,
-    *,
-    cores: str = "auto",
-    max_lora_rank: int = 16,
-    max_loras: int = 8,
-    kv_cache_gib: int = 1,
-    dtype: str = "float32",
+    options: ReplicaOptions = ReplicaOptions(),
 ) -> VllmReplica:
-    """Start one replica on 127.0.0.1 (not yet ready: ``wait_ready``). ``cores`` is vLLM's
-    OpenMP binding (``0``, ``0-1``): two replicas on one machine should not share cores."""
+    """Start one replica on 127.0.0.1 (not yet ready: ``wait_ready``)."""
+    cores, dtype = options.cores, options.dtype
     env = {
         **os.environ,
         "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True",
-        "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gib),
+        "VLLM_CPU_KVCACHE_SPACE": str(options.kv_cache_gib),
         "VLLM_CPU_OMP_THREADS_BIND": cores,
         "VLLM_NO_USAGE_STATS": "1",
         "HF_HUB_OFFLINE": "1",
@@ -118,9 +126,9 @@ def start_replica(
         dtype,
         "--enable-lora",
         "--max-lora-rank",
-        str(max_lora_rank),
+        str(options.max_lora_rank),
         "--max-loras",
-        str(max_loras),
+        str(options.max_loras),
         "--max-model-len",
         "2048",
         "--disable-uvicorn-access-log",

@@ -265,25 +265,34 @@ class Verdict:
     tasks_planned: int
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """What a candidate is judged against: the parent's outcomes, the specialists the change
+    touches (``None``: every one), the specialist whose gain counts, and whether it must gain
+    (``False``: every suite only guarded)."""
+
+    parent: ContractRun
+    changed: frozenset[str] | None
+    specialist: str
+    needs_gain: bool = True
+
+
 async def judge(
     engine: Engine,
     adapters: Mapping[str, str | None],
     contract: Contract,
-    *,
     harness: HarnessVersion,
-    parent: ContractRun,
-    changed: frozenset[str] | None,
-    specialist: str,
-    needs_gain: bool = True,
+    baseline: Baseline,
     seed: int = 0,
 ) -> Verdict:
-    """Serve the candidate the tasks of its ``changed`` specialists (every task for ``None``)
-    look by look (``core.sequential.schedule``) and stop once the rule's verdict is known
-    (``needs_gain=False``: every suite only guarded, ``core.sequential.decide_at_look``). The
-    other tasks keep the parent's outcomes (marked inherited): each task is served by the
-    specialist it names with greedy decoding, which gives the same tokens alone and in any
-    batch, so those answers cannot differ (``core.release.changed_specialists``)."""
-    chunks = schedule(contract, changed)
+    """Serve the candidate the tasks of the baseline's changed specialists look by look
+    (``core.sequential.schedule``) and stop once the rule's verdict is known
+    (``core.sequential.decide_at_look``). The other tasks keep the parent's outcomes (marked
+    inherited): each task is served by the specialist it names with greedy decoding, which
+    gives the same tokens alone and in any batch, so those answers cannot differ
+    (``core.release.changed_specialists``)."""
+    parent = baseline.parent
+    chunks = schedule(contract, baseline.changed)
     planned = {key for chunk in chunks for key in chunk}
     inherited = {k: o for k, o in parent.outcomes().items() if k not in planned}
     fresh: dict[Key, Outcome] = {}
@@ -294,10 +303,10 @@ async def judge(
         settled = decide_at_look(
             [look.passed for look in looks],
             parent.complete(),
-            specialist,
+            baseline.specialist,
             contract.rule,
             looks[-1].inherited,
-            needs_gain=needs_gain,
+            needs_gain=baseline.needs_gain,
         )
         if settled is not None:
             return Verdict(looks[-1], *settled, len(fresh), len(planned))

@@ -18,7 +18,7 @@ from uuid import UUID
 
 from pydantic import TypeAdapter, ValidationError
 
-from core.contract import Contract, Decision
+from core.contract import Contract
 from core.engine import Engine
 from core.events import ContractEvaluated, NewEvent, PromotionRejected
 from core.harness.artifact import HarnessVersion, harness_name
@@ -44,6 +44,7 @@ from infra.postgres.runs import (
     training_run,
 )
 from learners.contract_runner import (
+    Baseline,
     ContractRun,
     Outcome,
     Verdict,
@@ -87,9 +88,7 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
     )
     decision, candidate = verdict.decision, verdict.run
     evaluation_id = step_id(run_id, "evaluated")
-    events = _evaluation_events(
-        run_id, specialist, evaluation_id, contract, decision, candidate, parent, fallback
-    )
+    events = _evaluation_events(run_id, specialist, contract, verdict, parent, fallback)
     with rt.pool.connection() as conn, conn.transaction():
         record_evaluation(
             conn,
@@ -197,13 +196,13 @@ def _judge(
                 engine,
                 {name: ref.name for name, ref in candidate[0].adapters.items()},
                 contract,
-                harness=candidate[1],
-                parent=before,
-                changed=None
-                if rt.settings.full_evaluation
-                else changed_specialists(parent, candidate),
-                specialist=specialist,
-                needs_gain=fallback is None,
+                candidate[1],
+                Baseline(
+                    before,
+                    None if rt.settings.full_evaluation else changed_specialists(parent, candidate),
+                    specialist,
+                    needs_gain=fallback is None,
+                ),
             )
         )
     finally:
@@ -238,15 +237,15 @@ def _shared(
 def _evaluation_events(
     run_id: UUID,
     specialist: str,
-    evaluation_id: UUID,
     contract: Contract,
-    decision: Decision,
-    candidate: ContractRun,
+    verdict: Verdict,
     parent: ContractRun,
     fallback: Release | None,
 ) -> list[NewEvent]:
     """``ContractEvaluated``, and ``PromotionRejected`` when the rule did not pass (for an
     unlearning run, naming the release it was judged against, which a rollback may serve)."""
+    decision, candidate = verdict.decision, verdict.run
+    evaluation_id = step_id(run_id, "evaluated")
     events = [
         NewEvent(
             payload=ContractEvaluated(

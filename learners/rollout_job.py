@@ -266,9 +266,24 @@ def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None)
         release = active_release(conn)
         harness = harness_by_name(conn, release.harness_version)
     engine = rt.contract_engine()
+
+    def record(group: Group) -> None:
+        try:
+            rt.log.append(group_events(job, release, harness, group, verifier))
+        except EventIdConflict:  # a redelivered job ran beside the first: its samples stand
+            _log.warning(
+                "group %s of job %s was recorded meanwhile", group.environment.id, job.job_id
+            )
+
+    def roll(sampler: Sampler, todo: Sequence[Environment], hinted: bool) -> list[Group]:
+        """Sample and record the groups of ``todo`` the log does not hold yet."""
+        recorded = recorded_groups(rt.log, job.job_id)
+        todo = [e for e in todo if group_id_of(job.job_id, e, hinted) not in recorded]
+        return asyncio.run(sample_groups(sampler, job, todo, verifier, record, hinted=hinted))
+
     try:
         sampler = _sampler(rt, engine, release, harness, job)
-        groups = _roll(rt, sampler, job, environments, verifier, release, harness, hinted=False)
+        groups = roll(sampler, environments, False)
         recorded = recorded_groups(rt.log, job.job_id)
         unsolved = [
             env
@@ -276,7 +291,7 @@ def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None)
             if env.resampled(job.hints)
             and not recorded.get(group_id_of(job.job_id, env, False), True)
         ]
-        hinted = _roll(rt, sampler, job, unsolved, verifier, release, harness, hinted=True)
+        hinted = roll(sampler, unsolved, True)
     finally:
         engine.close()
     return _summary(job, groups, hinted, time.monotonic() - started)
@@ -315,32 +330,6 @@ def _sampler(
         temperature=job.temperature,
         max_tokens=min(decoding.max_new_tokens, rt.settings.max_new_tokens),
     )
-
-
-def _roll(
-    rt: Runtime,
-    sampler: Sampler,
-    job: RolloutJob,
-    environments: Sequence[Environment],
-    verifier: Verifier,
-    release: Release,
-    harness: HarnessVersion,
-    *,
-    hinted: bool,
-) -> list[Group]:
-    """Sample and record the groups of ``environments`` the log does not hold yet."""
-    recorded = recorded_groups(rt.log, job.job_id)
-    todo = [e for e in environments if group_id_of(job.job_id, e, hinted) not in recorded]
-
-    def record(group: Group) -> None:
-        try:
-            rt.log.append(group_events(job, release, harness, group, verifier))
-        except EventIdConflict:  # a redelivered job ran beside the first: its samples stand
-            _log.warning(
-                "group %s of job %s was recorded meanwhile", group.environment.id, job.job_id
-            )
-
-    return asyncio.run(sample_groups(sampler, job, todo, verifier, record, hinted=hinted))
 
 
 def _summary(

@@ -187,7 +187,7 @@ def serving_engine(
 ) -> Engine:
     """The engine ``macaron serve`` answers with: this process's own, or the vLLM fleet (with
     leases on its adapters in ``db``'s registry, when given: other servers may share it)."""
-    from engines.fleet import FleetEngine
+    from engines.fleet import FleetEngine, FleetOptions
     from engines.local import LocalEngine
     from infra.hardware import native_dtype
     from infra.postgres.leases import PostgresAdapterLeases
@@ -198,7 +198,7 @@ def serving_engine(
         return FleetEngine(
             settings.vllm_replicas,
             folder,
-            max_lora_rank=settings.vllm_max_lora_rank,
+            FleetOptions(max_lora_rank=settings.vllm_max_lora_rank),
             leases=None if db is None else PostgresAdapterLeases(db, holder),
         )
     dtype = native_dtype(settings.dtype)
@@ -241,15 +241,7 @@ def chat_server(
         router = seed_router()
     step("loading the active release")
     store = ArtifactStore(settings.home / "adapters")
-    release = ensure_root_release(
-        db,
-        log,
-        store,
-        model_dir=folder,
-        base_model=folder.name,
-        router_version=router.version,
-        specialists=router.specialists,
-    )
+    release = ensure_root_release(db, log, store, folder, router.version, router.specialists)
     harness = prepare_release(shared, store, db, release)
     if isinstance(router, RouterService):
         serve_router_of(db, release, router)

@@ -9,8 +9,6 @@ listener and the composition root use only this.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
-from datetime import datetime
 from uuid import UUID
 
 from core.auth import Principal
@@ -44,16 +42,15 @@ class ChatService:
         *,
         limits: ChatLimits | None = None,
         rate_storage: str = MEMORY,
-        clock: Callable[[], datetime] = utc_now,
     ) -> None:
         self.log = log
         self.engine = engine
         self.router = router
         self.limits = limits or ChatLimits()  # replaceable at run time: the parts read it per turn
-        self.store = ConversationStore(log, clock, lambda: self.limits.max_cached_conversations)
+        self.store = ConversationStore(log, utc_now, lambda: self.limits.max_cached_conversations)
         self._tracker = ReleaseTracker(engine, release, harness)
         self._rate = TurnRateLimiter(lambda: self.limits.turns_per_minute, rate_storage)
-        agent = AgentLoop(engine, self.store, lambda: self.limits, clock)
+        agent = AgentLoop(engine, self.store, lambda: self.limits, utc_now)
         self._pipeline = TurnPipeline(self.store, self._tracker, router, agent)
         self._feedback = TurnFeedback(self.store)
 

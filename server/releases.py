@@ -38,15 +38,15 @@ def ensure_root_release(
     pool: Pool,
     log: EventLog,
     store: ArtifactStore,
-    *,
     model_dir: Path,
-    base_model: str,
     router_version: str,
     specialists: tuple[str, ...],
 ) -> Release:
-    """The active release; on first start, the root release is made, recorded and activated.
-    ``harness@0`` is registered either way: a database whose releases predate harness versions
-    names it ``harness-1``, read as ``harness@0``."""
+    """The active release; on first start, the root release (of the base model in
+    ``model_dir``, known by its folder's name) is made, recorded and activated. ``harness@0``
+    is registered either way: a database whose releases predate harness versions names it
+    ``harness-1``, read as ``harness@0``."""
+    base_model = model_dir.name
     with pool.connection() as conn:
         harness = register_harness(conn, root_harness(), parent=None)
         try:

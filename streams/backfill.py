@@ -72,19 +72,35 @@ def backfill_range(
     return first, last
 
 
+@dataclass(frozen=True)
+class BackfillRequest:
+    """What to backfill: the experience of ``[start, end)`` under ``filter_version``, derived
+    ``batch`` events at a time. Without ``start``, from the log's beginning; without ``end``, a
+    stopped backfill of that version from ``start`` resumes, else the range ends where the log
+    does."""
+
+    filter_version: str
+    start: Mapping[int, int] | None = None
+    end: Mapping[int, int] | None = None
+    batch: int = BATCH
+
+
+@dataclass(frozen=True)
+class _Derivation:
+    """One backfill's derivation: its builder, the outcome it fills and the schema of its
+    join state."""
+
+    builder: ExperienceBuilder
+    outcome: Backfill
+    schema: str
+
+
 def backfill(
-    log: EventLog,
-    pool: Pool,
-    filter_version: str,
-    *,
-    start: Mapping[int, int] | None = None,
-    end: Mapping[int, int] | None = None,
-    batch: int = BATCH,
-    progress: Progress | None = None,
+    log: EventLog, pool: Pool, request: BackfillRequest, progress: Progress | None = None
 ) -> Backfill:
-    """Derive the experience of ``[start, end)`` under ``filter_version`` into the log; resumes
-    a backfill of the same range and version that was stopped. Without ``end``, a stopped
-    backfill of that version from ``start`` resumes, else the range ends where the log does."""
+    """Derive the request's experience into the log; resumes a backfill of the same range and
+    version that was stopped."""
+    filter_version, start, end = request.filter_version, request.start, request.end
     builder = ExperienceBuilder(known_filter(filter_version), routing=False)
     if end is None:  # the stopped backfill from the same place, if any (the log has grown)
         with pool.connection() as conn:
@@ -102,7 +118,8 @@ def backfill(
         outcome = Backfill(backfill_id, filter_version, first, last, row["records"], bool(read))
         if row["status"] == "done":
             return replace(outcome, already_done=True)
-        forgotten = _derive(log, pool, builder, outcome, row["schema_name"], read, batch, progress)
+        derivation = _Derivation(builder, outcome, row["schema_name"])
+        forgotten = _derive(log, pool, derivation, read, request.batch, progress)
         records = sum(1 for _ in _appended(log, backfill_id))
         with pool.connection() as conn, conn.transaction():
             drop_schema(conn, row["schema_name"])
@@ -114,9 +131,7 @@ def backfill(
 def _derive(
     log: EventLog,
     pool: Pool,
-    builder: ExperienceBuilder,
-    outcome: Backfill,
-    schema: str,
+    derivation: _Derivation,
     read: Positions,
     batch: int,
     progress: Progress | None,
@@ -125,12 +140,13 @@ def _derive(
     state, appends and read position in one transaction; returns how many events of forgotten
     tenants it read. A record of a tenant that does not teach now (as the live builder has read
     it) is left out, whatever it said back then."""
+    builder, outcome = derivation.builder, derivation.outcome
     first, last = outcome.start, outcome.end
     total = sum(max(0, last[p] - read.get(p, first.get(p, 0))) for p in last)
     done = forgotten = 0
     for events in _batches(log.read(start=read, end=last), batch):
         with pool.connection() as conn, conn.transaction():
-            search_first(conn, schema)
+            search_first(conn, derivation.schema)
             derived: list[NewEvent] = []
             for event in events:
                 forgotten += isinstance(event.payload, Forgotten)

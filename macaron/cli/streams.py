@@ -16,7 +16,7 @@ from infra.telemetry import configure_telemetry, serve_metrics
 from learners.queue import configure as configure_celery
 from macaron import wiring
 from macaron.cli.common import console, progress_bar, settings
-from streams.backfill import backfill, describe
+from streams.backfill import BackfillRequest, backfill, describe
 from streams.experience_rules import ExperienceBuilder
 from streams.faust_app import run_worker as run_faust_worker
 from streams.processor import content_hash
@@ -125,9 +125,7 @@ def _backfill(
         outcome = backfill(
             log,
             pool,
-            filter_version,
-            start=start,
-            end=end,
+            BackfillRequest(filter_version, start=start, end=end),
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     log.close()

@@ -28,7 +28,7 @@ from learners.runtime import SnapshotMismatch
 from learners.snapshots import materialize
 from macaron import wiring
 from server.releases import ensure_root_release
-from streams.backfill import backfill
+from streams.backfill import BackfillRequest, backfill
 from streams.host import ProcessorHost
 from streams.runner import catch_up
 from streams.trigger import train_now
@@ -85,10 +85,9 @@ def served_v1(
             pool,
             log,
             ArtifactStore(home / "adapters"),
-            model_dir=model,
-            base_model=model.name,
-            router_version="router-test",
-            specialists=("chat", "coding", "agent", "genui"),
+            model,
+            "router-test",
+            ("chat", "coding", "agent", "genui"),
         )
         served = Served(settings, pool, log, wiring.processor_hosts(settings, log, pool))
         served.catch_up()
@@ -119,7 +118,7 @@ def test_a_backfill_derives_past_traffic_under_a_new_filter(served: Served) -> N
     assert not rewarded_v1 & ups  # under experience-1 a thumbs up rewards nothing
     end = served.log.end_positions()
 
-    outcome = backfill(served.log, served.pool, "experience-2")
+    outcome = backfill(served.log, served.pool, BackfillRequest("experience-2"))
 
     v2 = served.records("experience-2")
     assert outcome.records == len(v2) > len(v1)
@@ -141,8 +140,10 @@ def test_a_backfill_derives_past_traffic_under_a_new_filter(served: Served) -> N
         assert pending and all(r["backfills"] == [outcome.backfill_id] for r in pending)
 
     later = served.log.end_positions()
-    assert backfill(served.log, served.pool, "experience-2", end=end).already_done
-    overlapping = backfill(served.log, served.pool, "experience-2", start={0: 5}, end=end)
+    assert backfill(served.log, served.pool, BackfillRequest("experience-2", end=end)).already_done
+    overlapping = backfill(
+        served.log, served.pool, BackfillRequest("experience-2", start={0: 5}, end=end)
+    )
     assert overlapping.records == 0 and not overlapping.already_done
     assert served.log.end_positions() == later  # idempotent: nothing appended
 
@@ -174,7 +175,7 @@ def test_a_stopped_backfill_resumes_without_duplicates(
     tmp_path: Path,
 ) -> None:
     with served_v1(stack, conversation_events, tmp_path / "clean", tiny_model) as clean:
-        whole = backfill(clean.log, clean.pool, "experience-2")
+        whole = backfill(clean.log, clean.pool, BackfillRequest("experience-2"))
         expected = [e.payload.experience_id for e in clean.records("experience-2")]  # type: ignore[attr-defined]
     with served_v1(stack, conversation_events, tmp_path / "stopped", tiny_model) as served:
         batches = 0
@@ -186,13 +187,18 @@ def test_a_stopped_backfill_resumes_without_duplicates(
                 raise KeyboardInterrupt  # a kill between two batches
 
         with pytest.raises(KeyboardInterrupt):
-            backfill(served.log, served.pool, "experience-2", batch=7, progress=stop_after_two)
+            backfill(
+                served.log,
+                served.pool,
+                BackfillRequest("experience-2", batch=7),
+                progress=stop_after_two,
+            )
         partial = served.records("experience-2")
         with served.pool.connection() as conn:
             [row] = conn.execute("SELECT status, schema_name FROM experience_backfills").fetchall()
         assert row["status"] == "running"
 
-        resumed = backfill(served.log, served.pool, "experience-2", batch=7)
+        resumed = backfill(served.log, served.pool, BackfillRequest("experience-2", batch=7))
         assert resumed.resumed and resumed.backfill_id == whole.backfill_id
         found = [e.payload.experience_id for e in served.records("experience-2")]  # type: ignore[attr-defined]
         assert sorted(found) == sorted(expected) and len(set(found)) == len(found)
@@ -216,18 +222,18 @@ def test_a_tenant_that_does_not_teach_now_gives_no_backfilled_record(served: Ser
         [NewEvent(payload=TenantTrainingSet(training=False), tenant_id=tenant, key="tenants")]
     )
     served.catch_up()
-    outcome = backfill(served.log, served.pool, "experience-2")
+    outcome = backfill(served.log, served.pool, BackfillRequest("experience-2"))
     assert outcome.records == 0 and served.records("experience-2") == []
 
 
 def test_bad_backfills_write_nothing(served: Served) -> None:
     end = served.log.end_positions()
     with pytest.raises(UnknownFilterVersion):
-        backfill(served.log, served.pool, "experience-9")
+        backfill(served.log, served.pool, BackfillRequest("experience-9"))
     with pytest.raises(RangeOutsideLog):
-        backfill(served.log, served.pool, "experience-2", end={0: end[0] + 1})
+        backfill(served.log, served.pool, BackfillRequest("experience-2", end={0: end[0] + 1}))
     with pytest.raises(RangeOutsideLog):
-        backfill(served.log, served.pool, "experience-2", start={0: 9}, end={0: 3})
+        backfill(served.log, served.pool, BackfillRequest("experience-2", start={0: 9}, end={0: 3}))
     env = served.env()  # the command line: typed errors, exit status 1
     for args, code in [
         (["--filter-version", "experience-9"], "unknown_filter_version"),

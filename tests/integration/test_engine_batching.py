@@ -15,7 +15,8 @@ import pytest
 
 from core.engine import GenerationChunk, GenerationRequest, SamplingParams
 from engines.detok import IncrementalText
-from engines.local import EngineLimits, LocalEngine
+from engines.limits import EngineLimits
+from engines.local import LocalEngine
 from tests.factories import make_adapter
 from tests.integration.test_local_engine import collect, peft_greedy, tokens
 

@@ -45,7 +45,7 @@ from server.exposure import exposure
 from server.forgetting import forget_tenant
 from server.router import RouterService
 from server.unlearning import queue_retraining
-from streams.backfill import backfill
+from streams.backfill import BackfillRequest, backfill
 from streams.replay import replay
 from streams.runner import catch_up
 from streams.trigger import train_now
@@ -157,7 +157,9 @@ def test_a_forgotten_tenant_leaves_no_words_and_the_rest_verifies(served: Runnin
             with server.pool.connection() as conn:
                 live = tables_hash(conn, host.processor.tables)
             assert rebuilt.digest == live, host.processor.name
-    again = backfill(server.log, server.pool, "experience-1")  # derives globex's turns only
+    again = backfill(
+        server.log, server.pool, BackfillRequest("experience-1")
+    )  # derives globex's turns only
     assert again.forgotten == len(acme) and again.records > 0
     assert_pending_records_left_acme_out(served)
 

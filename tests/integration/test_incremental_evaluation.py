@@ -15,6 +15,7 @@ from engines.local import LocalEngine
 from learners.contract_runner import (
     CONTRACT_V2,
     CONTRACT_V3,
+    Baseline,
     answers,
     judge,
     load_contract,
@@ -59,10 +60,8 @@ def test_incremental_and_full_evaluation_agree_on_the_local_engine(
                 engine,
                 candidate,
                 contract,
-                harness=harness,
-                parent=before,
-                changed=frozenset({"genui"}),
-                specialist="genui",
+                harness,
+                Baseline(before, frozenset({"genui"}), "genui"),
             )
         )
     finally:

@@ -40,7 +40,7 @@ from learners.snapshots import materialize
 from server.exposure import Exposure, exposure
 from server.forgetting import forget_tenant
 from server.router import RouterService
-from streams.backfill import Backfill, backfill
+from streams.backfill import Backfill, BackfillRequest, backfill
 from streams.processor import content_hash
 from streams.replay import replay
 from tests.factories import run_macaron
@@ -159,7 +159,7 @@ def backfill_and_train(served: Running) -> Backfill:
     """Backfill the users' feedback under ``experience-2`` (live: ``experience-1``) and queue
     the run by hand as an operator would: ``macaron train`` waits for the trigger to count the
     backfill's records (4 edits: 4 SFT examples and 4 pairs, short of the threshold)."""
-    outcome = backfill(served.server.log, served.server.pool, "experience-2")
+    outcome = backfill(served.server.log, served.server.pool, BackfillRequest("experience-2"))
     assert outcome.records > 0
     queued = run_macaron("train", "genui", "--filter-version", "experience-2", **env_of(served))
     assert queued.returncode == 0, queued.stdout + queued.stderr

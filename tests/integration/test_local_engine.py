@@ -25,7 +25,8 @@ from core.errors import (
     EngineOverloaded,
     EngineUnavailable,
 )
-from engines.local import EngineLimits, LocalEngine
+from engines.limits import EngineLimits
+from engines.local import LocalEngine
 from tests.factories import make_adapter
 
 ADAPTERS = {  # name: (rank, target modules, seed)

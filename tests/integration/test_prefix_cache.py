@@ -13,7 +13,8 @@ import pytest
 
 from core.engine import GenerationRequest, SamplingParams
 from engines.kv_pool import GROWTH_RESERVE
-from engines.local import EngineLimits, LocalEngine
+from engines.limits import EngineLimits
+from engines.local import LocalEngine
 from engines.prefixes import MIN_PREFIX_TOKENS
 from tests.factories import make_adapter
 from tests.integration.test_local_engine import collect, peft_greedy, tokens

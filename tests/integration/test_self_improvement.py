@@ -286,13 +286,7 @@ def runtime(self_settings: Settings, router: RouterService, tiny_model: Path) ->
     pool = wiring.pool(self_settings)
     runtime = wiring.learning_runtime(self_settings, pool)
     ensure_root_release(
-        pool,
-        runtime.log,
-        runtime.store,
-        model_dir=tiny_model,
-        base_model=tiny_model.name,
-        router_version=router.version,
-        specialists=router.specialists,
+        pool, runtime.log, runtime.store, tiny_model, router.version, router.specialists
     )
     yield runtime
     runtime.log.close()

@@ -20,7 +20,7 @@ from transformers import AutoTokenizer
 from engines.fleet import FleetEngine
 from infra.local_stack import free_port
 from infra.models import TINY_WINDOW, make_tiny_model
-from infra.vllm_cpu import start_replica, vllm_python
+from infra.vllm_cpu import ReplicaOptions, start_replica, vllm_python
 from tests.factories import make_adapter
 from tests.integration.test_local_engine import peft_greedy
 from tests.integration.test_model_families import (
@@ -63,7 +63,9 @@ def served(
         family=family,
         windows=family != "qwen2",
     )
-    replica = start_replica(vllm_python(), model, free_port(), folder / "replica.log", dtype=dtype)
+    replica = start_replica(
+        vllm_python(), model, free_port(), folder / "replica.log", ReplicaOptions(dtype=dtype)
+    )
     try:
         replica.wait_ready()
         fleet = FleetEngine([replica.url], model)

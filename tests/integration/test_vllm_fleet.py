@@ -39,7 +39,7 @@ from core.harness.actions import ToolCall
 from core.harness.artifact import HarnessVersion, root_harness
 from core.harness.grammars import genui_schema, tool_call_schema
 from core.settings import Settings
-from engines.fleet import FleetEngine
+from engines.fleet import FleetEngine, FleetOptions
 from engines.local import LocalEngine
 from infra.local_stack import LocalStack, free_port
 from infra.models import make_tiny_model
@@ -48,7 +48,7 @@ from infra.postgres.keys import create_key
 from infra.postgres.leases import PostgresAdapterLeases
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.telemetry import metrics_exposition
-from infra.vllm_cpu import VllmReplica, start_replica, vllm_python
+from infra.vllm_cpu import ReplicaOptions, VllmReplica, start_replica, vllm_python
 from learners.contract_runner import CONTRACT_V1, load_contract, run_contract
 from macaron import wiring
 from server.releases import prepare_harness
@@ -96,7 +96,9 @@ def replicas(
     logs = tmp_path_factory.mktemp("vllm-logs")
     cores = os.cpu_count() or 1
     started = [
-        start_replica(python, vllm_model, free_port(), logs / f"{i}.log", cores=str(i % cores))
+        start_replica(
+            python, vllm_model, free_port(), logs / f"{i}.log", ReplicaOptions(cores=str(i % cores))
+        )
         for i in range(2)
     ]
     try:
@@ -119,7 +121,7 @@ def adapters(vllm_model: Path, tmp_path_factory: pytest.TempPathFactory) -> dict
 
 @pytest.fixture
 def fleet(replicas: list[VllmReplica], vllm_model: Path) -> Iterator[FleetEngine]:
-    engine = FleetEngine([r.url for r in replicas], vllm_model, health_interval_s=0.5)
+    engine = FleetEngine([r.url for r in replicas], vllm_model, FleetOptions(health_interval_s=0.5))
     yield engine
     engine.close()
     unload_everything(replicas, vllm_model)
@@ -277,7 +279,7 @@ def test_requests_go_to_the_least_busy_replica_and_a_full_fleet_says_overloaded(
     adapters: dict[str, Path],
     vllm_model: Path,
 ) -> None:
-    fleet = FleetEngine([r.url for r in replicas], vllm_model, max_in_flight=1)
+    fleet = FleetEngine([r.url for r in replicas], vllm_model, FleetOptions(max_in_flight=1))
     try:
         fleet.load_adapter("agent@1", str(adapters["agent@1"]))
         prompt = fleet.chat_prompt([{"role": "user", "content": "Count to a thousand."}])
@@ -312,7 +314,7 @@ def test_an_adapter_gone_from_every_replica_is_adapter_not_found_then_reloaded(
     adapters: dict[str, Path],
     vllm_model: Path,
 ) -> None:
-    fleet = FleetEngine([r.url for r in replicas], vllm_model, health_interval_s=3600)
+    fleet = FleetEngine([r.url for r in replicas], vllm_model, FleetOptions(health_interval_s=3600))
     try:
         fleet.load_adapter("genui@1", str(adapters["genui@1"]))
         unload_everything(replicas, vllm_model)  # behind the fleet's back: vLLM answers 404
@@ -356,7 +358,10 @@ def test_servers_sharing_the_fleet_unload_a_version_only_when_none_still_holds_i
     urls = [r.url for r in replicas]
     servers = {
         holder: FleetEngine(
-            urls, vllm_model, health_interval_s=3600, leases=PostgresAdapterLeases(pool, holder)
+            urls,
+            vllm_model,
+            FleetOptions(health_interval_s=3600),
+            leases=PostgresAdapterLeases(pool, holder),
         )
         for holder in ("server-a", "server-b")
     }
@@ -386,12 +391,15 @@ def test_a_version_held_by_a_server_that_died_is_unloaded_when_its_lease_expires
 ) -> None:
     urls = [r.url for r in replicas]
     a = FleetEngine(
-        urls, vllm_model, health_interval_s=0.3, leases=PostgresAdapterLeases(pool, "server-a")
+        urls,
+        vllm_model,
+        FleetOptions(health_interval_s=0.3),
+        leases=PostgresAdapterLeases(pool, "server-a"),
     )
     b = FleetEngine(
         urls,
         vllm_model,
-        health_interval_s=3600,
+        FleetOptions(health_interval_s=3600),
         leases=PostgresAdapterLeases(pool, "server-b", ttl_s=2.0),
     )
     try:
@@ -503,7 +511,9 @@ def restart(replicas: list[VllmReplica], index: int) -> None:
     old = replicas[index]
     log = old.log_path.with_name(f"{old.log_path.stem}-again{old.log_path.suffix}")
     cores = str(index % (os.cpu_count() or 1))
-    replicas[index] = start_replica(vllm_python(), old.model_dir, old.port, log, cores=cores)
+    replicas[index] = start_replica(
+        vllm_python(), old.model_dir, old.port, log, ReplicaOptions(cores=cores)
+    )
     replicas[index].wait_ready()
 
 
@@ -514,7 +524,7 @@ def test_replicas_that_die_are_failed_over_and_rejoin_with_their_adapters(
     spans: InMemorySpanExporter,  # the metrics SDK, configured once per process
 ) -> None:
     # A slow health check, so the fleet learns of deaths from requests first.
-    fleet = FleetEngine([r.url for r in replicas], vllm_model, health_interval_s=3600)
+    fleet = FleetEngine([r.url for r in replicas], vllm_model, FleetOptions(health_interval_s=3600))
     try:
         fleet.load_adapter("coding@1", str(adapters["coding@1"]))
         prompt = fleet.chat_prompt([{"role": "user", "content": "Tell me a long story."}])
@@ -863,7 +873,11 @@ def test_a_load_refused_by_one_replica_is_undone_on_the_others(
     """A fleet whose replicas disagree on --max-lora-rank: the rank-32 version loads on the
     wide replica, the other refuses it, so the wide one unloads it and the old release serves."""
     wide = start_replica(
-        vllm_python(), vllm_model, free_port(), tmp_path / "wide.log", max_lora_rank=32
+        vllm_python(),
+        vllm_model,
+        free_port(),
+        tmp_path / "wide.log",
+        ReplicaOptions(max_lora_rank=32),
     )
     try:
         wide.wait_ready()

@@ -14,7 +14,7 @@ from core.harness.artifact import HarnessSpec, HarnessVersion, root_version
 from core.harness.hcp import build_context
 from core.release import AdapterRef, Release, changed_specialists
 from engines.instant import InstantEngine
-from learners.contract_runner import CONTRACT_V2, judge, load_contract, run_contract
+from learners.contract_runner import CONTRACT_V2, Baseline, judge, load_contract, run_contract
 from tests.factories import root_release
 
 CONTRACT = load_contract(CONTRACT_V2)
@@ -102,10 +102,8 @@ def test_incremental_and_full_evaluation_agree_on_every_task_and_the_decision() 
             engine,
             ADAPTERS,
             CONTRACT,
-            harness=candidate,
-            parent=parent,
-            changed=changed,
-            specialist="genui",
+            candidate,
+            Baseline(parent, changed, "genui"),
         )
     )
     incremental = verdict.run

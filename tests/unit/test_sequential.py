@@ -19,7 +19,14 @@ from core.harness.artifact import root_version
 from core.sequential import decide_at_look, schedule
 from core.statistics import nominal_levels
 from engines.instant import InstantEngine
-from learners.contract_runner import CONTRACT_V2, CONTRACT_V2S, judge, load_contract, run_contract
+from learners.contract_runner import (
+    CONTRACT_V2,
+    CONTRACT_V2S,
+    Baseline,
+    judge,
+    load_contract,
+    run_contract,
+)
 from learners.power import simulate
 
 CONTRACT = load_contract(CONTRACT_V2S)
@@ -266,10 +273,8 @@ def test_judge_serves_only_until_the_verdict_is_known(
             engine,
             ADAPTERS,
             CONTRACT,
-            harness=HARNESS,
-            parent=parent,
-            changed=frozenset({OWN}),
-            specialist=OWN,
+            HARNESS,
+            Baseline(parent, frozenset({OWN}), OWN),
         )
     )
     assert (verdict.decision.passed, verdict.stop.look) == (passed, look)
