@@ -130,7 +130,7 @@ def serve(mode: str, settings_json: str, port: int) -> None:
     )
     try:
         uvicorn.run(
-            server.app,
+            server.entrypoints.app,
             host="127.0.0.1",
             port=port,
             log_level="warning",

@@ -217,9 +217,9 @@ def chat_server(
     """Everything ``macaron serve`` runs: engine, router, log, registry, the root release.
     Benchmarks and tests may bring their own engine, router or log."""
     from engines.shared import SharedEngine
-    from server.app import create_app
     from server.chat import ChatService
-    from server.gate import Gate
+    from server.entrypoints.app import create_app
+    from server.entrypoints.gate import Gate
     from server.promotion import PromotionListener
     from server.releases import ensure_root_release, prepare_release
     from server.router import RouterService

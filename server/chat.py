@@ -20,8 +20,8 @@ from core.harness.artifact import HarnessVersion, harness_number
 from core.log import EventLog
 from core.release import Release
 from core.routing import RouterInvalid, RouterModel
-from server import protocol as wire
 from server.turns.agent import AgentLoop
+from server.turns.commands import Feedback, Reroute, UIEvent
 from server.turns.conversations import ConversationStore
 from server.turns.feedback import TurnFeedback
 from server.turns.items import Sink
@@ -114,24 +114,24 @@ class ChatService:
             await asyncio.to_thread(self.engine.prepare, constraint)
 
     async def feedback(
-        self, principal: Principal, conversation_id: UUID | None, frame: wire.Feedback
+        self, principal: Principal, conversation_id: UUID | None, command: Feedback
     ) -> Turn:
         """Record feedback on a completed turn of this tenant's conversation (a ``regenerate``
         asks for a turn: refused first, recording nothing, when the key is out of turns)."""
-        if frame.kind == "regenerate":
+        if command.kind == "regenerate":
             await asyncio.to_thread(self._rate.room, principal.key_id)
-        return await self._feedback.feedback(principal, conversation_id, frame)
+        return await self._feedback.feedback(principal, conversation_id, command)
 
     async def reroute(
-        self, principal: Principal, conversation_id: UUID | None, frame: wire.Reroute
+        self, principal: Principal, conversation_id: UUID | None, command: Reroute
     ) -> TurnRequest:
         """Record a routing correction on a completed turn; the turn that answers it again
         (refused first, recording nothing, when the key is out of turns)."""
         await asyncio.to_thread(self._rate.room, principal.key_id)
-        return await self._feedback.reroute(principal, conversation_id, frame, self.router.active)
+        return await self._feedback.reroute(principal, conversation_id, command, self.router.active)
 
     async def ui_event_turn(
-        self, principal: Principal, conversation_id: UUID | None, frame: wire.UIEvent
+        self, principal: Principal, conversation_id: UUID | None, command: UIEvent
     ) -> TurnRequest:
         """The harness input a GenUI interaction becomes: a turn of kind ``ui_event``."""
-        return await self._feedback.ui_event_turn(principal, conversation_id, frame)
+        return await self._feedback.ui_event_turn(principal, conversation_id, command)

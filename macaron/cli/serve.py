@@ -12,7 +12,7 @@ from infra.telemetry import configure_telemetry
 from learners.queue import configure as configure_celery
 from macaron import wiring
 from macaron.cli.common import console, settings, steps
-from server.schemas import export as export_schemas
+from server.entrypoints.schemas import export as export_schemas
 
 
 def serve(

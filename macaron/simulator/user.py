@@ -19,7 +19,7 @@ from core.contract import Task
 from core.errors import InvalidApiKey, MacaronError
 from learners.checkers import check
 from macaron.simulator.report import PlayedTurn
-from server import protocol as wire
+from server.entrypoints import protocol as wire
 
 TURN_TIMEOUT_S = 600.0
 """Longest wait for the next frame of a turn before the turn counts as an error."""

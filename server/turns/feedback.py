@@ -17,7 +17,7 @@ from core.harness.genui import interactive_ids
 from core.ids import uuid7
 from core.routing import UnknownSpecialist
 from infra import observe
-from server import protocol as wire
+from server.turns.commands import Feedback, Reroute, UIEvent
 from server.turns.conversations import ConversationStore
 from server.turns.request import TurnRequest
 
@@ -42,22 +42,22 @@ class TurnFeedback:
         self._store = store
 
     async def feedback(
-        self, principal: Principal, conversation_id: UUID | None, frame: wire.Feedback
+        self, principal: Principal, conversation_id: UUID | None, command: Feedback
     ) -> Turn:
         """Record feedback on a completed turn of this tenant's conversation."""
-        conversation, turn = await self._completed(principal, conversation_id, frame.turn_id)
-        if frame.kind == "edit" and frame.edited_text is None:
+        conversation, turn = await self._completed(principal, conversation_id, command.turn_id)
+        if command.kind == "edit" and command.edited_text is None:
             raise InvalidFrame("feedback of kind edit needs edited_text")
-        if frame.kind != "edit" and frame.edited_text is not None:
+        if command.kind != "edit" and command.edited_text is not None:
             raise InvalidFrame("edited_text goes only with feedback of kind edit")
         payload = FeedbackGiven(
-            turn_id=turn.turn_id, kind=frame.kind, edited_text=frame.edited_text
+            turn_id=turn.turn_id, kind=command.kind, edited_text=command.edited_text
         )
         # Feedback continues the turn's trace: what it teaches is followed from the turn.
         with observe.tracer.start_as_current_span(
             "ws.feedback",
             context=observe.context_of(turn.trace),
-            attributes={"macaron.turn_id": str(turn.turn_id), "macaron.feedback": frame.kind},
+            attributes={"macaron.turn_id": str(turn.turn_id), "macaron.feedback": command.kind},
         ):
             await self._store.append(conversation, [payload], correlation_id=turn.turn_id)
         return turn
@@ -66,45 +66,47 @@ class TurnFeedback:
         self,
         principal: Principal,
         conversation_id: UUID | None,
-        frame: wire.Reroute,
+        command: Reroute,
         active: frozenset[str],
     ) -> TurnRequest:
-        """Record that ``frame.specialist`` should have answered a completed turn, and the
+        """Record that ``command.specialist`` should have answered a completed turn, and the
         turn that answers its words again with that specialist."""
-        conversation, turn = await self._completed(principal, conversation_id, frame.turn_id)
-        if frame.specialist not in active:
+        conversation, turn = await self._completed(principal, conversation_id, command.turn_id)
+        if command.specialist not in active:
             raise UnknownSpecialist(
-                f"no active specialist {frame.specialist!r}: choose one of {sorted(active)}"
+                f"no active specialist {command.specialist!r}: choose one of {sorted(active)}"
             )
-        if frame.specialist == turn.specialist:
+        if command.specialist == turn.specialist:
             raise InvalidFrame(f"turn {turn.turn_id} was answered by {turn.specialist} already")
         if turn.input_kind != "text":
             raise InvalidFrame("only a typed message can be rerouted")
-        payload = RoutingCorrected(turn_id=turn.turn_id, specialist=frame.specialist)
+        payload = RoutingCorrected(turn_id=turn.turn_id, specialist=command.specialist)
         with observe.tracer.start_as_current_span(
             "ws.reroute",
             context=observe.context_of(turn.trace),
             attributes={
                 "macaron.turn_id": str(turn.turn_id),
-                "macaron.specialist": frame.specialist,
+                "macaron.specialist": command.specialist,
             },
         ):
             await self._store.append(conversation, [payload], correlation_id=turn.turn_id)
-        return regeneration(turn, conversation_id, frame.specialist)
+        return regeneration(turn, conversation_id, command.specialist)
 
     async def ui_event_turn(
-        self, principal: Principal, conversation_id: UUID | None, frame: wire.UIEvent
+        self, principal: Principal, conversation_id: UUID | None, command: UIEvent
     ) -> TurnRequest:
         """The harness input a GenUI interaction becomes: a turn of kind ``ui_event``."""
-        _, turn = await self._completed(principal, conversation_id, frame.turn_id)
+        _, turn = await self._completed(principal, conversation_id, command.turn_id)
         tree = turn.genui.tree if turn.genui is not None and turn.genui.valid else None
-        if tree is None or frame.component_id not in interactive_ids(tree):
-            raise InvalidFrame(f"turn {frame.turn_id} rendered no component {frame.component_id!r}")
+        if tree is None or command.component_id not in interactive_ids(tree):
+            raise InvalidFrame(
+                f"turn {command.turn_id} rendered no component {command.component_id!r}"
+            )
         event: dict[str, JsonValue] = {
-            "turn_id": str(frame.turn_id),
-            "component_id": frame.component_id,
-            "action": frame.action,
-            "value": frame.value,
+            "turn_id": str(command.turn_id),
+            "component_id": command.component_id,
+            "action": command.action,
+            "value": command.value,
         }
         return TurnRequest(
             client_msg_id=f"ui-{uuid7()}",

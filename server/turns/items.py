@@ -1,6 +1,6 @@
 """What the turn service streams while it answers a turn, whichever front end listens: each
-front end turns these items into its own wire format (``server.ws`` into protocol v1 frames,
-``server.openai_api`` into OpenAI chunks)."""
+front end turns these items into its own wire format (``server.entrypoints.ws`` into protocol
+v1 frames, ``server.entrypoints.openai_api`` into OpenAI chunks)."""
 
 from __future__ import annotations
 

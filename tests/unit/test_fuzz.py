@@ -16,7 +16,7 @@ from core.errors import InvalidFrame
 from core.events import ConversationStarted, NewEvent
 from core.log import DeadLetter, LogPosition, RecordedEvent
 from core.mapper import Mapper
-from server import protocol
+from server.entrypoints import protocol
 
 pytestmark = pytest.mark.badinput
 

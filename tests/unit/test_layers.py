@@ -290,3 +290,47 @@ def test_the_check_sees_an_import_circle(tmp_path: Path) -> None:
     graph = module_imports(tmp_path)
     assert graph["core.log"] == {"core.events", "core.events.envelope", "core.events.privacy"}
     assert import_circles(graph) == [["core.events.envelope", "core.events.privacy"]]
+
+
+FRONT_ENDS = "server.entrypoints"
+"""The chat server's front ends: they call the services of ``server/``, which never call
+back into them (the turn service takes typed commands and streams typed items)."""
+
+
+def front_end_imports(root: Path = ROOT) -> list[str]:
+    """Each import of a front end by a module of ``server/`` outside the front ends."""
+    front_ends = root / "server" / "entrypoints"
+    found = {
+        f"{path.relative_to(root)}:{line}"
+        for path in (root / "server").rglob("*.py")
+        if front_ends not in path.parents
+        for line, name in _imported_names(path)
+        if name == FRONT_ENDS or name.startswith(FRONT_ENDS + ".")
+    }
+    return sorted(found)
+
+
+def _imported_names(path: Path) -> list[tuple[int, str]]:
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, node.module)]
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def test_services_never_call_their_front_ends() -> None:
+    assert front_end_imports() == []
+
+
+def test_the_check_sees_a_service_importing_a_front_end(tmp_path: Path) -> None:
+    (tmp_path / "server" / "entrypoints").mkdir(parents=True)
+    (tmp_path / "server" / "turns").mkdir()
+    (tmp_path / "server" / "entrypoints" / "ws.py").write_text("from server.chat import C\n")
+    (tmp_path / "server" / "turns" / "feedback.py").write_text(
+        "from server.entrypoints import protocol as wire\n"
+    )
+    (tmp_path / "server" / "chat.py").write_text("import server.entrypoints.app\n")
+    assert front_end_imports(tmp_path) == ["server/chat.py:1", "server/turns/feedback.py:1"]

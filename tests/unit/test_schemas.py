@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from server.schemas import SCHEMAS, render
+from server.entrypoints.schemas import SCHEMAS, render
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "schema"
 

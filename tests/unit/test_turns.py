@@ -8,6 +8,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncGenerator, Callable, Collection, Coroutine
+from dataclasses import replace
 from typing import Any, TypeVar
 
 import pytest
@@ -49,13 +50,14 @@ from core.release import AdapterRef, Release
 from core.routing import RouterDecision, RouterModel, UnknownSpecialist
 from engines.instant import InstantEngine, Script, fixed_reply
 from infra.memory import InMemoryEventLog
-from server import protocol as wire
 from server.chat import ChatService
+from server.entrypoints import protocol as wire
+from server.entrypoints.ws import frame_of
 from server.releases import prepare_harness
+from server.turns import commands
 from server.turns.items import TextDelta, TurnItem, TurnStarted
 from server.turns.request import ChatLimits, TurnOutcome, TurnRequest
 from server.turns.transcript import transcript
-from server.ws import frame_of
 
 SPECIALISTS = ("chat", "agent", "coding", "genui")
 ROOT = root_version()
@@ -339,8 +341,7 @@ def test_a_regenerate_or_reroute_out_of_turns_is_refused_before_anything_is_reco
         with pytest.raises(RateLimited):
             await h.chat.feedback(h.principal, cid, feedback(tid, "regenerate"))
         with pytest.raises(RateLimited):
-            reroute = wire.Reroute(type="reroute", turn_id=tid, specialist="coding")
-            await h.chat.reroute(h.principal, cid, reroute)
+            await h.chat.reroute(h.principal, cid, commands.Reroute(tid, "coding"))
         await h.chat.feedback(h.principal, cid, feedback(tid, "up"))  # no turn: not limited
 
     run(case)
@@ -468,12 +469,10 @@ def test_a_ui_event_becomes_a_turn_only_for_a_rendered_component() -> None:
 
     async def case() -> TurnRequest:
         shown = await h.turn("show", hint="genui")
-        frame = wire.UIEvent(
-            type="ui_event", turn_id=shown.turn_id, component_id="nope", action="click"
-        )
+        command = commands.UIEvent(shown.turn_id, "nope", "click")
         with pytest.raises(InvalidFrame, match="rendered no component 'nope'"):
-            await h.chat.ui_event_turn(h.principal, shown.conversation_id, frame)
-        ok = frame.model_copy(update={"component_id": "ok"})
+            await h.chat.ui_event_turn(h.principal, shown.conversation_id, command)
+        ok = replace(command, component_id="ok")
         request = await h.chat.ui_event_turn(h.principal, shown.conversation_id, ok)
         await h.chat.run_turn(h.principal, request, h.sink, asyncio.Event())
         return request
@@ -704,8 +703,7 @@ def test_feedback_is_recorded_and_an_edit_needs_its_text() -> None:
 def test_a_reroute_is_a_routing_correction_and_answers_again_with_that_specialist() -> None:
     h = Harness(fixed_reply("an answer"))
 
-    def reroute(turn_id: uuid.UUID, specialist: str) -> wire.Reroute:
-        return wire.Reroute(type="reroute", turn_id=turn_id, specialist=specialist)
+    reroute = commands.Reroute
 
     async def case() -> TurnOutcome:
         done = await h.turn("write me a haiku")  # chat, by the test router
@@ -735,5 +733,5 @@ def test_a_reroute_is_a_routing_correction_and_answers_again_with_that_specialis
     assert again.turn_id == h.payloads(TurnReceived)[-1].turn_id
 
 
-def feedback(turn_id: uuid.UUID, kind: str, text: str | None = None) -> wire.Feedback:
-    return wire.Feedback(type="feedback", turn_id=turn_id, kind=kind, edited_text=text)  # type: ignore[arg-type]
+def feedback(turn_id: uuid.UUID, kind: str, text: str | None = None) -> commands.Feedback:
+    return commands.Feedback(turn_id, kind, text)  # type: ignore[arg-type]

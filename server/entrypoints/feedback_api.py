@@ -23,11 +23,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from core.errors import ConversationNotFound, TurnNotFound
-from server import protocol as wire
-from server.bodies import read_json
 from server.chat import ChatService
-from server.openai_api import completion, principal_of
-from server.protocol import MAX_CONTENT_CHARS, SpecialistName, Text
+from server.entrypoints.bodies import read_json
+from server.entrypoints.openai_api import completion, principal_of
+from server.entrypoints.protocol import MAX_CONTENT_CHARS, SpecialistName, Text
+from server.turns.commands import Feedback, Reroute
 from server.turns.feedback import regeneration
 
 
@@ -60,10 +60,8 @@ async def feedback(request: Request) -> Response:
     principal = await principal_of(request, request.app.state.gate)
     conversation_id, turn_id = _ids(request)
     body = await read_json(request, FeedbackBody)
-    frame = wire.Feedback(
-        type="feedback", turn_id=turn_id, kind=body.kind, edited_text=body.edited_text
-    )
-    turn = await service.feedback(principal, conversation_id, frame)
+    command = Feedback(turn_id, body.kind, body.edited_text)
+    turn = await service.feedback(principal, conversation_id, command)
     if body.kind != "regenerate":
         return JSONResponse({"turn_id": str(turn_id), "kind": body.kind, "recorded": True})
     again = regeneration(turn, conversation_id)
@@ -75,6 +73,5 @@ async def reroute(request: Request) -> Response:
     principal = await principal_of(request, request.app.state.gate)
     conversation_id, turn_id = _ids(request)
     body = await read_json(request, RerouteBody)
-    frame = wire.Reroute(type="reroute", turn_id=turn_id, specialist=body.specialist)
-    again = await service.reroute(principal, conversation_id, frame)
+    again = await service.reroute(principal, conversation_id, Reroute(turn_id, body.specialist))
     return JSONResponse(await completion(service, principal, again))

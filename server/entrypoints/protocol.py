@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from core.errors import InvalidFrame, MacaronError
+from server.turns import commands
 
 PROTOCOL_VERSION = 1
 MAX_CONTENT_CHARS = 16_000
@@ -90,6 +91,9 @@ class Feedback(Frame):
     kind: Literal["up", "down", "edit", "regenerate"]
     edited_text: Text | None = Field(default=None, min_length=1, max_length=MAX_CONTENT_CHARS)
 
+    def command(self) -> commands.Feedback:
+        return commands.Feedback(self.turn_id, self.kind, self.edited_text)
+
 
 class Reroute(Frame):
     """The specialist that should have answered a completed turn: recorded as a routing
@@ -99,6 +103,9 @@ class Reroute(Frame):
     turn_id: UUID
     specialist: SpecialistName
 
+    def command(self) -> commands.Reroute:
+        return commands.Reroute(self.turn_id, self.specialist)
+
 
 class UIEvent(Frame):
     type: Literal["ui_event"]
@@ -106,6 +113,9 @@ class UIEvent(Frame):
     component_id: Text = Field(min_length=1, max_length=100)
     action: Text = Field(min_length=1, max_length=100)
     value: StorableJson = None
+
+    def command(self) -> commands.UIEvent:
+        return commands.UIEvent(self.turn_id, self.component_id, self.action, self.value)
 
 
 class Cancel(Frame):

@@ -9,8 +9,14 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, StrictBool, model_
 
 from core.errors import InvalidFrame, UnsupportedParameter
 from core.events import RequestedDecoding
-from server.openai_tools import MAX_TOOLS, AssistantToolCall, ToolChoice, ToolDef, tool_decoding
-from server.protocol import MAX_CONTENT_CHARS, Text
+from server.entrypoints.openai_tools import (
+    MAX_TOOLS,
+    AssistantToolCall,
+    ToolChoice,
+    ToolDef,
+    tool_decoding,
+)
+from server.entrypoints.protocol import MAX_CONTENT_CHARS, Text
 
 
 class TextPart(BaseModel):

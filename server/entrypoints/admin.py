@@ -22,10 +22,10 @@ from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.runs import contract_scores
 from infra.postgres.scores import live_scores
 from infra.postgres.turn_audit import Shown, audit_turn
-from server.bodies import read_json
+from server.entrypoints.bodies import read_json
+from server.entrypoints.gate import Gate
 from server.exposure import exposure
 from server.forgetting import forget_tenant
-from server.gate import Gate
 
 PROMOTION_TIMEOUT_S = 120.0
 _log = logging.getLogger(__name__)

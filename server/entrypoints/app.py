@@ -25,13 +25,13 @@ from core.routing import UnknownSpecialist
 from infra import observe
 from infra.postgres.data_keys import PostgresDataKeys
 from infra.telemetry import metrics_exposition
-from server import admin, feedback_api
 from server.chat import ChatService
-from server.gate import Gate
-from server.openai_api import chat_completions, model, models
+from server.entrypoints import admin, feedback_api
+from server.entrypoints.gate import Gate
+from server.entrypoints.openai_api import chat_completions, model, models
+from server.entrypoints.ws import ChatConnection
 from server.promotion import PromotionListener
 from server.turns.transcript import transcript
-from server.ws import ChatConnection
 
 WEB = Path(__file__).parent / "web"
 

@@ -19,9 +19,9 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from core.auth import Principal, bearer_key
 from core.errors import InvalidApiKey, InvalidFrame, MacaronError, TooManyConnections, TurnNotFound
 from infra import observe
-from server import protocol as wire
 from server.chat import ChatService
-from server.gate import Gate
+from server.entrypoints import protocol as wire
+from server.entrypoints.gate import Gate
 from server.turns import items
 from server.turns.feedback import regeneration
 from server.turns.request import TurnRequest
@@ -185,16 +185,20 @@ class ChatConnection:
                     )
                 )
             case wire.Feedback():
-                turn = await self.service.feedback(self.principal, self.conversation_id, frame)
+                turn = await self.service.feedback(
+                    self.principal, self.conversation_id, frame.command()
+                )
                 if frame.kind == "regenerate":  # a new answer to the same words
                     self._start_turn(regeneration(turn, self.conversation_id))
             case wire.Reroute():
                 self._start_turn(
-                    await self.service.reroute(self.principal, self.conversation_id, frame)
+                    await self.service.reroute(
+                        self.principal, self.conversation_id, frame.command()
+                    )
                 )
             case wire.UIEvent():
                 request = await self.service.ui_event_turn(
-                    self.principal, self.conversation_id, frame
+                    self.principal, self.conversation_id, frame.command()
                 )
                 self._start_turn(request)
             case wire.Cancel():

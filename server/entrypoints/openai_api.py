@@ -26,11 +26,11 @@ from core.events import ChatMessage
 from core.ids import uuid7
 from core.routing import UnknownSpecialist
 from infra import observe
-from server.bodies import read_json
 from server.chat import ChatService
-from server.gate import Gate
-from server.openai_request import ChatCompletionRequest
-from server.openai_tools import ToolDef, answer_message, described
+from server.entrypoints.bodies import read_json
+from server.entrypoints.gate import Gate
+from server.entrypoints.openai_request import ChatCompletionRequest
+from server.entrypoints.openai_tools import ToolDef, answer_message, described
 from server.turns.items import GenUITree, TextDelta, TurnEnded, TurnItem, TurnStarted
 from server.turns.request import TurnOutcome, TurnRequest
 

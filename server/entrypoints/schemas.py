@@ -10,7 +10,7 @@ from typing import Any
 
 from core.harness.genui import catalogue_schema
 from core.harness.hcp import hcp_schema
-from server.protocol import json_schema as protocol_schema
+from server.entrypoints.protocol import json_schema as protocol_schema
 
 SCHEMAS: dict[str, Callable[[], dict[str, Any]]] = {
     "protocol-v1.json": protocol_schema,
