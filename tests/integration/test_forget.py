@@ -252,9 +252,7 @@ def test_retraining_starts_before_the_exposure_and_leaves_the_tenant_out(
     hosts = wiring.processor_hosts(served.settings, server.log, server.pool)
     for host in hosts:
         catch_up(host)
-    keys = (
-        server.app.state.data_keys
-    )  # the server's own: its log stops opening acme at once
+    keys = server.app.state.data_keys  # the server's own: its log stops opening acme at once
     forget_tenant(server.pool, server.log, keys, "acme")  # already, after the tests above
     records = list(server.log.read(key=experience_key("agent")))
     kept = [e for e in records if e.envelope.tenant_id == "globex"]

@@ -136,9 +136,7 @@ def assert_forgotten_snapshot_is_never_trained(
     materialised again (``snapshot_forgotten``), and lineage still tells what learned from it
     (the release, no longer active after the rollback)."""
     server = served.server
-    keys = (
-        server.app.state.data_keys
-    )  # the server's own: its log stops opening them at once
+    keys = server.app.state.data_keys  # the server's own: its log stops opening them at once
     forget_tenant(server.pool, server.log, keys, "learner")
     with server.pool.connection() as conn:
         row = conn.execute(
