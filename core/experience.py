@@ -17,6 +17,7 @@ from core.errors import UnknownFilterVersion
 from core.events import ChatMessage, Envelope, ExperienceRecorded, ExperienceSource, NewEvent
 from core.events.privacy import Forgotten
 from core.log import EventLog, RecordedEvent
+from core.registry import DatasetSnapshot
 
 FILTER_VERSIONS = ("experience-1", "experience-2")
 """Every version of the filter rules (``streams.experience_rules``), oldest first: the live builder
@@ -141,17 +142,15 @@ class SnapshotEvents:
     forgotten: int = 0
 
 
-def snapshot_events(log: EventLog, snapshot: Mapping[str, Any]) -> SnapshotEvents:
-    """Read a snapshot (a ``dataset_snapshots`` row) back from its specialist's experience key:
+def snapshot_events(log: EventLog, snapshot: DatasetSnapshot) -> SnapshotEvents:
+    """Read a snapshot back from its specialist's experience key:
     the records its filter version derived in its range (live rewards only where it hashed
     them) and those before it. A forgotten tenant's records are unreadable: those of the
     tenants the snapshot leaves out are skipped, the others counted."""
-    [(part, start)] = snapshot["start_positions"].items()
-    [(_, end)] = snapshot["end_positions"].items()
-    partition = int(part)
-    left_out = set(snapshot.get("left_out_tenants") or ())
+    partition, start, end = snapshot.partition, snapshot.start_offset, snapshot.end_offset
+    left_out = set(snapshot.left_out_tenants)
     records, older, forgotten = [], [], 0
-    for event in log.read(key=experience_key(snapshot["specialist"]), types=["ExperienceRecorded"]):
+    for event in log.read(key=experience_key(snapshot.specialist), types=["ExperienceRecorded"]):
         if event.envelope.tenant_id in left_out:
             continue  # unreadable, or soon: a process's key cache may still open it
         payload: Any = event.payload
@@ -160,9 +159,9 @@ def snapshot_events(log: EventLog, snapshot: Mapping[str, Any]) -> SnapshotEvent
         if isinstance(payload, Forgotten):  # its filter version is unreadable too
             forgotten += in_range
             continue
-        if payload.filter_version != snapshot["filter_version"]:
+        if payload.filter_version != snapshot.filter_version:
             continue
-        if payload.kind == "trajectory" and not snapshot["rewards_hashed"]:
+        if payload.kind == "trajectory" and not snapshot.rewards_hashed:
             continue  # a range begun before live rewards were hashed
         if in_range:
             records.append(event)

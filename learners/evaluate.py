@@ -23,14 +23,13 @@ from core.engine import Engine
 from core.events import ContractEvaluated, NewEvent, PromotionRejected
 from core.harness.artifact import HarnessVersion, harness_name
 from core.ids import uuid7
-from core.registry import EvaluationRecord
+from core.registry import EvaluationRecord, TrainingRun
 from core.release import AdapterRef, Release, changed_specialists
 from core.sequential import Key
 from infra.artifacts import load_release
 from infra.postgres.db import DictConnection, Pool
 from infra.postgres.registry import (
     active_release,
-    adapter_ref,
     adapter_version,
     file_release,
     harness_by_name,
@@ -75,14 +74,14 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
     active). After an adapter run, the harness proposal for its specialist is queued."""
     with rt.pool.connection() as conn:
         run = training_run(conn, run_id)
-        if run is None or run["status"] != "succeeded":
+        if run is None or run.status != "succeeded":
             raise RunFailed(f"run {run_id} has no trained candidate to evaluate")
         release = active_release(conn)
         served = harness_by_name(conn, release.harness_version)
         successor, harness = _candidate(conn, run, release, served)
         fallback = _fallback(conn, run, release)
     contract = load_contract(rt.contract_path)
-    specialist = str(run["specialist"])
+    specialist = run.specialist
     parent, verdict = _judge(
         rt, contract, specialist, (release, served), (successor, harness), fallback
     )
@@ -95,7 +94,7 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
             EvaluationRecord(
                 evaluation_id=evaluation_id,
                 run_id=run_id,
-                adapter_version_id=run["result_adapter_id"],
+                adapter_version_id=run.result_adapter_id,
                 contract_version=contract.version,
                 scores=_evaluation_record(contract, verdict, parent, fallback or release),
                 passed=decision.passed,
@@ -117,25 +116,28 @@ def evaluate_run(rt: Runtime, run_id: UUID) -> Evaluation:
 
 
 def _candidate(
-    conn: DictConnection, run: dict[str, Any], release: Release, served: HarnessVersion
+    conn: DictConnection, run: TrainingRun, release: Release, served: HarnessVersion
 ) -> tuple[Release, HarnessVersion]:
     """The release a run's candidate would make (the active one with the run's adapter or
     harness in place) and the harness that release names."""
-    if run["kind"] == "harness":
-        harness = harness_by_name(conn, harness_name(run["result_harness_version"]))
+    made = run.result_harness_version if run.kind == "harness" else run.result_adapter_id
+    if made is None:
+        raise RunFailed(f"run {run.run_id} succeeded without the {run.kind} it made")
+    if run.kind == "harness":
+        harness = harness_by_name(conn, harness_name(made))
         return release.successor(harness=harness), harness
-    adapter = _adapter(conn, run["result_adapter_id"])
-    return release.successor(adapters={str(run["specialist"]): adapter}), served
+    adapter = _adapter(conn, made)
+    return release.successor(adapters={run.specialist: adapter}), served
 
 
-def _fallback(conn: DictConnection, run: dict[str, Any], release: Release) -> Release | None:
+def _fallback(conn: DictConnection, run: TrainingRun, release: Release) -> Release | None:
     """For a run that unlearns forgotten tenants, the release it is judged against: ``release``
     with the run's parent adapter in place, filed (not active) so its outcomes are recorded
     once; ``None`` for any other run."""
-    if not tenants_unlearned(conn, run["run_id"]):
+    if not tenants_unlearned(conn, run.run_id):
         return None
-    ancestor = _adapter(conn, run["parent_adapter_id"])
-    fallback = release.successor(adapters={str(run["specialist"]): ancestor})
+    ancestor = _adapter(conn, run.parent_adapter_id)
+    fallback = release.successor(adapters={run.specialist: ancestor})
     file_release(conn, fallback)
     return fallback
 
@@ -342,8 +344,8 @@ def recorded_outcomes(
     for stored in evaluated_outcomes(conn, release_id, contract.version):
         try:
             run = ContractRun(
-                _KNOWN.validate_python(stored["outcomes"]),
-                _KNOWN.validate_python(stored["well_formed"]),
+                _KNOWN.validate_python(stored.outcomes),
+                _KNOWN.validate_python(stored.well_formed),
             )
         except ValidationError:
             continue
@@ -351,16 +353,14 @@ def recorded_outcomes(
             {suite: len(done) for suite, done in side.items()}
             for side in (run.passed, run.well_formed)
         )
-        if any(shape != sizes for shape in shapes) or stored["digest"] != run.digest(
-            contract.version
-        ):
+        if any(shape != sizes for shape in shapes) or stored.digest != run.digest(contract.version):
             continue
         known = run.outcomes() | known
     return ContractRun.of(contract, known) if known else None
 
 
 def _adapter(conn: DictConnection, adapter_version_id: int) -> AdapterRef:
-    row = adapter_version(conn, adapter_version_id)
-    if row is None:
+    found = adapter_version(conn, adapter_version_id)
+    if found is None:
         raise RunFailed(f"no adapter version {adapter_version_id}")
-    return adapter_ref(row)
+    return found.ref

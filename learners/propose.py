@@ -4,7 +4,6 @@ queueing of that proposal after each adapter run's decision."""
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import UUID
 
 from core.events import ExperienceRecorded, HarnessProposed, NewEvent, TrainingRequested
@@ -12,7 +11,7 @@ from core.experience import SFTRecord, records_of
 from core.harness.artifact import Exemplar, HarnessSpec
 from core.harness.proposals import RECIPE_PREFIX, changes, exemplar_of, next_change, propose
 from core.ids import derived_id
-from core.registry import QueuedRun, RunOutput
+from core.registry import DatasetSnapshot, QueuedRun, RunOutput, TrainingRun
 from core.release import AdapterRef
 from core.settings import Settings
 from infra.postgres.db import DictConnection
@@ -24,11 +23,11 @@ from learners.snapshots import materialize
 from learners.train import of_sources
 
 
-def propose_harness(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) -> str:
+def propose_harness(rt: Runtime, run: TrainingRun, snapshot: DatasetSnapshot) -> str:
     """Register the harness successor a harness run proposes for its specialist: the change
     its recipe (``harness.<change>``) names, or, when that one has nothing to make, the next in
     turn (exemplars come from the snapshot's verified records). Returns its name."""
-    specialist = str(run["specialist"])
+    specialist = run.specialist
     with rt.pool.connection() as conn:
         parent = harness_by_name(conn, active_release(conn).harness_version)
         attempt = runs_of_kind(conn, specialist, "harness")
@@ -36,7 +35,7 @@ def propose_harness(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) 
         materialize(rt.log, snapshot).records, parent.spec, specialist, rt.training
     )
     options = changes(parent.spec, specialist)
-    first = next((n for n, c in enumerate(options) if RECIPE_PREFIX + c == run["recipe"]), 0)
+    first = next((n for n, c in enumerate(options) if RECIPE_PREFIX + c == run.recipe), 0)
     for change in options[first:] + options[:first]:
         spec = propose(parent.spec, specialist, change, examples=examples, attempt=attempt)
         if spec is not None:
@@ -49,11 +48,11 @@ def propose_harness(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) 
         config = {"change": change}
         finish_run(
             conn,
-            run["run_id"],
+            run.run_id,
             RunOutput(harness_version=harness.version, config=config, metrics=metrics),
         )
     proposed = HarnessProposed(
-        run_id=run["run_id"],
+        run_id=run.run_id,
         specialist=specialist,
         harness_version=harness.name,
         parent_harness_version=parent.name,
@@ -66,7 +65,7 @@ def propose_harness(rt: Runtime, run: dict[str, Any], snapshot: dict[str, Any]) 
                 payload=proposed,
                 tenant_id="system",
                 key=f"training.{specialist}",
-                event_id=step_id(run["run_id"], "proposed"),
+                event_id=step_id(run.run_id, "proposed"),
             )
         ]
     )
@@ -101,27 +100,27 @@ def harness_run_id(run_id: UUID) -> UUID:
 
 
 def queue_harness_run(
-    conn: DictConnection, settings: Settings, run: dict[str, Any], adapter: AdapterRef
+    conn: DictConnection, settings: Settings, run: TrainingRun, adapter: AdapterRef
 ) -> NewEvent | None:
     """Queue, in the transaction that decides the adapter run ``run``, the harness proposal
     for its specialist (on the same snapshot; ``adapter`` is the specialist's adapter once the
     decision takes effect); its ``TrainingRequested`` event, or ``None`` when proposals are off,
     ``run`` proposed a harness itself, or another run of the specialist is in flight. The worker
     starts it once the decision took effect."""
-    if not settings.harness_proposals or run["kind"] == "harness":
+    if not settings.harness_proposals or run.kind == "harness":
         return None
-    specialist = str(run["specialist"])
+    specialist = run.specialist
     harness = harness_by_name(conn, active_release(conn).harness_version)
     proposed_before = runs_of_kind(conn, specialist, "harness")
     recipe = RECIPE_PREFIX + next_change(harness.spec, specialist, proposed_before)
-    run_id = harness_run_id(run["run_id"])
+    run_id = harness_run_id(run.run_id)
     queued = queue_run(
         conn,
         QueuedRun(
             run_id=run_id,
             specialist=specialist,
             parent_adapter_id=adapter.adapter_version_id,
-            snapshot_id=run["snapshot_id"],
+            snapshot_id=run.snapshot_id,
             kind="harness",
             recipe=recipe,
         ),
@@ -132,7 +131,7 @@ def queue_harness_run(
         run_id=run_id,
         specialist=specialist,
         parent_adapter_version=adapter.name,
-        snapshot_id=run["snapshot_id"],
+        snapshot_id=run.snapshot_id,
         recipe=recipe,
     )
     return NewEvent(

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 from uuid import UUID
 
 from core.contract import RoutingRule, decide_routing
 from core.errors import ContractInvalid
 from core.events import NewEvent, RouterEvaluated
 from core.ids import derived_id
-from core.registry import RouterRunEnd
+from core.registry import RouterRun, RouterRunEnd
 from core.routing import ROUTER_RUNS_KEY
 from core.routing_labels import FollowUp, LabelledTurn, labels_of
 from infra.jsonl import load_jsonl
@@ -58,7 +57,7 @@ def train_router_run(rt: Runtime, run_id: UUID) -> RouterOutcome:
     if run is None:
         if done is None:
             raise RunFailed(f"no router run {run_id}")
-        if done["status"] in ("queued", "running"):
+        if done.status in ("queued", "running"):
             raise RunBusy(f"router run {run_id} is held by a worker whose lease is live")
         return _settled(rt, done)
     try:
@@ -70,7 +69,7 @@ def train_router_run(rt: Runtime, run_id: UUID) -> RouterOutcome:
     return _settled(rt, judged)
 
 
-def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
+def _judged(rt: Runtime, run: RouterRun) -> RouterRun:
     """Fit the successor, judge it against the active release's router, register it, file the
     release naming it when it passed; returns the run as recorded."""
     with rt.pool.connection() as conn:
@@ -80,8 +79,7 @@ def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
     if contract.routing is None:
         raise ContractInvalid(f"contract {contract.version} has no routing suite")
     suite = routing_suite(rt.contract_path.parent, contract.routing)
-    end = {int(p): o for p, o in run["labels_end"].items()}
-    labels = logged_labels(rt.log, end)
+    labels = logged_labels(rt.log, run.labels_end)
     trainer = rt.router_trainer()
     candidate = trainer.retrain(labels, router_fit(rt.log, parent.specialists))
     judged = trainer.outcomes(candidate, suite), trainer.outcomes(parent, suite)
@@ -105,7 +103,7 @@ def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
             file_release(conn, child)
         finish_router_run(
             conn,
-            run["run_id"],
+            run.run_id,
             RouterRunEnd(
                 status="passed" if passed else "refused",
                 parent=parent.version,
@@ -114,9 +112,9 @@ def _judged(rt: Runtime, run: dict[str, Any]) -> dict[str, Any]:
                 evaluation=evaluation,
             ),
         )
-        recorded = router_run(conn, run["run_id"])
+        recorded = router_run(conn, run.run_id)
     if recorded is None:
-        raise RunFailed(f"router run {run['run_id']} is gone")
+        raise RunFailed(f"router run {run.run_id} is gone")
     return recorded
 
 
@@ -130,25 +128,28 @@ def routing_suite(folder: Path, rule: RoutingRule) -> list[LabelledTurn]:
     return [*suite, *load_jsonl(folder / rule.follow_ups, FollowUp, ContractInvalid)]
 
 
-def _settled(rt: Runtime, run: dict[str, Any]) -> RouterOutcome:
+def _settled(rt: Runtime, run: RouterRun) -> RouterOutcome:
     """Record the verdict of a judged run (again, for a redelivery: its id is derived) and ask
     for the promotion of a passed run's release unless it was promoted once (as it is, or
     rebased onto a release promoted since; a rollback since is the operator's word)."""
-    if run["status"] not in ("passed", "refused"):
-        return RouterOutcome(run["status"], run["router_version"], run["release_id"])
+    if run.status not in ("passed", "refused"):
+        return RouterOutcome(run.status, run.router_version, run.release_id)
     rt.log.append([_evaluated(run)])
-    if run["status"] == "refused":
-        return RouterOutcome("refused", run["router_version"])
+    if run.status == "refused":
+        return RouterOutcome("refused", run.router_version)
+    release_id = run.release_id
+    if release_id is None:
+        raise RunFailed(f"router run {run.run_id} passed without a release")
     with rt.pool.connection() as conn:
-        if promoted_once(conn, run["release_id"]):  # perhaps rebased, perhaps rolled back since
-            return RouterOutcome("promoted", run["router_version"], run["release_id"])
-    by = f"router run {run['run_id']}"
-    if run["left_out_tenants"]:
-        by += f", which unlearns {len(run['left_out_tenants'])} forgotten tenant(s)"
-    request = request_promotion(rt.pool, run["release_id"], requested_by=by)
+        if promoted_once(conn, release_id):  # perhaps rebased, perhaps rolled back since
+            return RouterOutcome("promoted", run.router_version, release_id)
+    by = f"router run {run.run_id}"
+    if run.left_out_tenants:
+        by += f", which unlearns {len(run.left_out_tenants)} forgotten tenant(s)"
+    request = request_promotion(rt.pool, release_id, requested_by=by)
     final = wait_for_request(rt.pool, request, PROMOTION_TIMEOUT_S)
-    status = "promoted" if final["status"] == "done" else f"promotion {final['status']}"
-    return RouterOutcome(status, run["router_version"], run["release_id"])
+    status = "promoted" if final.status == "done" else f"promotion {final.status}"
+    return RouterOutcome(status, run.router_version, run.release_id)
 
 
 def _accuracy(outcomes: dict[str, list[bool]]) -> float:
@@ -156,23 +157,25 @@ def _accuracy(outcomes: dict[str, list[bool]]) -> float:
     return sum(every) / len(every)
 
 
-def _evaluated(run: dict[str, Any]) -> NewEvent:
+def _evaluated(run: RouterRun) -> NewEvent:
     """``RouterEvaluated`` from the run as recorded."""
-    evaluation = run["evaluation"]
+    evaluation = run.evaluation
+    if evaluation is None or run.router_version is None or run.parent_router_version is None:
+        raise RunFailed(f"router run {run.run_id} was judged without its evaluation")
     return NewEvent(
         payload=RouterEvaluated(
-            run_id=run["run_id"],
-            router_version=run["router_version"],
-            parent_router_version=run["parent_router_version"],
+            run_id=run.run_id,
+            router_version=run.router_version,
+            parent_router_version=run.parent_router_version,
             contract_version=evaluation["contract_version"],
             candidate_accuracy=evaluation["candidate_accuracy"],
             parent_accuracy=evaluation["parent_accuracy"],
-            passed=run["status"] == "passed",
+            passed=run.status == "passed",
             reasons=evaluation["reasons"],
             labels_left_out=evaluation.get("labels_left_out", 0),  # none counted before v2
         ),
         tenant_id="system",
         key=ROUTER_RUNS_KEY,
-        event_id=derived_id("router-evaluated", run["run_id"]),
-        causation_id=run["run_id"],
+        event_id=derived_id("router-evaluated", run.run_id),
+        causation_id=run.run_id,
     )

@@ -9,8 +9,6 @@ import time
 from uuid import UUID
 
 from core.harness.artifact import harness_name
-from infra.postgres.registry import adapter_version
-from infra.postgres.runs import claim_run, dataset_snapshot, fail_run, renew_lease, run_result
 from learners.propose import propose_harness
 from learners.runtime import Progress, RunBusy, RunFailed, Runtime
 from learners.train import train_adapter
@@ -19,32 +17,26 @@ from learners.train import train_adapter
 def carry_out_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -> str:
     """Train the run's successor adapter or propose its harness; returns the versioned name
     of what it made (or, for a run that ended already, what is there)."""
-    with rt.pool.connection() as conn, conn.transaction():
-        run = claim_run(conn, run_id, "queued", rt.settings.training_lease_seconds)
-        if run is None:
-            done = run_result(conn, run_id)
-            if done is None:
-                raise RunFailed(f"no training run {run_id}")
-            if done["status"] == "running":
-                raise RunBusy(f"run {run_id} is being trained by a worker whose lease is live")
-            if done["harness_version"] is not None:
-                return harness_name(done["harness_version"])
-            return (
-                f"{done['specialist']}@{done['version']}"
-                if done["version"] is not None
-                else str(done["status"])
-            )
-        snapshot = dataset_snapshot(conn, run["snapshot_id"])
-        parent = adapter_version(conn, run["parent_adapter_id"])
+    run = rt.runs.claim(run_id, rt.settings.training_lease_seconds)
+    if run is None:
+        done = rt.runs.result(run_id)
+        if done is None:
+            raise RunFailed(f"no training run {run_id}")
+        if done.status == "running":
+            raise RunBusy(f"run {run_id} is being trained by a worker whose lease is live")
+        if done.harness_version is not None:
+            return harness_name(done.harness_version)
+        return f"{done.specialist}@{done.version}" if done.version is not None else done.status
+    snapshot = rt.runs.snapshot(run.snapshot_id)
+    parent = rt.runs.adapter(run.parent_adapter_id)
     try:
         if snapshot is None or parent is None:
             raise RunFailed(f"run {run_id} lacks its dataset snapshot or its parent adapter")
-        if run["kind"] == "harness":
+        if run.kind == "harness":
             return propose_harness(rt, run, snapshot)
         return train_adapter(rt, run, snapshot, parent, _renewing(rt, run_id, progress))
     except Exception as exc:
-        with rt.pool.connection() as conn, conn.transaction():
-            fail_run(conn, run_id, repr(exc)[:2000])
+        rt.runs.fail(run_id, repr(exc)[:2000])
         raise
 
 
@@ -56,8 +48,7 @@ def _renewing(rt: Runtime, run_id: UUID, progress: Progress | None) -> Progress:
         nonlocal renewed
         lease = rt.settings.training_lease_seconds
         if time.monotonic() - renewed > lease / 4:
-            with rt.pool.connection() as conn, conn.transaction():
-                renew_lease(conn, run_id, lease)
+            rt.runs.renew_lease(run_id, lease)
             renewed = time.monotonic()
         if progress is not None:
             progress(done, steps, losses)

@@ -13,6 +13,7 @@ from core.errors import MacaronError
 from core.ids import derived_id
 from core.log import EventLog
 from core.routing_labels import RouterTrainer
+from core.run_registry import RunRegistry
 from core.settings import Settings
 from infra.artifacts import ArtifactStore
 from infra.postgres.db import Pool
@@ -49,6 +50,8 @@ class RunBusy(MacaronError):
 class Runtime:
     settings: Settings
     pool: Pool
+    runs: RunRegistry
+    """The training runs, their snapshots and adapters (the rest of the registry: ``pool``)."""
     log: EventLog
     store: ArtifactStore
     model_dir: Path

@@ -10,6 +10,7 @@ from opentelemetry import trace
 
 from core.experience import EMPTY_CHAIN, chain_record, snapshot_events
 from core.log import EventLog
+from core.registry import DatasetSnapshot
 from infra import observe
 from learners.runtime import SnapshotForgotten, SnapshotMismatch
 
@@ -24,14 +25,14 @@ class Replayed:
     tenants: int
 
 
-def materialize(log: EventLog, snapshot: dict[str, Any]) -> Replayed:
+def materialize(log: EventLog, snapshot: DatasetSnapshot) -> Replayed:
     """Replay the snapshot's log range and the older records of the same specialist. The
     records must hash to the snapshot's hash, and as many of them teach as it counted (live
     rewards are hashed, not counted: ``streams.trigger``)."""
     events = snapshot_events(log, snapshot)
     if events.forgotten:
         raise SnapshotForgotten(
-            f"snapshot {snapshot['snapshot_id']} holds {events.forgotten} record(s) of forgotten "
+            f"snapshot {snapshot.snapshot_id} holds {events.forgotten} record(s) of forgotten "
             "tenants: it is not trained on"
         )
     records: list[Any] = [event.payload for event in events.records]
@@ -40,11 +41,11 @@ def materialize(log: EventLog, snapshot: dict[str, Any]) -> Replayed:
         running = chain_record(running, record)
         _link_to(event.envelope.trace)
     teaching = sum(1 for r in records if r.kind != "trajectory")
-    if running != snapshot["content_hash"] or teaching != snapshot["record_count"]:
+    if running != snapshot.content_hash or teaching != snapshot.record_count:
         raise SnapshotMismatch(
-            f"snapshot {snapshot['snapshot_id']} does not replay to its hash: its "
-            f"{snapshot['filter_version']} records chain to {running[:12]} ({teaching} teaching), "
-            f"it was defined as {snapshot['content_hash'][:12]} ({snapshot['record_count']})"
+            f"snapshot {snapshot.snapshot_id} does not replay to its hash: its "
+            f"{snapshot.filter_version} records chain to {running[:12]} ({teaching} teaching), "
+            f"it was defined as {snapshot.content_hash[:12]} ({snapshot.record_count})"
         )
     tenants = {event.envelope.tenant_id for event in events.records}
     return Replayed(records, [event.payload for event in events.older], len(tenants))

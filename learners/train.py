@@ -18,10 +18,14 @@ from core.experience import (
     records_of,
     source_of,
 )
-from core.registry import NewAdapterVersion, RunOutput
+from core.registry import (
+    AdapterVersion,
+    DatasetSnapshot,
+    RunOutput,
+    TrainingRun,
+)
 from core.release import AdapterRef
-from infra.postgres.registry import next_adapter_version, register_adapter
-from infra.postgres.runs import finish_run
+from core.run_registry import Candidate
 from learners.recipes.config import (
     DEFAULT_CONFIG,
     Examples,
@@ -38,9 +42,9 @@ from learners.snapshots import materialize
 
 def train_adapter(
     rt: Runtime,
-    run: dict[str, Any],
-    snapshot: dict[str, Any],
-    parent: dict[str, Any],
+    run: TrainingRun,
+    snapshot: DatasetSnapshot,
+    parent: AdapterVersion,
     progress: Progress | None,
 ) -> str:
     """Train, register and announce the run's successor adapter; returns its versioned name."""
@@ -49,8 +53,8 @@ def train_adapter(
         of_sources(replayed.records, rt.training),
         of_sources(replayed.older, rt.training),
     )
-    examples = training_examples(records, older, f"{parent['specialist']}@{parent['version']}")
-    parent_dir = rt.store.verified_path(parent["sha256"], parent["path"])
+    examples = training_examples(records, older, parent.ref.name)
+    parent_dir = rt.store.verified_path(parent.ref.sha256, parent.ref.path)
     with tempfile.TemporaryDirectory() as scratch:
         result = train_successor_adapter(
             rt.model_dir, parent_dir, Path(scratch), examples, rt.training, progress
@@ -71,16 +75,16 @@ def train_adapter(
         [
             NewEvent(
                 payload=CandidateTrained(
-                    run_id=run["run_id"],
-                    specialist=run["specialist"],
+                    run_id=run.run_id,
+                    specialist=run.specialist,
                     adapter_version=adapter.name,
-                    parent_adapter_version=f"{parent['specialist']}@{parent['version']}",
+                    parent_adapter_version=parent.ref.name,
                     sha256=sha,
                     metrics=metrics,
                 ),
                 tenant_id="system",
-                key=f"training.{run['specialist']}",
-                event_id=step_id(run["run_id"], "trained"),
+                key=f"training.{run.specialist}",
+                event_id=step_id(run.run_id, "trained"),
             )
         ]
     )
@@ -135,34 +139,26 @@ def _latest_per_turn(records: list[Any]) -> list[Any]:
 
 def _record_candidate(
     rt: Runtime,
-    run: dict[str, Any],
-    parent: dict[str, Any],
+    run: TrainingRun,
+    parent: AdapterVersion,
     sha: str,
     path: str,
     metrics: dict[str, float],
 ) -> AdapterRef:
     """Register the trained adapter as the specialist's next version and finish the run."""
-    with rt.pool.connection() as conn, conn.transaction():
-        adapter = register_adapter(
-            conn,
-            NewAdapterVersion(
-                specialist=run["specialist"],
-                version=next_adapter_version(conn, run["specialist"]),
-                parent_id=parent["adapter_version_id"],
-                sha256=sha,
-                path=path,
-                rank=int(parent["rank"]),
-                base_model=parent["base_model"],
-            ),
-        )
-        finish_run(
-            conn,
-            run["run_id"],
-            RunOutput(
-                adapter_version_id=adapter.adapter_version_id,
-                config=rt.training.model_dump(),
-                metrics=metrics,
-                recipe=(rt.settings.training_config or DEFAULT_CONFIG).stem,
-            ),
-        )
-    return adapter
+    return rt.runs.record_candidate(
+        run.run_id,
+        Candidate(
+            specialist=run.specialist,
+            parent_id=parent.ref.adapter_version_id,
+            sha256=sha,
+            path=path,
+            rank=parent.ref.rank,
+            base_model=parent.base_model,
+        ),
+        RunOutput(
+            config=rt.training.model_dump(),
+            metrics=metrics,
+            recipe=(rt.settings.training_config or DEFAULT_CONFIG).stem,
+        ),
+    )

@@ -202,11 +202,11 @@ def _promote(run_id: str, release_id: str) -> dict[str, Any]:
     with rt.pool.connection() as conn:
         done = last_request_of_run(conn, uuid.UUID(run_id))
         left_out = tenants_unlearned(conn, uuid.UUID(run_id))
-    if done is not None and done["status"] != "failed":
-        return {"status": done["status"], "reason": done["reason"]}
+    if done is not None and done.status != "failed":
+        return {"status": done.status, "reason": done.reason}
     by = f"run {run_id}"
     if left_out:
         by += f", which unlearns {left_out} forgotten tenant(s)"
     request = request_promotion(rt.pool, release_id, run_id=uuid.UUID(run_id), requested_by=by)
     final = wait_for_request(rt.pool, request, PROMOTION_TIMEOUT_S)
-    return {"status": final["status"], "reason": final["reason"]}
+    return {"status": final.status, "reason": final.reason}

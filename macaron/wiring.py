@@ -30,6 +30,7 @@ from infra.postgres.data_keys import PostgresDataKeys, wrapping_master_ids
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from infra.postgres.routers import queued_router_run_ids, register_router, router_model
+from infra.postgres.run_registry import PostgresRunRegistry
 from infra.postgres.runs import queued_run_ids
 from learners.queue import enqueue_router_training, enqueue_training
 from streams.experience_rules import ExperienceBuilder
@@ -158,6 +159,7 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
     return Runtime(
         settings=settings,
         pool=pool,
+        runs=PostgresRunRegistry(pool),
         log=event_log(settings, pool),
         store=ArtifactStore(settings.home / "adapters"),
         model_dir=folder,

@@ -17,10 +17,10 @@ from __future__ import annotations
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from core.experience import experience_key
 from core.log import EventLog
+from core.registry import TrainedAdapter, TrainedRouter
 from core.routing import ROUTING_KEY
 from infra.postgres.db import DictConnection
 from infra.postgres.exposure import (
@@ -52,14 +52,14 @@ def exposure(conn: DictConnection, log: EventLog, tenants: Collection[str]) -> E
     releases = [
         r
         for r in release_adapters(conn)
-        if set(r["adapter_ids"]) & exposed.keys() or r["router_version"] in routers
+        if set(r.adapter_ids) & exposed.keys() or r.router_version in routers
     ]
     return Exposure(
         records=sum(len(spots) for spots in found.values()),
         adapters=tuple(exposed.values()),
         routers=tuple(routers),
-        releases=tuple(r["release_id"] for r in releases),
-        active=any(r["active"] for r in releases),
+        releases=tuple(r.release_id for r in releases),
+        active=any(r.active for r in releases),
     )
 
 
@@ -90,28 +90,29 @@ def _records_of(log: EventLog, tenants: Collection[str]) -> dict[str, list[Spot]
     return found
 
 
-def _could_read(tenant: str, run: dict[str, Any], forgotten_at: dict[str, datetime]) -> bool:
-    """Whether a run could read ``tenant``'s records: not when it left the tenant out, nor when
-    it was queued after the tenant was forgotten (they read as ``Forgotten`` by then)."""
+def _could_read(
+    tenant: str, made: TrainedAdapter | TrainedRouter, forgotten_at: dict[str, datetime]
+) -> bool:
+    """Whether the run that made an adapter or a router could read ``tenant``'s records: not
+    when it left the tenant out, nor when it was queued after the tenant was forgotten (they
+    read as ``Forgotten`` by then)."""
     gone = forgotten_at.get(tenant)
-    return tenant not in (run["left_out_tenants"] or ()) and (
-        gone is None or run["queued_at"] < gone
-    )
+    queued = made.queued_at
+    return tenant not in made.left_out_tenants and (gone is None or queued is None or queued < gone)
 
 
 def _exposed_adapters(conn: DictConnection, found: dict[str, list[Spot]]) -> dict[int, str]:
     exposed: dict[int, str] = {}
     forgotten_at = forgotten_times(conn)
     for adapter in trained_adapters(conn):
-        ends = adapter["end_positions"] or {}
-        spots = found.get(experience_key(adapter["specialist"]), [])
+        ends = adapter.trained_to or {}
+        spots = found.get(experience_key(adapter.specialist), [])
         direct = any(
-            offset < ends.get(str(part), 0) and _could_read(tenant, adapter, forgotten_at)
+            offset < ends.get(part, 0) and _could_read(tenant, adapter, forgotten_at)
             for part, offset, tenant in spots
         )
-        if direct or adapter["parent_id"] in exposed:
-            name = f"{adapter['specialist']}@{adapter['version']}"
-            exposed[adapter["adapter_version_id"]] = name
+        if direct or adapter.parent_id in exposed:
+            exposed[adapter.adapter_version_id] = adapter.name
     return exposed
 
 
@@ -119,10 +120,10 @@ def _exposed_routers(conn: DictConnection, found: dict[str, list[Spot]]) -> list
     labels = found.get(ROUTING_KEY, [])
     forgotten_at = forgotten_times(conn)
     return [
-        r["router_version"]
+        r.router_version
         for r in trained_routers(conn)
         if any(
-            offset < r["labels_end"].get(str(part), 0) and _could_read(tenant, r, forgotten_at)
+            offset < r.labels_end.get(part, 0) and _could_read(tenant, r, forgotten_at)
             for part, offset, tenant in labels
         )
     ]

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from core.engine import GenerationRequest, SamplingParams
 from core.errors import MacaronError, PromotionFailed
@@ -26,7 +25,7 @@ from core.events.tenants import SYSTEM_TENANT
 from core.harness.artifact import HarnessVersion
 from core.ids import derived_id
 from core.log import EventLog
-from core.registry import Promotion
+from core.registry import Promotion, PromotionRequest
 from core.release import Release, rebased
 from core.routing import RouterModel
 from infra import observe
@@ -117,27 +116,27 @@ class PromotionListener:
             )
         return child
 
-    async def _carry_out(self, request: dict[str, Any]) -> None:
+    async def _carry_out(self, request: PromotionRequest) -> None:
         with observe.tracer.start_as_current_span(
             "promotion.apply",
             attributes={
-                "macaron.kind": request["kind"],
-                "macaron.release_id": request["release_id"],
-                "macaron.run_id": str(request["run_id"] or ""),
+                "macaron.kind": request.kind,
+                "macaron.release_id": request.release_id,
+                "macaron.run_id": str(request.run_id or ""),
             },
         ) as span:
             outcome = await self._attempt(request)
             span.set_attribute("macaron.outcome", outcome)
-        observe.promotions.add(1, {"kind": request["kind"], "outcome": outcome})
+        observe.promotions.add(1, {"kind": request.kind, "outcome": outcome})
         observe.adapters_loaded.set(len(self.chat.engine.loaded_adapters()))
 
-    async def _attempt(self, request: dict[str, Any]) -> str:
+    async def _attempt(self, request: PromotionRequest) -> str:
         """Carry the request out; returns ``done`` or ``refused``."""
         old = self.chat.release
         try:
             with self.pool.connection() as conn:
-                release = release_by_id(conn, request["release_id"])
-                if request["kind"] == "promote" and release.parent_release_id != old.release_id:
+                release = release_by_id(conn, request.release_id)
+                if request.kind == "promote" and release.parent_release_id != old.release_id:
                     release = self._rebased(conn, release, old)
                 harness = harness_by_name(conn, release.harness_version)
                 router = self._router_of(conn, release)
@@ -177,29 +176,29 @@ class PromotionListener:
             if not tokens or tokens[-1].finish_reason is None:
                 raise PromotionFailed(f"canary request on {name} returned no answer")
 
-    def _flip(self, request: dict[str, Any], old: Release, release: Release) -> None:
-        rollback = request["kind"] == "rollback"
-        reason = f"requested by {request['requested_by']}"
+    def _flip(self, request: PromotionRequest, old: Release, release: Release) -> None:
+        rollback = request.kind == "rollback"
+        reason = f"requested by {request.requested_by}"
         rebase = None
-        if release.release_id != request["release_id"]:
+        if release.release_id != request.release_id:
             rebase = f"rebased onto {old.release_id} as {release.release_id}"
-            reason += f"; {request['release_id']} {rebase}"
+            reason += f"; {request.release_id} {rebase}"
         with self.pool.connection() as conn, conn.transaction():
             if rebase is not None:
-                file_rebased_release(conn, release, request["release_id"])
-            activate_release(conn, release.release_id, request["requested_by"])
+                file_rebased_release(conn, release, request.release_id)
+            activate_release(conn, release.release_id, request.requested_by)
             record_promotion(
                 conn,
                 Promotion(
-                    promotion_id=request["request_id"],
+                    promotion_id=request.request_id,
                     kind="rolled_back" if rollback else "promoted",
                     from_release_id=old.release_id,
                     to_release_id=release.release_id,
-                    run_id=request["run_id"],
+                    run_id=request.run_id,
                     reason=reason,
                 ),
             )
-            finish_request(conn, request["request_id"], note=rebase)
+            finish_request(conn, request.request_id, note=rebase)
         payload = (
             ReleaseRolledBack(
                 from_release_id=old.release_id,
@@ -210,7 +209,7 @@ class PromotionListener:
             else ReleasePromoted(
                 release_id=release.release_id,
                 parent_release_id=old.release_id,
-                run_id=request["run_id"],
+                run_id=request.run_id,
             )
         )
         self.log.append(
@@ -219,33 +218,33 @@ class PromotionListener:
                     payload=payload,
                     tenant_id=SYSTEM_TENANT,
                     key=RELEASES_KEY,
-                    event_id=derived_id("promotion", request["request_id"]),
+                    event_id=derived_id("promotion", request.request_id),
                 )
             ]
         )
 
-    def _refuse(self, request: dict[str, Any], old: Release, reason: str) -> None:
+    def _refuse(self, request: PromotionRequest, old: Release, reason: str) -> None:
         with self.pool.connection() as conn, conn.transaction():
-            fail_request(conn, request["request_id"], reason)
+            fail_request(conn, request.request_id, reason)
             record_promotion(
                 conn,
                 Promotion(
-                    promotion_id=request["request_id"],
+                    promotion_id=request.request_id,
                     kind="rejected",
                     from_release_id=old.release_id,
-                    to_release_id=request["release_id"],
-                    run_id=request["run_id"],
+                    to_release_id=request.release_id,
+                    run_id=request.run_id,
                     reason=reason,
                 ),
             )
-        if request["run_id"] is not None:
+        if request.run_id is not None:
             self.log.append(
                 [
                     NewEvent(
-                        payload=PromotionRejected(run_id=request["run_id"], reason=reason),
+                        payload=PromotionRejected(run_id=request.run_id, reason=reason),
                         tenant_id=SYSTEM_TENANT,
                         key=RELEASES_KEY,
-                        event_id=derived_id("promotion", request["request_id"]),
+                        event_id=derived_id("promotion", request.request_id),
                     )
                 ]
             )

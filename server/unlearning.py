@@ -25,7 +25,7 @@ is what unlearning gives, so those specialists' ancestors go back in place in on
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
@@ -35,14 +35,14 @@ from core.events.tenants import SYSTEM_TENANT
 from core.experience import EMPTY_CHAIN, chain_record, snapshot_events
 from core.ids import derived_id
 from core.log import EventLog
-from core.registry import QueuedRun
+from core.registry import DatasetSnapshot, ProducingRun, QueuedRun, TrainedAdapter
 from core.release import AdapterRef, Release
 from core.routing import ROUTER_RUNS_KEY, ROUTING_KEY
 from infra.postgres.db import DictConnection
 from infra.postgres.exposure import producing_run, trained_adapters
-from infra.postgres.registry import active_release, adapter_ref, adapter_version, file_release
+from infra.postgres.registry import active_release, adapter_version, file_release
 from infra.postgres.routers import queue_router_run, router_run
-from infra.postgres.runs import SnapshotRange, queue_run, record_snapshot, run_result
+from infra.postgres.runs import queue_run, record_snapshot, run_result
 from server.exposure import exposed_parts
 
 
@@ -81,7 +81,7 @@ def queue_retraining(conn: DictConnection, log: EventLog, forgotten: Sequence[st
     router = (
         _queue_router(conn, log, sorted(forgotten)) if active.router_version in routers else None
     )
-    adapters = {int(a["adapter_version_id"]): a for a in trained_adapters(conn)}
+    adapters = {a.adapter_version_id: a for a in trained_adapters(conn)}
     queued, fallen_back = [], {}
     for specialist, ref in sorted(active.adapters.items()):
         adapter_id = ref.adapter_version_id
@@ -89,13 +89,14 @@ def queue_retraining(conn: DictConnection, log: EventLog, forgotten: Sequence[st
         if adapter_id not in exposed or made_by is None:
             continue  # only a trained adapter (with a snapshot) can be exposed
         ancestor = adapters[adapter_id]
-        while ancestor["adapter_version_id"] in exposed:
-            ancestor = adapters[ancestor["parent_id"]]  # version 0 is never exposed
+        while ancestor.adapter_version_id in exposed:
+            assert ancestor.parent_id is not None  # version 0 is never exposed
+            ancestor = adapters[ancestor.parent_id]
         retraining = _queue(conn, log, made_by, ancestor, sorted(forgotten))
         if retraining is not None:
             queued.append(retraining)
         else:
-            fallen_back[specialist] = _ref(conn, int(ancestor["adapter_version_id"]))
+            fallen_back[specialist] = _ref(conn, ancestor.adapter_version_id)
     if not fallen_back:
         return Unlearning(queued, None, router_run=router)
     fallback = active.successor(adapters=fallen_back)
@@ -116,10 +117,9 @@ def _queue_router(conn: DictConnection, log: EventLog, forgotten: list[str]) -> 
         queued = router_run(conn, run_id)
         if queued is None:
             raise TrainingInFlight("a router run is queued or running; it goes first")
-        if queued["status"] not in ("queued", "running"):
+        if queued.status not in ("queued", "running"):
             return None
-        end = {int(p): o for p, o in queued["labels_end"].items()}
-        count = queued["label_count"]
+        end, count = queued.labels_end, queued.label_count
     requested = RouterTrainingRequested(
         run_id=run_id, labels=count, labels_end={str(p): o for p, o in end.items()}
     )
@@ -129,19 +129,19 @@ def _queue_router(conn: DictConnection, log: EventLog, forgotten: list[str]) -> 
 
 
 def _ref(conn: DictConnection, adapter_version_id: int) -> AdapterRef:
-    row = adapter_version(conn, adapter_version_id)
-    assert row is not None  # an ancestor of a registered adapter
-    return adapter_ref(row)
+    found = adapter_version(conn, adapter_version_id)
+    assert found is not None  # an ancestor of a registered adapter
+    return found.ref
 
 
 def _queue(
     conn: DictConnection,
     log: EventLog,
-    made_by: dict[str, Any],
-    ancestor: dict[str, Any],
+    made_by: ProducingRun,
+    ancestor: TrainedAdapter,
     forgotten: list[str],
 ) -> Retraining | None:
-    specialist, recipe = str(made_by["specialist"]), str(made_by["recipe"])
+    specialist, recipe = made_by.snapshot.specialist, made_by.recipe
     kept = _kept_snapshot(log, made_by, forgotten)
     if kept is None:
         return None  # the tenants were all it had learned from: the ancestor stays
@@ -153,7 +153,7 @@ def _queue(
         QueuedRun(
             run_id=run_id,
             specialist=specialist,
-            parent_adapter_id=int(ancestor["adapter_version_id"]),
+            parent_adapter_id=ancestor.adapter_version_id,
             snapshot_id=snapshot.snapshot_id,
             kind="adapter",
             recipe=recipe,
@@ -162,7 +162,7 @@ def _queue(
     )
     if not queued and run_result(conn, run_id) is None:
         raise TrainingInFlight(f"a run of {specialist} is queued or running; it goes first")
-    parent = f"{ancestor['specialist']}@{ancestor['version']}"
+    parent = ancestor.name
     request = TrainingRequested(
         run_id=run_id,
         specialist=specialist,
@@ -177,12 +177,13 @@ def _queue(
 
 
 def _kept_snapshot(
-    log: EventLog, made_by: dict[str, Any], forgotten: list[str]
-) -> tuple[SnapshotRange, int] | None:
+    log: EventLog, made_by: ProducingRun, forgotten: list[str]
+) -> tuple[DatasetSnapshot, int] | None:
     """The range of the snapshot ``made_by`` trained on, without ``forgotten``'s records, and
     how many records it keeps; ``None`` when none of them teaches."""
-    specialist = str(made_by["specialist"])
-    events = snapshot_events(log, {**made_by, "left_out_tenants": forgotten})
+    trained_on = made_by.snapshot
+    specialist = trained_on.specialist
+    events = snapshot_events(log, replace(trained_on, left_out_tenants=tuple(forgotten)))
     if events.forgotten:
         raise TenantForgotten(f"{specialist}: another tenant was forgotten meanwhile; run it again")
     records: list[Any] = [event.payload for event in events.records]
@@ -192,20 +193,13 @@ def _kept_snapshot(
     teaching = sum(1 for record in records if record.kind != "trajectory")
     if not teaching:
         return None
-    [(part, start)] = made_by["start_positions"].items()
-    [(_, end)] = made_by["end_positions"].items()
-    version = str(made_by["filter_version"])
-    snapshot = SnapshotRange(
+    part, start, end = trained_on.partition, trained_on.start_offset, trained_on.end_offset
+    version = trained_on.filter_version
+    snapshot = replace(
+        trained_on,
         snapshot_id=derived_id("snapshot", specialist, part, start, end, version, *forgotten),
-        specialist=specialist,
-        partition=int(part),
-        start_offset=int(start),
-        end_offset=int(end),
-        filter_version=version,
         content_hash=running,
         record_count=teaching,
-        rewards_hashed=bool(made_by["rewards_hashed"]),
-        backfills=tuple(made_by["backfills"] or ()),
         left_out_tenants=tuple(forgotten),
     )
     return snapshot, len(records)

@@ -113,16 +113,16 @@ def backfill(
         with pool.connection() as conn, conn.transaction():
             row = store.begin_backfill(conn, backfill_id, filter_version, first, last)
             read = load_positions(conn, _name(backfill_id))
-            if row["status"] == "running":
-                copy_tables(conn, row["schema_name"], builder.tables)
-        outcome = Backfill(backfill_id, filter_version, first, last, row["records"], bool(read))
-        if row["status"] == "done":
+            if row.status == "running":
+                copy_tables(conn, row.schema_name, builder.tables)
+        outcome = Backfill(backfill_id, filter_version, first, last, row.records, bool(read))
+        if row.status == "done":
             return replace(outcome, already_done=True)
-        derivation = _Derivation(builder, outcome, row["schema_name"])
+        derivation = _Derivation(builder, outcome, row.schema_name)
         forgotten = _derive(log, pool, derivation, read, request.batch, progress)
         records = sum(1 for _ in _appended(log, backfill_id))
         with pool.connection() as conn, conn.transaction():
-            drop_schema(conn, row["schema_name"])
+            drop_schema(conn, row.schema_name)
             forget_positions(conn, _name(backfill_id))
             store.finish_backfill(conn, backfill_id, records)
     return replace(outcome, records=records, forgotten=forgotten)

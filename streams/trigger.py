@@ -36,13 +36,12 @@ from core.events.privacy import Forgotten
 from core.experience import EMPTY_CHAIN, chain_record, experience_key
 from core.ids import derived_id
 from core.log import EventLog, RecordedEvent
-from core.registry import QueuedRun
+from core.registry import DatasetSnapshot, QueuedRun
 from core.release import AdapterRef
 from infra.postgres.backfills import is_backfill
 from infra.postgres.db import DictConnection
 from infra.postgres.registry import active_adapter
 from infra.postgres.runs import (
-    SnapshotRange,
     queue_run,
     record_snapshot,
     run_in_flight,
@@ -67,7 +66,7 @@ worker's setting, and the run's ``recipe`` names it once trained."""
 class TrainingRequest:
     """What a due trigger records: the snapshot, and the queued run's event (id = run id)."""
 
-    snapshot: SnapshotRange
+    snapshot: DatasetSnapshot
     parent_adapter_id: int
     event: NewEvent
 
@@ -257,7 +256,7 @@ def training_request(
     tagged = ("left-out", *left_out) if left_out else ()  # never an unlearning run's id
     snapshot_id = derived_id("snapshot", specialist, partition, start, end, version, *tagged)
     run_id = derived_id("run", snapshot_id)
-    snapshot = SnapshotRange(
+    snapshot = DatasetSnapshot(
         snapshot_id=snapshot_id,
         specialist=specialist,
         partition=partition,

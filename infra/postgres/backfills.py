@@ -6,12 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
+from pydantic import JsonValue
 
 from core.errors import BackfillRunning
+from core.registry import BackfillState
 from infra.postgres.db import DictConnection
 
 
@@ -21,8 +22,8 @@ def begin_backfill(
     filter_version: str,
     start: Mapping[int, int],
     end: Mapping[int, int],
-) -> dict[str, Any]:
-    """The backfill's row, added as ``running`` if it is new."""
+) -> BackfillState:
+    """Where the backfill stands, added as ``running`` if it is new."""
     conn.execute(
         "INSERT INTO experience_backfills (backfill_id, filter_version, start_positions, "
         "end_positions, schema_name, status, records) VALUES (%s, %s, %s, %s, %s, 'running', 0) "
@@ -36,11 +37,12 @@ def begin_backfill(
         ),
     )
     row = conn.execute(
-        "SELECT * FROM experience_backfills WHERE backfill_id = %s", (backfill_id,)
+        "SELECT status, records, schema_name FROM experience_backfills WHERE backfill_id = %s",
+        (backfill_id,),
     ).fetchone()
     if row is None:
         raise RuntimeError("a backfill inserted or there is no row")
-    return dict(row)
+    return BackfillState(**row)
 
 
 def running_end(
@@ -59,16 +61,15 @@ def running_end(
     return None
 
 
-def finish_backfill(conn: DictConnection, backfill_id: UUID, records: int) -> dict[str, Any]:
+def finish_backfill(conn: DictConnection, backfill_id: UUID, records: int) -> None:
     """Mark it done, with the records it appended in all."""
     row = conn.execute(
         "UPDATE experience_backfills SET status = 'done', records = %s, finished_at = now() "
-        "WHERE backfill_id = %s RETURNING *",
+        "WHERE backfill_id = %s RETURNING backfill_id",
         (records, backfill_id),
     ).fetchone()
     if row is None:
         raise RuntimeError(f"no backfill {backfill_id}")
-    return dict(row)
 
 
 @contextmanager
@@ -94,12 +95,21 @@ def is_backfill(conn: DictConnection, backfill_id: UUID) -> bool:
     return row is not None
 
 
-def backfills(conn: DictConnection, ids: Sequence[UUID]) -> list[dict[str, Any]]:
-    """The backfills of ``ids``, as lineage shows them."""
+def replayed_by(conn: DictConnection, ids: Sequence[UUID]) -> list[dict[str, JsonValue]]:
+    """The backfills of ``ids``, oldest first, as lineage shows them (JSON)."""
     rows = conn.execute(
-        "SELECT backfill_id, filter_version, start_positions, end_positions, status, records, "
-        "started_at, finished_at FROM experience_backfills WHERE backfill_id = ANY(%s) "
-        "ORDER BY started_at",
+        "SELECT backfill_id, filter_version, start_positions, end_positions, records, "
+        "finished_at FROM experience_backfills WHERE backfill_id = ANY(%s) ORDER BY started_at",
         (list(ids),),
     ).fetchall()
-    return [dict(r) for r in rows]
+    return [
+        {
+            "backfill_id": str(b["backfill_id"]),
+            "filter_version": b["filter_version"],
+            "from": b["start_positions"],
+            "to": b["end_positions"],
+            "records": b["records"],
+            "finished_at": None if b["finished_at"] is None else str(b["finished_at"]),
+        }
+        for b in rows
+    ]

@@ -24,7 +24,7 @@ from core.events.chain import verify_chain
 from core.harness.artifact import harness_number
 from core.log import EventLog
 from infra.artifacts import ArtifactStore
-from infra.postgres.backfills import backfills
+from infra.postgres.backfills import replayed_by
 from infra.postgres.db import DictConnection
 
 _ADAPTER = re.compile(r"([a-z][a-z0-9_-]{0,63})@([0-9]{1,9})")
@@ -227,17 +227,7 @@ def run_detail(conn: DictConnection, run_id: Any) -> dict[str, JsonValue]:
                 "content_hash": run["content_hash"],
                 "records": run["record_count"],
                 "forgotten_tenants_left_out": len(run["left_out_tenants"]),
-                "replayed": [
-                    {
-                        "backfill_id": b["backfill_id"],
-                        "filter_version": b["filter_version"],
-                        "from": b["start_positions"],
-                        "to": b["end_positions"],
-                        "records": b["records"],
-                        "finished_at": b["finished_at"],
-                    }
-                    for b in backfills(conn, run["backfills"])
-                ],
+                "replayed": replayed_by(conn, run["backfills"]),
             },
             "evaluations": [
                 {

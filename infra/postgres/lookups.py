@@ -4,10 +4,11 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 from uuid import UUID
 
+from core.registry import RunVerdicts
 from infra.postgres.db import DictConnection
+from infra.postgres.runs import run_of
 
 
 def conversation_of_turn(conn: DictConnection, turn_id: UUID) -> UUID | None:
@@ -27,19 +28,21 @@ def run_ids_oldest_first(conn: DictConnection) -> list[UUID]:
     return [row["run_id"] for row in rows]
 
 
-def run_verdicts(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
-    """A run with its evaluation and its latest promotion decision: ``specialist``, ``kind``,
-    ``recipe``, ``status``, ``error``, ``metrics``, ``scores``, ``passed``, ``promotion`` (its
-    kind) and ``promotion_reason``; the last four are ``None`` until they happen."""
+def run_verdicts(conn: DictConnection, run_id: UUID) -> RunVerdicts | None:
+    """A run with its evaluation and its latest promotion decision."""
     row = conn.execute(
-        "SELECT r.specialist, r.kind, r.recipe, r.status, r.error, r.metrics, e.scores, e.passed, "
+        "SELECT r.*, e.scores, e.passed, "
         "p.kind AS promotion, p.reason AS promotion_reason FROM training_runs r "
         "LEFT JOIN evaluations e ON e.run_id = r.run_id "
         "LEFT JOIN LATERAL (SELECT kind, reason FROM promotions WHERE run_id = r.run_id "
         "ORDER BY created_at DESC LIMIT 1) p ON true WHERE r.run_id = %s",
         (run_id,),
     ).fetchone()
-    return None if row is None else dict(row)
+    if row is None:
+        return None
+    return RunVerdicts(
+        run_of(row), row["scores"], row["passed"], row["promotion"], row["promotion_reason"]
+    )
 
 
 def run_times(conn: DictConnection, run_ids: list[UUID]) -> dict[UUID, tuple[datetime, datetime]]:

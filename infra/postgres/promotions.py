@@ -5,6 +5,7 @@ API) and wait for the outcome."""
 from __future__ import annotations
 
 import time
+from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
@@ -12,7 +13,7 @@ import psycopg
 
 from core.errors import PromotionFailed, PromotionInProgress, ReleaseNotFound
 from core.ids import uuid7
-from core.registry import Promotion
+from core.registry import Promotion, PromotionRequest
 from infra.postgres.db import DictConnection, Pool
 
 
@@ -41,7 +42,7 @@ def request_promotion(
     return request_id
 
 
-def wait_for_request(pool: Pool, request_id: UUID, timeout: float) -> dict[str, Any]:
+def wait_for_request(pool: Pool, request_id: UUID, timeout: float) -> PromotionRequest:
     """The request's final state, or its pending state after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -52,17 +53,29 @@ def wait_for_request(pool: Pool, request_id: UUID, timeout: float) -> dict[str, 
         if row is None:
             raise PromotionFailed(f"no promotion request {request_id}")
         if row["status"] != "pending" or time.monotonic() > deadline:
-            return dict(row)
+            return _request(row)
         time.sleep(0.2)
 
 
 _CLAIM_LOCK = 0x6D6163_70726F6D  # "macprom": the advisory lock of promotion requests
 
 
-def _pending_request(conn: DictConnection) -> dict[str, Any] | None:
+def _pending_request(conn: DictConnection) -> PromotionRequest | None:
     """The request waiting to be carried out, if any (at most one is pending at a time)."""
     row = conn.execute("SELECT * FROM promotion_requests WHERE status = 'pending'").fetchone()
-    return None if row is None else dict(row)
+    return None if row is None else _request(row)
+
+
+def _request(row: Mapping[str, Any]) -> PromotionRequest:
+    return PromotionRequest(
+        request_id=row["request_id"],
+        kind=row["kind"],
+        release_id=row["release_id"],
+        run_id=row["run_id"],
+        requested_by=row["requested_by"],
+        status=row["status"],
+        reason=row["reason"],
+    )
 
 
 class RequestClaim:
@@ -73,7 +86,7 @@ class RequestClaim:
         self._pool = pool
         self._conn: DictConnection | None = None
 
-    def acquire(self) -> dict[str, Any] | None:
+    def acquire(self) -> PromotionRequest | None:
         """The pending request, held until ``release``; None when there is none or another
         server is carrying one out."""
         conn = self._pool.getconn()
@@ -109,14 +122,13 @@ class RequestClaim:
             self._pool.putconn(conn)
 
 
-def last_request_of_run(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
-    """The status and reason of the newest request made for ``run_id``, if any."""
+def last_request_of_run(conn: DictConnection, run_id: UUID) -> PromotionRequest | None:
+    """The newest request made for ``run_id``, if any."""
     row = conn.execute(
-        "SELECT status, reason FROM promotion_requests WHERE run_id = %s "
-        "ORDER BY requested_at DESC LIMIT 1",
+        "SELECT * FROM promotion_requests WHERE run_id = %s ORDER BY requested_at DESC LIMIT 1",
         (run_id,),
     ).fetchone()
-    return None if row is None else dict(row)
+    return None if row is None else _request(row)
 
 
 def record_promotion(conn: DictConnection, promotion: Promotion) -> None:

@@ -12,7 +12,7 @@ from psycopg.types.json import Jsonb
 from core.canonical import canonical_json, sha256_hex
 from core.errors import HarnessInvalid, HarnessNotFound, NoActiveRelease, ReleaseNotFound
 from core.harness.artifact import HarnessSpec, HarnessVersion, harness_from, harness_number
-from core.registry import NewAdapterVersion
+from core.registry import AdapterVersion, HarnessEntry, NewAdapterVersion
 from core.release import AdapterRef, Release
 from infra.postgres.db import DictConnection
 
@@ -88,12 +88,12 @@ def harness_by_name(conn: DictConnection, ref: str) -> HarnessVersion:
     return _harness(row)
 
 
-def harness_list(conn: DictConnection) -> list[dict[str, Any]]:
+def harness_list(conn: DictConnection) -> list[HarnessEntry]:
     """Every registered harness version, oldest first: name, address, parent, when."""
     rows = conn.execute(
         "SELECT name, sha256, parent_version, created_at FROM harness_versions ORDER BY version"
     ).fetchall()
-    return [dict(row) for row in rows]
+    return [HarnessEntry(**row) for row in rows]
 
 
 def _harness(row: Mapping[str, Any]) -> HarnessVersion:
@@ -173,12 +173,14 @@ def next_adapter_version(conn: DictConnection, specialist: str) -> int:
     return 1 if row is None or row["v"] is None else int(row["v"])
 
 
-def adapter_version(conn: DictConnection, adapter_version_id: int) -> dict[str, Any] | None:
-    """An adapter version's row (with its base model and parent), or ``None``."""
+def adapter_version(conn: DictConnection, adapter_version_id: int) -> AdapterVersion | None:
+    """An adapter version (with its base model and parent), or ``None``."""
     row = conn.execute(
         "SELECT * FROM adapter_versions WHERE adapter_version_id = %s", (adapter_version_id,)
     ).fetchone()
-    return None if row is None else dict(row)
+    if row is None:
+        return None
+    return AdapterVersion(adapter_ref(row), row["parent_id"], row["base_model"])
 
 
 def active_adapter(conn: DictConnection, specialist: str) -> AdapterRef | None:

@@ -11,7 +11,7 @@ from uuid import UUID
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
-from core.registry import RouterRunEnd
+from core.registry import RouterRun, RouterRunEnd
 from core.routing import RouterInvalid, RouterModel, RouterNotFound
 from infra.postgres.db import DictConnection
 
@@ -83,9 +83,7 @@ def router_run_in_flight(conn: DictConnection) -> bool:
     return row is not None
 
 
-def claim_router_run(
-    conn: DictConnection, run_id: UUID, lease_seconds: int
-) -> dict[str, Any] | None:
+def claim_router_run(conn: DictConnection, run_id: UUID, lease_seconds: int) -> RouterRun | None:
     """The run, now running under a lease, if it is queued or its last worker's lease ran out;
     ``None`` otherwise (done, or a live worker has it)."""
     row = conn.execute(
@@ -94,7 +92,7 @@ def claim_router_run(
         "RETURNING *",
         (lease_seconds, run_id),
     ).fetchone()
-    return None if row is None else dict(row)
+    return None if row is None else _router_run(row)
 
 
 def finish_router_run(conn: DictConnection, run_id: UUID, end: RouterRunEnd) -> None:
@@ -115,9 +113,24 @@ def finish_router_run(conn: DictConnection, run_id: UUID, end: RouterRunEnd) -> 
     )
 
 
-def router_run(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
+def router_run(conn: DictConnection, run_id: UUID) -> RouterRun | None:
     row = conn.execute("SELECT * FROM router_runs WHERE run_id = %s", (run_id,)).fetchone()
-    return None if row is None else dict(row)
+    return None if row is None else _router_run(row)
+
+
+def _router_run(row: Mapping[str, Any]) -> RouterRun:
+    return RouterRun(
+        run_id=row["run_id"],
+        labels_end={int(p): o for p, o in row["labels_end"].items()},
+        label_count=row["label_count"],
+        status=row["status"],
+        left_out_tenants=tuple(row["left_out_tenants"]),
+        parent_router_version=row["parent_router_version"],
+        router_version=row["router_version"],
+        release_id=row["release_id"],
+        evaluation=row["evaluation"],
+        error=row["error"],
+    )
 
 
 def queued_router_run_ids(conn: DictConnection) -> list[UUID]:

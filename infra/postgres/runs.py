@@ -9,38 +9,27 @@ specialist is in flight (a unique index).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 
-from core.registry import EvaluationRecord, QueuedRun, RunKind, RunOutput
+from core.registry import (
+    ContractScore,
+    DatasetSnapshot,
+    EvaluationRecord,
+    QueuedRun,
+    RunKind,
+    RunOutput,
+    RunResult,
+    StoredOutcomes,
+    TrainingRun,
+)
 from infra.postgres.db import DictConnection
 
 
-@dataclass(frozen=True)
-class SnapshotRange:
-    """An immutable slice of one specialist's experience: ``[start_offset, end_offset)`` of
-    one partition, read under ``filter_version``, whose records chain to ``content_hash``."""
-
-    snapshot_id: UUID
-    specialist: str
-    partition: int
-    start_offset: int
-    end_offset: int
-    filter_version: str
-    content_hash: str
-    record_count: int
-    rewards_hashed: bool = True
-    """Whether its live rewards are in ``content_hash`` (not for a range begun before they were)."""
-    backfills: tuple[UUID, ...] = ()
-    """The backfills that appended any of its records (replayed history)."""
-    left_out_tenants: tuple[str, ...] = ()
-    """Forgotten tenants whose records in the range it leaves out (a retraining)."""
-
-
-def record_snapshot(conn: DictConnection, snapshot: SnapshotRange) -> None:
+def record_snapshot(conn: DictConnection, snapshot: DatasetSnapshot) -> None:
     conn.execute(
         "INSERT INTO dataset_snapshots (snapshot_id, specialist, start_positions, "
         "end_positions, filter_version, content_hash, record_count, rewards_hashed, backfills, "
@@ -61,11 +50,30 @@ def record_snapshot(conn: DictConnection, snapshot: SnapshotRange) -> None:
     )
 
 
-def dataset_snapshot(conn: DictConnection, snapshot_id: UUID) -> dict[str, Any] | None:
+def dataset_snapshot(conn: DictConnection, snapshot_id: UUID) -> DatasetSnapshot | None:
     row = conn.execute(
         "SELECT * FROM dataset_snapshots WHERE snapshot_id = %s", (snapshot_id,)
     ).fetchone()
-    return None if row is None else dict(row)
+    return None if row is None else snapshot_of(row)
+
+
+def snapshot_of(row: Mapping[str, Any]) -> DatasetSnapshot:
+    """A ``dataset_snapshots`` row as its record (one partition's range)."""
+    [(partition, start)] = row["start_positions"].items()
+    [(_, end)] = row["end_positions"].items()
+    return DatasetSnapshot(
+        snapshot_id=row["snapshot_id"],
+        specialist=row["specialist"],
+        partition=int(partition),
+        start_offset=int(start),
+        end_offset=int(end),
+        filter_version=row["filter_version"],
+        content_hash=row["content_hash"],
+        record_count=row["record_count"],
+        rewards_hashed=row["rewards_hashed"],
+        backfills=tuple(row["backfills"] or ()),
+        left_out_tenants=tuple(row["left_out_tenants"] or ()),
+    )
 
 
 def queue_run(conn: DictConnection, run: QueuedRun) -> bool:
@@ -102,25 +110,42 @@ def queued_run_ids(conn: DictConnection) -> list[UUID]:
     return [r["run_id"] for r in rows]
 
 
-def training_run(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
+def training_run(conn: DictConnection, run_id: UUID) -> TrainingRun | None:
     row = conn.execute("SELECT * FROM training_runs WHERE run_id = %s", (run_id,)).fetchone()
-    return None if row is None else dict(row)
+    return None if row is None else run_of(row)
 
 
-def claim_run(
-    conn: DictConnection, run_id: UUID, status: str, lease_seconds: int
-) -> dict[str, Any] | None:
-    """Take the run if it is ``status`` and nobody holds a live lease on it."""
+def run_of(row: Mapping[str, Any]) -> TrainingRun:
+    """A ``training_runs`` row as its record."""
+    return TrainingRun(
+        run_id=row["run_id"],
+        specialist=row["specialist"],
+        parent_adapter_id=row["parent_adapter_id"],
+        snapshot_id=row["snapshot_id"],
+        kind=row["kind"],
+        recipe=row["recipe"],
+        status=row["status"],
+        unlearning=row["unlearning"],
+        created_at=row["created_at"],
+        result_adapter_id=row["result_adapter_id"],
+        result_harness_version=row["result_harness_version"],
+        metrics=row["metrics"],
+        error=row["error"],
+    )
+
+
+def claim_run(conn: DictConnection, run_id: UUID, lease_seconds: int) -> TrainingRun | None:
+    """Take the run if it is queued and nobody holds a live lease on it."""
     row = conn.execute(
         "UPDATE training_runs SET status = 'running', lease_until = now() + %s * interval '1 s' "
-        "WHERE run_id = %s AND (status = %s OR (status = 'running' AND lease_until < now())) "
+        "WHERE run_id = %s AND (status = 'queued' OR (status = 'running' AND lease_until < now())) "
         "RETURNING *",
-        (lease_seconds, run_id, status),
+        (lease_seconds, run_id),
     ).fetchone()
-    return None if row is None else dict(row)
+    return None if row is None else run_of(row)
 
 
-def run_result(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
+def run_result(conn: DictConnection, run_id: UUID) -> RunResult | None:
     """The run's status and, once it succeeded, its adapter's specialist and version, or the
     harness version it proposed (``harness_version``)."""
     row = conn.execute(
@@ -130,7 +155,7 @@ def run_result(conn: DictConnection, run_id: UUID) -> dict[str, Any] | None:
         "WHERE r.run_id = %s",
         (run_id,),
     ).fetchone()
-    return None if row is None else dict(row)
+    return None if row is None else RunResult(**row)
 
 
 def renew_lease(conn: DictConnection, run_id: UUID, lease_seconds: int) -> None:
@@ -210,7 +235,7 @@ def record_release_score(
 
 def evaluated_outcomes(
     conn: DictConnection, release_id: str, contract_version: str
-) -> list[dict[str, Any]]:
+) -> list[StoredOutcomes]:
     """Every per-task record of ``release_id`` under ``contract_version``, as the candidate of
     the run that made it, as the parent of a run, or scored on its own: ``outcomes`` (passed),
     ``well_formed`` per suite and the ``digest`` stored with them (JSON, not validated)."""
@@ -228,10 +253,10 @@ def evaluated_outcomes(
         "WHERE run_id IS NULL AND release_id = %(release)s AND contract_version = %(version)s",
         {"release": release_id, "version": contract_version},
     ).fetchall()
-    return [dict(r) for r in rows]
+    return [StoredOutcomes(**r) for r in rows]
 
 
-def contract_scores(conn: DictConnection) -> list[dict[str, Any]]:
+def contract_scores(conn: DictConnection) -> list[ContractScore]:
     """Each release's contract scores per contract version (share of tasks passed and share
     well-formed, per suite), whichever evaluation measured every task first (as a run's
     candidate or parent, or on its own; a candidate's record that stopped early, with tasks
@@ -254,16 +279,16 @@ def contract_scores(conn: DictConnection) -> list[dict[str, Any]]:
         "COALESCE(s.outcomes::text LIKE '%null%', false), s.created_at"
     ).fetchall()
     found = [
-        {
-            "release_id": row["release_id"],
-            "contract_version": row["contract_version"],
-            "released_at": row["released"].isoformat(),
-            "scores": row["scores"],
-            "well_formed": row["formats"],
-        }
+        ContractScore(
+            release_id=row["release_id"],
+            contract_version=row["contract_version"],
+            released_at=row["released"],
+            scores=row["scores"],
+            well_formed=row["formats"],
+        )
         for row in rows
     ]
-    return sorted(found, key=lambda r: (r["released_at"], r["contract_version"]))
+    return sorted(found, key=lambda r: (r.released_at, r.contract_version))
 
 
 def tenants_unlearned(conn: DictConnection, run_id: UUID) -> int:

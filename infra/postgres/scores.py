@@ -3,9 +3,9 @@ specialist by the ``live_scores`` view (migration 0017); rates are ratios of the
 
 from __future__ import annotations
 
-from typing import Any
 from uuid import UUID
 
+from core.registry import LiveScore
 from infra.postgres.db import DictConnection
 
 COUNTERS = frozenset(
@@ -51,7 +51,7 @@ def add_to_scores(conn: DictConnection, turn_id: UUID, amounts: dict[str, float]
     )
 
 
-def live_scores(conn: DictConnection) -> list[dict[str, Any]]:
+def live_scores(conn: DictConnection) -> list[LiveScore]:
     """Every release's and specialist's counters."""
     rows = conn.execute("SELECT * FROM live_scores ORDER BY release_id, specialist").fetchall()
-    return [dict(r) for r in rows]
+    return [LiveScore(**r) for r in rows]

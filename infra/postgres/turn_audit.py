@@ -23,6 +23,7 @@ from core.experience import snapshot_events
 from core.log import EventLog
 from infra.postgres.db import DictConnection
 from infra.postgres.lineage import active_release_at, run_detail
+from infra.postgres.runs import snapshot_of
 
 Shown = Literal["counts", "ids", "content"]
 """How much of the training records an audit shows: counts, each one's ids, or content too."""
@@ -186,7 +187,7 @@ def _training(
     if run is None:
         return None
     records = []
-    for event in snapshot_events(log, run).records:
+    for event in snapshot_events(log, snapshot_of(run)).records:
         payload: Any = event.payload
         from_rollouts = payload.rollout_group_id is not None
         records.append(

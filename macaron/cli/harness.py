@@ -27,12 +27,12 @@ def harness_list_command(ctx: typer.Context) -> None:
     for column in ("name", "sha256", "parent", "created"):
         table.add_column(column)
     for row in rows:
-        parent = row["parent_version"]
+        parent = row.parent_version
         table.add_row(
-            row["name"],
-            row["sha256"],
+            row.name,
+            row.sha256,
             "(root)" if parent is None else f"harness@{parent}",
-            row["created_at"].isoformat()[:19],
+            row.created_at.isoformat()[:19],
         )
     console.print(table)
 

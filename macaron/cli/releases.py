@@ -58,11 +58,11 @@ def await_promotion(cfg: Settings, release_id: str, kind: str, timeout: float) -
     with wiring.pool(cfg) as pool:
         request = request_promotion(pool, release_id, kind=kind, requested_by="operator (cli)")
         final = wait_for_request(pool, request, timeout)
-    if final["status"] == "pending":
+    if final.status == "pending":
         raise PromotionFailed(f"no server took the request in {timeout:.0f} s; is one running?")
-    if final["status"] == "failed":
-        raise PromotionFailed(f"{kind} of {release_id} refused: {final['reason']}")
-    how = f"; {final['reason']}" if final["reason"] else ""
+    if final.status == "failed":
+        raise PromotionFailed(f"{kind} of {release_id} refused: {final.reason}")
+    how = f"; {final.reason}" if final.reason else ""
     console.print(f"{release_id} is active ({kind}{how})")
 
 
@@ -89,16 +89,16 @@ def registry(
         if release_id is None:
             raise ReleaseNotFound(f"no release was active at {moment.isoformat()}")
         step = release_step(conn, release_id)
-    detail: Any = step.detail
+        release = release_by_id(conn, release_id)
     console.print(f"active at {moment.isoformat()}: {release_id} (created {step.created_at})")
     table = Table()
     for column in ("part", "version"):
         table.add_column(column)
-    for name, adapter in detail["adapters"].items():
-        table.add_row(name, str(adapter))
-    table.add_row("harness", f"{detail['harness_version']} (hcp {detail['hcp_version']})")
-    table.add_row("router", str(detail["router_version"]))
-    table.add_row("base model", str(detail["base_model"]))
+    for name, adapter in release.adapters.items():
+        table.add_row(name, f"{adapter.name} sha256:{adapter.sha256[:12]}")
+    table.add_row("harness", f"{release.harness_version} (hcp {release.hcp_version})")
+    table.add_row("router", release.router_version)
+    table.add_row("base model", release.base_model)
     console.print(table)
 
 

@@ -3,6 +3,7 @@ the worker's tasks have ids derived from the run id, so a task that raised is fo
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from uuid import UUID
 
@@ -16,23 +17,22 @@ from macaron.demo.records import DemoFailed, RunRecord
 def run_outcome(pool: Pool, run_id: UUID) -> RunRecord | None:
     """What became of the run, or ``None`` while it is still being trained or decided."""
     with pool.connection() as conn:
-        row = run_verdicts(conn, run_id)
-    if row is None:
+        verdicts = run_verdicts(conn, run_id)
+    if verdicts is None:
         raise DemoFailed(f"run {run_id} was listed but is gone from training_runs")
-    scores: dict[str, Any] = row["scores"] or {}
-    seconds = row["metrics"].get("seconds")
-
-    formats: dict[str, Any] = scores.get("formats", {})
-    recipe = str(row["recipe"])
+    run = verdicts.run
+    scores: Mapping[str, Any] = verdicts.scores or {}
+    seconds = run.metrics.get("seconds")
+    formats: Mapping[str, Any] = scores.get("formats", {})
 
     def decided(outcome: str, reasons: list[str]) -> RunRecord:
         return RunRecord(
             str(run_id),
-            row["specialist"],
-            str(row["kind"]),
-            recipe,
+            run.specialist,
+            run.kind,
+            run.recipe,
             outcome,
-            bool(row["passed"]),
+            bool(verdicts.passed),
             None if seconds is None else float(seconds),
             scores.get("candidate", {}),
             scores.get("parent", {}),
@@ -44,19 +44,19 @@ def run_outcome(pool: Pool, run_id: UUID) -> RunRecord | None:
         )
 
     failure = _task_failure(str(run_id))
-    if row["status"] == "failed" or (row["status"] != "succeeded" and failure is not None):
-        return decided("training failed", [row["error"] or failure or "unknown"])
-    if row["status"] != "succeeded":
+    if run.status == "failed" or (run.status != "succeeded" and failure is not None):
+        return decided("training failed", [run.error or failure or "unknown"])
+    if run.status != "succeeded":
         return None
-    if row["passed"] is None:
+    if verdicts.passed is None:
         failure = _task_failure(f"{run_id}.evaluate")
         return None if failure is None else decided("evaluation failed", [failure])
-    if not row["passed"]:
+    if not verdicts.passed:
         return decided("rejected", list(scores.get("reasons", [])))
-    if row["promotion"] == "promoted":
+    if verdicts.promotion == "promoted":
         return decided("promoted", [])
-    if row["promotion"] == "rejected":
-        return decided("promotion refused", [row["promotion_reason"]])
+    if verdicts.promotion == "rejected":
+        return decided("promotion refused", [verdicts.promotion_reason or ""])
     failure = _task_failure(f"{run_id}.promote")
     return None if failure is None else decided("promotion failed", [failure])
 
@@ -74,6 +74,6 @@ def run_progress(pool: Pool, run_id: UUID) -> str:
     if result.state == "PROGRESS" and isinstance(info, dict):
         return f"training: step {info.get('step')} of {info.get('steps')}"
     with pool.connection() as conn:
-        row = training_run(conn, run_id)
-    status = "unknown" if row is None else str(row["status"])
+        run = training_run(conn, run_id)
+    status = "unknown" if run is None else run.status
     return {"succeeded": "trained: evaluating and deciding"}.get(status, status)

@@ -16,6 +16,7 @@ from starlette.responses import JSONResponse, Response
 
 from core.auth import Principal, bearer_key
 from core.errors import PromotionFailed, ReleaseNotFound, TurnNotFound
+from core.registry import ContractScore, LiveScore
 from infra.postgres.exposure import forgotten_tenants
 from infra.postgres.lineage import audit, lineage, releases
 from infra.postgres.promotions import request_promotion, wait_for_request
@@ -115,7 +116,7 @@ async def scores_endpoint(request: Request) -> Response:
         with pool.connection() as conn:
             return {
                 "scores": [_rates(row) for row in live_scores(conn)],
-                "contract": contract_scores(conn),
+                "contract": [_contract(row) for row in contract_scores(conn)],
             }
 
     return JSONResponse(await asyncio.to_thread(read))
@@ -125,17 +126,21 @@ def _ratio(part: float, whole: float) -> float | None:
     return None if not whole else part / whole
 
 
-def _rates(row: dict[str, Any]) -> dict[str, Any]:
-    turns = row["turns"] or 0
+def _rates(row: LiveScore) -> dict[str, Any]:
+    turns = row.turns
     ratio = _ratio
     return {
-        **row,
-        "thumbs_up_rate": ratio(row["ups"], turns),
-        "edit_rate": ratio(row["edits"], turns),
-        "action_success_rate": ratio(row["actions_ok"], row["actions"]),
-        "genui_validity_rate": ratio(row["genui_valid"], row["genui"]),
-        "mean_latency_ms": ratio(row["latency_ms"], turns),
+        **asdict(row),
+        "thumbs_up_rate": ratio(row.ups, turns),
+        "edit_rate": ratio(row.edits, turns),
+        "action_success_rate": ratio(row.actions_ok, row.actions),
+        "genui_validity_rate": ratio(row.genui_valid, row.genui),
+        "mean_latency_ms": ratio(row.latency_ms, turns),
     }
+
+
+def _contract(row: ContractScore) -> dict[str, Any]:
+    return {**asdict(row), "released_at": row.released_at.isoformat()}
 
 
 async def forget_endpoint(request: Request) -> Response:
@@ -186,7 +191,7 @@ async def _carry_out(request: Request, release_id: str, kind: str, who: Principa
         lambda: request_promotion(pool, release_id, kind=kind, requested_by=by)
     )
     final = await asyncio.to_thread(wait_for_request, pool, request_id, PROMOTION_TIMEOUT_S)
-    if final["status"] != "done":
-        raise PromotionFailed(f"{kind} of {release_id}: {final['reason'] or final['status']}")
-    done = {"release_id": release_id, "kind": kind, "status": "done", "note": final["reason"]}
+    if final.status != "done":
+        raise PromotionFailed(f"{kind} of {release_id}: {final.reason or final.status}")
+    done = {"release_id": release_id, "kind": kind, "status": "done", "note": final.reason}
     return JSONResponse(done)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -164,7 +164,7 @@ def assert_trained_on_the_backfill(served: Served, backfill_id: Any) -> None:
     assert len(replayed.records) >= snapshot.record_count > 0
     assert {r.filter_version for r in replayed.records} == {"experience-2"}
     with pytest.raises(SnapshotMismatch) as caught:
-        materialize(served.log, {**stored, "content_hash": "0" * 64})
+        materialize(served.log, replace(stored, content_hash="0" * 64))
     assert caught.value.code == "snapshot_mismatch"
 
 

@@ -20,7 +20,7 @@ from core.events import ModelResponded, TurnReceived
 from core.events.chain import verify_chain
 from core.events.privacy import Forgotten
 from core.experience import experience_key
-from core.registry import QueuedRun, RunOutput
+from core.registry import DatasetSnapshot, QueuedRun, RunOutput
 from core.settings import Settings
 from engines.instant import InstantEngine
 from infra.identity_adapter import write_identity_adapter
@@ -32,7 +32,6 @@ from infra.postgres.lineage import audit
 from infra.postgres.registry import activate_release
 from infra.postgres.replay import tables_hash
 from infra.postgres.runs import (
-    SnapshotRange,
     dataset_snapshot,
     finish_run,
     queue_run,
@@ -174,10 +173,10 @@ def assert_pending_records_left_acme_out(served: Running) -> None:
         request = train_now(conn, "agent", version)
         snapshot = dataset_snapshot(conn, request.snapshot.snapshot_id)
         raise_rollback = psycopg.Rollback(tx)
-        assert snapshot is not None and snapshot["left_out_tenants"] == ["acme"]
+        assert snapshot is not None and snapshot.left_out_tenants == ("acme",)
         opened = materialize(server.log, snapshot)
         teaching = [r for r in opened.records if r.kind != "trajectory"]  # rewards ride along
-        assert opened.tenants == 1 and len(teaching) == snapshot["record_count"] > 0
+        assert opened.tenants == 1 and len(teaching) == snapshot.record_count > 0
         raise raise_rollback
 
 
@@ -259,7 +258,7 @@ def test_retraining_starts_before_the_exposure_and_leaves_the_tenant_out(
     assert kept and any(e.envelope.tenant_id == "acme" for e in records)
     version = kept[0].payload.filter_version  # type: ignore[attr-defined]
     offsets = [e.position.offset for e in records]
-    trained_on = SnapshotRange(
+    trained_on = DatasetSnapshot(
         snapshot_id=uuid.uuid4(),
         specialist="agent",
         partition=0,
@@ -311,7 +310,7 @@ def test_retraining_starts_before_the_exposure_and_leaves_the_tenant_out(
         snapshot = dataset_snapshot(conn, queued.event.payload.snapshot_id)  # type: ignore[attr-defined]
         old = dataset_snapshot(conn, trained_on.snapshot_id)
     assert [r.run_id for r in again] == [queued.run_id]
-    assert snapshot is not None and snapshot["left_out_tenants"] == ["acme"]
+    assert snapshot is not None and snapshot.left_out_tenants == ("acme",)
     replayed = materialize(server.log, snapshot)
     assert (
         len(replayed.records)

@@ -83,7 +83,7 @@ def promote(served: Running, tiny_model: Path, folder: Path, specialist: str, se
     write_identity_adapter(tiny_model, folder, base_model=tiny_model.name, rank=4, seed=seed)
     child = successor(served, folder, 4, specialist)
     request_id = request_promotion(served.server.pool, child.release_id, requested_by="t")
-    assert wait_for_request(served.server.pool, request_id, 60)["status"] == "done"
+    assert wait_for_request(served.server.pool, request_id, 60).status == "done"
     assert served.server.chat.release.release_id == child.release_id
 
 
@@ -164,7 +164,7 @@ def test_a_harness_only_promotion_flips_at_once_and_a_held_turn_keeps_its_harnes
 
         child = harness_successor(served, _terse_coding())
         request_id = request_promotion(served.server.pool, child.release_id, requested_by="t")
-        assert wait_for_request(served.server.pool, request_id, 60)["status"] == "done"
+        assert wait_for_request(served.server.pool, request_id, 60).status == "done"
         assert (chat.release.release_id, chat.harness.name) == (child.release_id, "harness@1")
         assert chat.release.harness_version == "harness@1" and chat.release.adapters == adapters
 
@@ -243,7 +243,7 @@ def _assert_refused(served: Running, change: dict[str, Any], reason: str) -> Non
         create_release(conn, child, active=False)
     request_id = request_promotion(served.server.pool, child.release_id, requested_by="t")
     final = wait_for_request(served.server.pool, request_id, 60)
-    assert final["status"] == "failed" and reason in final["reason"], final
+    assert final.status == "failed" and reason in (final.reason or ""), final
     assert (chat.release, chat.harness.name) == (old, "harness@0")
     with served.server.pool.connection() as conn:
         kinds = conn.execute(
@@ -289,7 +289,7 @@ def test_a_release_naming_another_router_version_routes_with_it_from_the_flip(
                 child = root.successor(router_version=leaning.version)
                 create_release(conn, child, active=False)
             request_id = request_promotion(pool, child.release_id, requested_by="t")
-            assert wait_for_request(pool, request_id, 60)["status"] == "done"
+            assert wait_for_request(pool, request_id, 60).status == "done"
             assert _serving(chat, child.release_id) == child.release_id
             assert own.version == leaning.version
             assert _chat_turn(ws, "after")[0]["adapter_version"] == "coding@0"
@@ -297,7 +297,7 @@ def test_a_release_naming_another_router_version_routes_with_it_from_the_flip(
             assert decided[-1].router_version == leaning.version
 
             back = request_promotion(pool, root.release_id, kind="rollback", requested_by="t")
-            assert wait_for_request(pool, back, 60)["status"] == "done"
+            assert wait_for_request(pool, back, 60).status == "done"
             assert _serving(chat, root.release_id) == root.release_id
             assert own.version == seed.version
             assert _chat_turn(ws, "back")[0]["adapter_version"] == "chat@0"
@@ -312,7 +312,7 @@ def test_a_release_naming_another_router_version_routes_with_it_from_the_flip(
                     create_release(conn, bad, active=False)
                 refused = request_promotion(pool, bad.release_id, requested_by="t")
                 final = wait_for_request(pool, refused, 60)
-                assert final["status"] == "failed" and reason in final["reason"], final
+                assert final.status == "failed" and reason in (final.reason or ""), final
                 assert (chat.release, own.version) == (root, seed.version)
 
 
@@ -347,11 +347,11 @@ def test_a_candidate_judged_before_a_router_promotion_is_rebased_onto_it(
             wait_for_request(pool, request_promotion(pool, r.release_id, requested_by="t"), 60)
             for r in (router_child, harness_child)
         ]
-        assert [f["status"] for f in finals] == ["done", "done"]
+        assert [f.status for f in finals] == ["done", "done"]
         expected = router_child.successor(harness=harness)
         assert _serving(chat, expected.release_id) == expected.release_id
         assert chat.release == expected
-        assert finals[1]["reason"] == (
+        assert finals[1].reason == (
             f"rebased onto {router_child.release_id} as {chat.release.release_id}"
         )
         assert (own.version, chat.harness.name) == (leaning.version, "harness@1")
@@ -374,7 +374,7 @@ def test_a_candidate_judged_before_a_router_promotion_is_rebased_onto_it(
         refused = wait_for_request(
             pool, request_promotion(pool, other.release_id, requested_by="t"), 60
         )
-        assert refused["status"] == "failed" and "evaluated again" in refused["reason"], refused
+        assert refused.status == "failed" and "evaluated again" in (refused.reason or ""), refused
         assert own.version == leaning.version
 
 

@@ -158,7 +158,7 @@ def test_harness_versions_round_trip_numbered_by_the_registry(pool: Pool) -> Non
         assert harness_by_name(conn, "harness@1") == child
         assert harness_by_name(conn, "harness@0").spec == root_spec
         assert harness_by_name(conn, LEGACY_HARNESS) == root  # releases from before: harness@0
-        assert [r["name"] for r in harness_list(conn)] == ["harness@0", "harness@1"]
+        assert [r.name for r in harness_list(conn)] == ["harness@0", "harness@1"]
         with pytest.raises(HarnessNotFound):
             harness_by_name(conn, "harness@2")
         with pytest.raises(HarnessInvalid):  # only the root has no parent

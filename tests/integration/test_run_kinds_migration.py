@@ -63,12 +63,12 @@ def test_runs_before_the_kind_column_get_their_kind_from_the_recipe(stack: Local
         assert migrate(url) == [KINDS]
         with open_pool(url) as pool, pool.connection() as conn:
             kinds = {label: training_run(conn, run_id) for label, run_id in runs.items()}
-            assert {label: run["kind"] for label, run in kinds.items() if run} == {
+            assert {label: run.kind for label, run in kinds.items() if run} == {
                 "adapter": "adapter",
                 "harness": "harness",
                 "failed harness": "harness",
             }
-            assert kinds["harness"] is not None and kinds["harness"]["recipe"] == "harness.grammar"
+            assert kinds["harness"] is not None and kinds["harness"].recipe == "harness.grammar"
             assert runs_of_kind(conn, "genui", "harness") == 2
             assert runs_of_kind(conn, "genui", "adapter") == 1
     finally:

@@ -724,7 +724,7 @@ def test_promotion_under_load_fails_no_turn_and_flips_at_one_instant(
         child = successor(served, make_adapter(vllm_model, tmp_path / "new", 8, ALL_LINEAR, 7), 8)
         request_id = request_promotion(served.server.pool, child.release_id, requested_by="test")
         outcome = wait_for_request(served.server.pool, request_id, 300)
-        assert outcome["status"] == "done", outcome
+        assert outcome.status == "done", outcome
         while not each_has(2, child.release_id) and time.monotonic() < deadline:
             time.sleep(0.2)
     finally:
@@ -799,7 +799,7 @@ def test_two_servers_on_one_fleet_under_a_promotion_fail_no_turn(
                 adapter = make_adapter(vllm_model, tmp_path / "new", 8, ALL_LINEAR, 7)
                 child = registered_successor(pool, settings.home, adapter, 8)
                 request_id = request_promotion(pool, child.release_id, requested_by="test")
-                assert wait_for_request(pool, request_id, 300)["status"] == "done"
+                assert wait_for_request(pool, request_id, 300).status == "done"
                 wait_until(
                     lambda: all(
                         any(t.get("release") == child.release_id for t in s.turns) for s in sessions
@@ -852,8 +852,8 @@ def test_a_rank_too_large_promotion_is_refused_and_the_old_release_serves_on(
     child = successor(served, make_adapter(vllm_model, tmp_path / "big", 32, ALL_LINEAR, 8), 32)
     request_id = request_promotion(served.server.pool, child.release_id, requested_by="test")
     outcome = wait_for_request(served.server.pool, request_id, 120)
-    assert outcome["status"] == "failed"
-    assert "coding@1 has rank 32; this engine serves ranks up to 16" in outcome["reason"]
+    assert outcome.status == "failed"
+    assert "coding@1 has rank 32; this engine serves ranks up to 16" in (outcome.reason or "")
     with served.server.pool.connection() as conn:
         active = conn.execute("SELECT release_id FROM releases WHERE active").fetchone()
     assert active is not None and active["release_id"] == old.release_id
@@ -890,9 +890,11 @@ def test_a_load_refused_by_one_replica_is_undone_on_the_others(
                 served.server.pool, child.release_id, requested_by="test"
             )
             outcome = wait_for_request(served.server.pool, request_id, 120)
-            assert outcome["status"] == "failed"
-            assert f"vLLM replica {replicas[0].url} refused adapter coding@1" in outcome["reason"]
-            assert "500 InternalServerError" in outcome["reason"]
+            assert outcome.status == "failed"
+            assert f"vLLM replica {replicas[0].url} refused adapter coding@1" in (
+                outcome.reason or ""
+            )
+            assert "500 InternalServerError" in (outcome.reason or "")
             assert "coding@1" not in names_on(wide) | names_on(replicas[0])
             with served.server.pool.connection() as conn:
                 sql = "SELECT kind FROM promotions WHERE promotion_id = %s"

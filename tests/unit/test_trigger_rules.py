@@ -15,9 +15,9 @@ from core.events.privacy import Forgotten
 from core.experience import EMPTY_CHAIN, chain_record
 from core.log import LogPosition, RecordedEvent
 from core.mapper import Mapper
+from core.registry import DatasetSnapshot
 from core.release import AdapterRef
 from infra.memory import InMemoryEventLog
-from infra.postgres.runs import SnapshotRange
 from infra.postgres.trigger import PendingRecords
 from streams.trigger import RECIPE, TrainingTrigger, counted, due, recounted, training_request
 
@@ -138,7 +138,7 @@ def test_due_at_the_threshold(count: int, threshold: int, expected: bool) -> Non
 def test_the_request_snapshots_the_range_up_to_the_event() -> None:
     pending = PendingRecords("coding", "experience-1", 0, 7, 4, "b" * 64)
     request = training_request(ending(pending, 10, partition=2), PARENT, EVENT)
-    assert request.snapshot == SnapshotRange(
+    assert request.snapshot == DatasetSnapshot(
         snapshot_id=request.snapshot.snapshot_id,
         specialist="coding",
         partition=2,
