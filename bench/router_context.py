@@ -21,7 +21,7 @@ from bench.report import Row, report, row
 from bench.router import HELDOUT
 from core.routing import RouterDecision
 from core.routing_labels import LabelledTurn
-from learners.router_training import load_examples, load_follow_ups
+from learners.routing.training import load_examples, load_follow_ups
 from learners.tasks import BANK_V1, load_bank
 from macaron import wiring
 from server.router import SentenceEmbedder

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from core.engine import Engine, GenerationRequest, SamplingParams
-from engines.lora_layers import TARGETS
+from engines.local.lora_layers import TARGETS
 
 RANK = 16
 PROMPTS = [

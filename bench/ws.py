@@ -63,7 +63,12 @@ class FixedRouter:
         raise NotImplementedError("a router without a classifier serves no other version")
 
     def route(
-        self, text: str, hint: str | None = None, within: Collection[str] | None = None
+        self,
+        text: str,
+        hint: str | None = None,
+        within: Collection[str] | None = None,
+        tool_callers: Collection[str] = (),
+        previous: str | None = None,
     ) -> RouterDecision:
         return RouterDecision(
             scores={"chat": 1.0},
@@ -130,7 +135,7 @@ def serve(mode: str, settings_json: str, port: int) -> None:
     )
     try:
         uvicorn.run(
-            server.entrypoints.app,
+            server.app,
             host="127.0.0.1",
             port=port,
             log_level="warning",

@@ -4,7 +4,7 @@ A contract is data (``learners/contract-v*.yaml``): per specialist a suite of ta
 checker and a reference answer, plus a ``general`` suite that catches forgetting. ``decide``
 applies the rule to paired per-task outcomes of a candidate and its parent, so a decision can be
 recomputed from stored outcomes under any contract version. Running the checkers is I/O and lives
-in ``learners.contract_runner``.
+in ``learners.evaluation.contract_runner``.
 """
 
 from __future__ import annotations

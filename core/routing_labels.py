@@ -77,7 +77,7 @@ def added_examples(events: Iterable[SpecialistAdded]) -> dict[str, tuple[str, ..
 
 class RouterTrainer(Protocol):
     """What the learning loop and the router service need to train and judge router versions
-    (the composition root hands them ``learners.router_training.ClassifierTrainer``, on the
+    (the composition root hands them ``learners.routing.training.ClassifierTrainer``, on the
     seed examples)."""
 
     def retrain(self, labels: Iterable[RoutingLabelled], fit: RouterFit) -> RouterModel:

@@ -1,5 +1,5 @@
 """One engine, two kinds of traffic: chat in the foreground, and background work (the rollout
-lane, ``learners.rollout_lane``) on the capacity chat leaves idle.
+lane, ``learners.rollouts.lane``) on the capacity chat leaves idle.
 
 ``SharedEngine`` is the engine as chat sees it: it counts the chat requests in flight.
 ``background()`` is the engine as the lane sees it: a request starts only when no chat request

@@ -1,2 +1,2 @@
-"""Celery app and tasks: training recipes, dataset snapshots, the contract runner, adapter
-export."""
+"""The learning loop: the Celery tasks (``worker.py``) and their rooms: ``training/``, the
+adapter recipe (``recipes/``), ``evaluation/``, ``rollouts/`` and ``routing/``."""

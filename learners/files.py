@@ -1,4 +1,5 @@
-"""Reading the learners' data files: one YAML document validated as a pydantic model.
+"""The learners' data files (``DATA``), and reading one: a YAML document validated as a pydantic
+model.
 
 A document may start from another: ``extends: <file name>`` (a YAML file in the same folder,
 which extends none) takes that file's top-level keys, and the document's own keys replace them
@@ -17,6 +18,9 @@ from pydantic import BaseModel, ValidationError
 from core.errors import MacaronError, validation_problems
 
 _M = TypeVar("_M", bound=BaseModel)
+
+DATA = Path(__file__).resolve().parent
+"""Where the learners' data files lie: the contracts, the routing suites and seed examples."""
 
 
 def load_yaml_model(path: Path, model: type[_M], error: type[MacaronError]) -> _M:

@@ -21,7 +21,7 @@ from infra import observe
 from infra.local_stack import LocalStack
 
 if TYPE_CHECKING:
-    from learners.rollout_job import RolloutJob
+    from learners.rollouts.job import RolloutJob
 
 TRAIN, EVAL, DEFAULT, ROLLOUT = "train", "eval", "default", "rollout"
 

@@ -44,7 +44,7 @@ from infra.postgres.registry import (
     register_harness,
 )
 from infra.postgres.routers import register_router, router_model
-from learners.router_training import logged_labels, router_fit
+from learners.routing.training import logged_labels, router_fit
 from learners.runtime import Runtime
 
 MIN_EXAMPLES = 8

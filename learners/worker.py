@@ -1,9 +1,9 @@
 """The Celery tasks, on ``learners.queue``'s app: ``train_successor`` (queue ``train``, GPU
-workers with concurrency 1: ``learners.runs`` trains an adapter or proposes a harness),
-``evaluate_candidate`` (``eval``, ``learners.evaluate``), ``promote`` (``default``),
+workers with concurrency 1: ``learners.training.runs`` trains an adapter or proposes a harness),
+``evaluate_candidate`` (``eval``, ``learners.evaluation.evaluate``), ``promote`` (``default``),
 ``sample_rollouts`` (``rollout``: sample, verify and record a rollout job's groups,
-``learners.rollout_job``) and ``train_router`` (``train``: a router successor,
-``learners.router_training``). The evaluation of an adapter run queues a harness proposal for its
+``learners.rollouts.job``) and ``train_router`` (``train``: a router successor,
+``learners.routing.training``). The evaluation of an adapter run queues a harness proposal for its
 specialist, started once the decision took effect. Every task is idempotent by its id, so a
 redelivery repeats nothing. Only the composition root builds the runtime (``macaron.wiring``)
 and installs it here (``install_runtime``, by ``macaron worker``); the tasks find it there.
@@ -29,12 +29,12 @@ from core.errors import EngineWithdrawn, PromotionInProgress
 from infra import observe
 from infra.postgres.promotions import last_request_of_run, request_promotion, wait_for_request
 from infra.postgres.runs import tenants_unlearned
-from learners.evaluate import evaluate_run
+from learners.evaluation.evaluate import evaluate_run
 from learners.queue import app, enqueue_training
-from learners.rollout_job import RolloutJob, run_rollouts
-from learners.router_run import PROMOTION_TIMEOUT_S, train_router_run
-from learners.runs import carry_out_run
+from learners.rollouts.job import RolloutJob, run_rollouts
+from learners.routing.run import PROMOTION_TIMEOUT_S, train_router_run
 from learners.runtime import RunBusy, Runtime
+from learners.training.runs import carry_out_run
 
 _runtime: Runtime | None = None
 
@@ -183,7 +183,7 @@ def sample_rollouts(self: Task, job: dict[str, Any]) -> dict[str, Any]:
 @app.task(bind=True, name="macaron.train_router")
 def train_router(self: Task, run_id: str) -> dict[str, Any]:
     """Train a router successor on the routing labels, judge it on the contract's routing
-    suite, and promote a release naming it when it passes (``learners.router_training``)."""
+    suite, and promote a release naming it when it passes (``learners.routing.training``)."""
     with _step(self, "train_router", run_id) as span:
         try:
             outcome = train_router_run(runtime(), uuid.UUID(run_id))

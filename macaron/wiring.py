@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # the serving and training parts load torch: imported where t
 
     from core.release import Release
     from engines.shared import SharedEngine
-    from learners.rollout_lane import RolloutLane
+    from learners.rollouts.lane import RolloutLane
     from learners.runtime import Runtime
     from server.chat import ChatService
     from server.router import RouterService, SentenceEmbedder
@@ -104,9 +104,9 @@ class Server:
     lane: RolloutLane | None = None
 
     def serve_rollouts(self, settings: Settings) -> None:
-        """Take rollout jobs from the Celery queue (``learners.rollout_lane``) and sample them on
+        """Take rollout jobs from the Celery queue (``learners.rollouts.lane``) and sample them on
         this server's engine when chat leaves it idle; Celery must be configured."""
-        from learners.rollout_lane import RolloutLane
+        from learners.rollouts.lane import RolloutLane
 
         runtime = learning_runtime(settings, self.pool)
         self.lane = RolloutLane(runtime, lambda: self.engine.background(LANE_SLOTS))
@@ -130,14 +130,14 @@ class Server:
 
 def model_dir(settings: Settings) -> Path:
     """The base model's folder; for the local engine, checked to be a family it serves with a
-    chat template before anything else starts (``engines.base_model``)."""
+    chat template before anything else starts (``engines.local.base_model``)."""
     folder = settings.model_dir or models_dir(settings.home) / "smollm2-135m-instruct"
     if not (folder / "config.json").is_file():
         raise ModelUnavailable(
             f"no base model at {folder}: run `macaron model pull` or set MACARON_MODEL_DIR"
         )
     if settings.engine == "local":
-        from engines.base_model import check_base_model
+        from engines.local.base_model import check_base_model
 
         check_base_model(folder)
     return folder
@@ -149,9 +149,9 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
     server: it unloads the candidates it loaded when it is done). The local contract engine
     runs float32 whatever the served dtype, so that outcomes recorded for one release compare
     with another's."""
-    from learners.contract_runner import DEFAULT_CONTRACT
+    from learners.evaluation.contract_runner import DEFAULT_CONTRACT
     from learners.recipes.config import DEFAULT_CONFIG, load_config
-    from learners.router_training import ClassifierTrainer
+    from learners.routing.training import ClassifierTrainer
     from learners.runtime import Runtime
     from server.router import SentenceEmbedder
 
@@ -175,8 +175,8 @@ def learning_runtime(settings: Settings, pool: Pool) -> Runtime:
 def seed_router(embedder: SentenceEmbedder | None = None) -> RouterService:
     """The router the server starts with: the classifier of the seed examples, on
     ``embedder``'s features (a fresh embedder if none); it retrains with
-    ``learners.router_training``'s trainer."""
-    from learners.router_training import ClassifierTrainer
+    ``learners.routing.training``'s trainer."""
+    from learners.routing.training import ClassifierTrainer
     from server.router import RouterService, SentenceEmbedder
 
     features = embedder if embedder is not None else SentenceEmbedder()
@@ -189,8 +189,8 @@ def serving_engine(
 ) -> Engine:
     """The engine ``macaron serve`` answers with: this process's own, or the vLLM fleet (with
     leases on its adapters in ``db``'s registry, when given: other servers may share it)."""
-    from engines.fleet import FleetEngine, FleetOptions
-    from engines.local import LocalEngine
+    from engines.local.engine import LocalEngine
+    from engines.vllm.fleet import FleetEngine, FleetOptions
     from infra.hardware import native_dtype
     from infra.postgres.leases import PostgresAdapterLeases
 

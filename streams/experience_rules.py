@@ -11,8 +11,8 @@ the records out), ``experience-1``:
   every other record of a turn is ``feedback`` on the model's own answer);
 - live rewards, each a ``trajectory`` record (the context, the turn's actions and answer, and a
   reward in [0, 1]; the policy gradient trains the turn's first step by it, see
-  ``learners.train``): a completed agent turn with actions is rewarded the share of its actions
-  that succeeded, a completed GenUI turn 1 if its tree was valid, else 0; thumbs down and
+  ``learners.training.train``): a completed agent turn with actions is rewarded the share of its
+  actions that succeeded, a completed GenUI turn 1 if its tree was valid, else 0; thumbs down and
   ``regenerate`` reward the answer 0;
 - thumbs up on a turn that answered another again (a ``regenerate``), when both were served
   by the same specialist and answered differently: a preference pair in the first turn's

@@ -1,2 +1,2 @@
-"""The vLLM side of the fleet engine: one replica's HTTP calls, its streamed completions, and
-how its refusals map to typed errors."""
+"""The vLLM fleet engine (``fleet.py``) and its replica side: one replica's HTTP calls, its
+streamed completions, balancing, shared unloads, and how its refusals map to typed errors."""

@@ -20,7 +20,7 @@ from infra.postgres.db import Pool
 from infra.postgres.keys import create_key
 from infra.postgres.positions import load_positions
 from infra.telemetry import configure_telemetry, serve_metrics
-from learners.contract_runner import load_training_bank
+from learners.evaluation.contract_runner import load_training_bank
 from learners.queue import configure as configure_celery
 from learners.queue import enqueue_training
 from learners.tasks import DEFAULT_BANK

@@ -24,7 +24,7 @@ from infra.postgres.lineage import (
 )
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, harness_by_name, release_by_id
-from learners.contract_runner import DEFAULT_CONTRACT, load_contract
+from learners.evaluation.contract_runner import DEFAULT_CONTRACT, load_contract
 from macaron import wiring
 from macaron.cli.common import console, settings
 
@@ -190,8 +190,8 @@ def contract_run(
     suite's score and share of well-formed answers. The outcomes are recorded: a release is
     scored once per contract version, and the learning loop reuses them when the release is a
     run's parent."""
-    from engines.local import LocalEngine
-    from learners.evaluate import release_outcomes  # the engine and the trainer: torch
+    from engines.local.engine import LocalEngine
+    from learners.evaluation.evaluate import release_outcomes  # the engine and the trainer: torch
 
     cfg = settings(ctx)
     contract = load_contract(cfg.contract_path or DEFAULT_CONTRACT)

@@ -18,14 +18,14 @@ from core.settings import Settings
 from infra.postgres.keys import create_key
 from infra.postgres.lookups import run_ids_oldest_first, run_times
 from infra.postgres.registry import active_release
-from learners.contract_runner import DEFAULT_CONTRACT, load_contract, load_training_bank
-from learners.curriculum import Curriculum
-from learners.environments import HintMode
-from learners.evaluate import release_outcomes
+from learners.evaluation.contract_runner import DEFAULT_CONTRACT, load_contract, load_training_bank
+from learners.evaluation.evaluate import release_outcomes
 from learners.queue import app as celery_app
 from learners.queue import enqueue_rollouts
 from learners.recipes.config import CPU_CONFIG, DEFAULT_CONFIG, RLOO_CONFIG, load_config
-from learners.rollout_job import RolloutJob, RolloutSummary
+from learners.rollouts.curriculum import Curriculum
+from learners.rollouts.environments import HintMode
+from learners.rollouts.job import RolloutJob, RolloutSummary
 from learners.tasks import DEFAULT_BANK
 from macaron.demo.options import DemoOptions, Mode
 from macaron.demo.outcomes import run_outcome, run_progress

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from learners.environments import HintMode
+from learners.rollouts.environments import HintMode
 from macaron.demo.stage import RolloutPlace
 from macaron.simulator import DEFAULT_SPECIALISTS
 

@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any
 
 from core.errors import MacaronError
-from learners.rollout_job import RolloutSummary
+from learners.rollouts.job import RolloutSummary
 
 
 class DemoFailed(MacaronError):
@@ -50,7 +50,7 @@ class GenerationRecord:
     ``harness_version``), active after the generation; ``formats`` the share of well-formed
     answers per suite that asks for a form. The traffic was simulated users (``mode`` oracle:
     ``turns``, and ``simulated_pass_rate`` the oracle's verdict on them) or rollouts (``self``:
-    ``rollouts`` per specialist, ``learners.rollout_job.RolloutSummary`` summed, with pass@1 and
+    ``rollouts`` per specialist, ``learners.rollouts.job.RolloutSummary`` summed, with pass@1 and
     pass@K; ``hints`` how unsolved groups were resampled: ``tools`` a sweep, ``checker`` only
     in the ablation). ``phase_seconds``:
     traffic until a run was queued; adapter runs until every one was decided (trained,

@@ -17,7 +17,7 @@ from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
 from core.contract import Task
 from core.errors import InvalidApiKey, MacaronError
-from learners.checkers import check
+from learners.evaluation.checkers import check
 from macaron.simulator.report import PlayedTurn
 from server.entrypoints import protocol as wire
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from engines.local import LocalEngine
+from engines.local.engine import LocalEngine
 from tests.contract.engine_contract import EngineContract
 
 

@@ -25,7 +25,7 @@ from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from infra.postgres.runs import dataset_snapshot
 from learners.runtime import SnapshotMismatch
-from learners.snapshots import materialize
+from learners.training.snapshots import materialize
 from macaron import wiring
 from server.releases import ensure_root_release
 from streams.backfill import BackfillRequest, backfill

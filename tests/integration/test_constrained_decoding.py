@@ -16,8 +16,8 @@ from core.engine import GenerationChunk, GenerationRequest, OutputConstraint, Sa
 from core.errors import GrammarInvalid, GrammarUnbounded
 from core.harness.actions import ToolCall
 from core.harness.grammars import genui_schema, tool_call_schema
-from engines.local import LocalEngine
-from engines.sequence import eos_ids
+from engines.local.engine import LocalEngine
+from engines.local.sequence import eos_ids
 from tests.factories import make_adapter
 from tests.grammar_check import in_grammar
 

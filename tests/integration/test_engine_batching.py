@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from core.engine import GenerationChunk, GenerationRequest, SamplingParams
-from engines.detok import IncrementalText
-from engines.limits import EngineLimits
-from engines.local import LocalEngine
+from engines.local.detok import IncrementalText
+from engines.local.engine import LocalEngine
+from engines.local.limits import EngineLimits
 from tests.factories import make_adapter
 from tests.integration.test_local_engine import collect, peft_greedy, tokens
 

@@ -1,4 +1,4 @@
-"""The local engine's intra-op threads (``engines.threads``): its worker computes on the count
+"""The local engine's intra-op threads (``engines.local.threads``): its worker computes on the count
 of threads the thread that built it had, that thread on one while any engine it built is open
 (a second OpenMP team beside the engine's slows both), and it gets its count back when its
 last engine closes; a thread that never built an engine is left alone by ``take_back``."""
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import torch
 
-from engines import threads
-from engines.local import LocalEngine
+from engines.local import threads
+from engines.local.engine import LocalEngine
 
 
 def worker_threads(engine: LocalEngine) -> int:

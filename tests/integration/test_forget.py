@@ -38,7 +38,7 @@ from infra.postgres.runs import (
     record_snapshot,
 )
 from learners.runtime import SnapshotForgotten
-from learners.snapshots import materialize
+from learners.training.snapshots import materialize
 from macaron import wiring
 from server.exposure import exposure
 from server.forgetting import forget_tenant

@@ -11,8 +11,8 @@ from pathlib import Path
 from core.contract import decide
 from core.events import ChatMessage
 from core.harness.artifact import HarnessVersion, root_harness, root_version
-from engines.local import LocalEngine
-from learners.contract_runner import (
+from engines.local.engine import LocalEngine
+from learners.evaluation.contract_runner import (
     CONTRACT_V2,
     CONTRACT_V3,
     Baseline,

@@ -13,8 +13,8 @@ import torch
 from torch.nn import functional as F
 
 from core.errors import EngineError
-from engines.base_model import load_base_model
-from engines.kv_pool import KVPool, KVSlot
+from engines.local.base_model import load_base_model
+from engines.local.kv_pool import KVPool, KVSlot
 from tests.numeric import assert_close
 
 KV_HEADS, HEADS, HEAD_DIM = 2, 4, 16

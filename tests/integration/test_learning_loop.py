@@ -32,11 +32,11 @@ from infra.postgres.lineage import lineage
 from infra.postgres.lookups import conversation_of_turn
 from infra.postgres.registry import active_release
 from infra.postgres.runs import dataset_snapshot
-from learners.contract_runner import load_contract
-from learners.evaluate import recorded_outcomes
+from learners.evaluation.contract_runner import load_contract
+from learners.evaluation.evaluate import recorded_outcomes
 from learners.queue import configure as configure_celery
 from learners.runtime import SnapshotForgotten
-from learners.snapshots import materialize
+from learners.training.snapshots import materialize
 from server.exposure import Exposure, exposure
 from server.forgetting import forget_tenant
 from server.router import RouterService

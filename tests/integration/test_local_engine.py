@@ -25,8 +25,8 @@ from core.errors import (
     EngineOverloaded,
     EngineUnavailable,
 )
-from engines.limits import EngineLimits
-from engines.local import LocalEngine
+from engines.local.engine import LocalEngine
+from engines.local.limits import EngineLimits
 from tests.factories import make_adapter
 
 ADAPTERS = {  # name: (rank, target modules, seed)

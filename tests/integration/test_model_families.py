@@ -18,8 +18,8 @@ from transformers import AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
 from core.engine import GenerationChunk, GenerationRequest, SamplingParams
 from core.errors import DtypeUnsupported, ModelInvalid, ModelUnavailable, ModelUnsupported
-from engines.limits import EngineLimits
-from engines.local import LocalEngine
+from engines.local.engine import LocalEngine
+from engines.local.limits import EngineLimits
 from infra.hardware import native_dtype
 from infra.models import TINY_FAMILIES, TINY_WINDOW, make_tiny_model
 from tests.factories import make_adapter, run_macaron

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core.engine import GenerationRequest, SamplingParams
-from engines.local import LocalEngine
+from engines.local.engine import LocalEngine
 from tests.factories import run_macaron
 
 

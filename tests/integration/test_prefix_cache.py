@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from core.engine import GenerationRequest, SamplingParams
-from engines.kv_pool import GROWTH_RESERVE
-from engines.limits import EngineLimits
-from engines.local import LocalEngine
-from engines.prefixes import MIN_PREFIX_TOKENS
+from engines.local.engine import LocalEngine
+from engines.local.kv_pool import GROWTH_RESERVE
+from engines.local.limits import EngineLimits
+from engines.local.prefixes import MIN_PREFIX_TOKENS
 from tests.factories import make_adapter
 from tests.integration.test_local_engine import collect, peft_greedy, tokens
 

@@ -24,8 +24,8 @@ from infra.postgres.registry import (
     harness_list,
     register_harness,
 )
-from learners.contract_runner import load_contract
-from learners.evaluate import recorded_outcomes, release_outcomes
+from learners.evaluation.contract_runner import load_contract
+from learners.evaluation.evaluate import recorded_outcomes, release_outcomes
 from tests.factories import run_macaron
 
 DATA = Path(__file__).resolve().parents[1] / "data"

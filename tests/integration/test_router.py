@@ -22,7 +22,7 @@ from core.routing import (
     RoutingError,
 )
 from core.routing_labels import LabelledTurn, RouterFit
-from learners.router_training import (
+from learners.routing.training import (
     SEED_EXAMPLES,
     ClassifierTrainer,
     TrainingConfig,

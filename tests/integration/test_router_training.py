@@ -31,7 +31,7 @@ from core.settings import Settings
 from infra.jsonl import load_jsonl
 from infra.postgres.routers import queue_router_run, router_model
 from learners.queue import configure as configure_celery
-from learners.router_run import train_router_run
+from learners.routing.run import train_router_run
 from learners.tasks import BANK_V1, load_bank
 from macaron import wiring
 from server.exposure import exposure

@@ -43,7 +43,7 @@ from learners.files import load_yaml_model
 from learners.queue import app as celery_app
 from learners.queue import configure as configure_celery
 from learners.queue import enqueue_rollouts
-from learners.rollout_job import RolloutJob, RolloutSummary, rollout_key, run_rollouts
+from learners.rollouts.job import RolloutJob, RolloutSummary, rollout_key, run_rollouts
 from learners.runtime import Runtime
 from learners.tasks import TaskBank
 from macaron import wiring

@@ -14,7 +14,7 @@ import pytest
 
 from core.engine import Engine, GenerationRequest, SamplingParams
 from core.errors import EngineUnavailable, EngineWithdrawn
-from engines.local import LocalEngine
+from engines.local.engine import LocalEngine
 from engines.shared import QUIET_S, SharedEngine
 from tests.factories import make_adapter
 

@@ -17,8 +17,8 @@ from transformers import AutoTokenizer
 from core.engine import GenerationRequest, SamplingParams
 from core.errors import ConfigError, NothingToTrain
 from core.events import ChatMessage
-from engines.local import LocalEngine
-from engines.lora_layers import read_adapter_config
+from engines.local.engine import LocalEngine
+from engines.local.lora_layers import read_adapter_config
 from infra.artifacts import ADAPTER_FILES
 from infra.hardware import has_native_bf16
 from infra.identity_adapter import write_identity_adapter

@@ -17,7 +17,7 @@ import pytest
 import torch
 from transformers import AutoTokenizer
 
-from engines.fleet import FleetEngine
+from engines.vllm.fleet import FleetEngine
 from infra.local_stack import free_port
 from infra.models import TINY_WINDOW, make_tiny_model
 from infra.vllm_cpu import ReplicaOptions, start_replica, vllm_python

@@ -39,8 +39,8 @@ from core.harness.actions import ToolCall
 from core.harness.artifact import HarnessVersion, root_harness
 from core.harness.grammars import genui_schema, tool_call_schema
 from core.settings import Settings
-from engines.fleet import FleetEngine, FleetOptions
-from engines.local import LocalEngine
+from engines.local.engine import LocalEngine
+from engines.vllm.fleet import FleetEngine, FleetOptions
 from infra.local_stack import LocalStack, free_port
 from infra.models import make_tiny_model
 from infra.postgres.db import Pool, open_pool
@@ -49,7 +49,7 @@ from infra.postgres.leases import PostgresAdapterLeases
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.telemetry import metrics_exposition
 from infra.vllm_cpu import ReplicaOptions, VllmReplica, start_replica, vllm_python
-from learners.contract_runner import CONTRACT_V1, load_contract, run_contract
+from learners.evaluation.contract_runner import CONTRACT_V1, load_contract, run_contract
 from macaron import wiring
 from server.releases import prepare_harness
 from server.router import RouterService

@@ -39,9 +39,9 @@ from core.harness.hcp import build_context
 from core.routing_labels import FollowUp
 from core.statistics import non_inferiority_p_value, sign_test_p_value
 from engines.instant import InstantEngine, fixed_reply
-from learners import sandbox
-from learners.checkers import check, well_formed
-from learners.contract_runner import (
+from learners.evaluation import sandbox
+from learners.evaluation.checkers import check, well_formed
+from learners.evaluation.contract_runner import (
     CONTRACT_V1,
     CONTRACT_V2,
     CONTRACT_V3,
@@ -50,8 +50,8 @@ from learners.contract_runner import (
     load_contract,
     run_contract,
 )
-from learners.router_run import routing_suite
-from learners.sandbox import python_tests_pass
+from learners.evaluation.sandbox import python_tests_pass
+from learners.routing.run import routing_suite
 from learners.tasks import BANK_V1, load_bank
 
 CONTRACT = load_contract(CONTRACT_V1)

@@ -10,7 +10,7 @@ import pytest
 
 from core.contract import RegexChecker, Task
 from core.errors import ConfigError
-from learners.curriculum import Curriculum
+from learners.rollouts.curriculum import Curriculum
 
 
 def bank(n: int) -> list[Task]:

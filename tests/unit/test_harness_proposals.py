@@ -18,8 +18,8 @@ from core.harness.proposals import (
     next_change,
     propose,
 )
-from learners.propose import exemplars
 from learners.recipes.config import CPU_CONFIG, RLOO_CONFIG, load_config
+from learners.training.propose import exemplars
 
 ROOT = root_harness()
 TREE = '{"type": "Text", "text": "green"}'

@@ -14,7 +14,13 @@ from core.harness.artifact import HarnessSpec, HarnessVersion, root_version
 from core.harness.hcp import build_context
 from core.release import AdapterRef, Release, changed_specialists
 from engines.instant import InstantEngine
-from learners.contract_runner import CONTRACT_V2, Baseline, judge, load_contract, run_contract
+from learners.evaluation.contract_runner import (
+    CONTRACT_V2,
+    Baseline,
+    judge,
+    load_contract,
+    run_contract,
+)
 from tests.factories import root_release
 
 CONTRACT = load_contract(CONTRACT_V2)

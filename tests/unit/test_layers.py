@@ -64,7 +64,7 @@ def test_the_check_sees_a_layer_reaching_past_the_engine_port(tmp_path: Path) ->
     (it must use ``core.engine``'s port)."""
     for layer, text in (
         ("engines", "from server.chat import ChatService\n"),
-        ("server", "from engines.local import LocalEngine\n"),
+        ("server", "from engines.local.engine import LocalEngine\n"),
         ("learners", "import engines.grammar\n"),
     ):
         (tmp_path / layer).mkdir()

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from core.contract import NonInferiority, PromotionRule
-from learners.contract_runner import CONTRACT_V1, CONTRACT_V2, load_contract
-from learners.power import guarded_suite, main, own_suite, pass_rate, tables
+from learners.evaluation.contract_runner import CONTRACT_V1, CONTRACT_V2, load_contract
+from learners.evaluation.power import guarded_suite, main, own_suite, pass_rate, tables
 
 GUARD = PromotionRule(
     min_gain=0.1, alpha=0.1, non_inferiority=NonInferiority(margin=0.07, alpha=0.05)
@@ -35,8 +35,8 @@ def test_the_table_covers_both_contracts() -> None:
 def test_the_tables_in_the_docs_are_what_the_simulation_prints(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """docs/learning.md shows ``python -m learners.power`` as it prints today, line for line
-    (seeded, so a change of the rule or the simulation that moves a figure fails here)."""
+    """docs/learning.md shows ``python -m learners.evaluation.power`` as it prints today, line for
+    line (seeded, so a change of the rule or the simulation that moves a figure fails here)."""
     main([])
     printed = [line for line in capsys.readouterr().out.splitlines() if line.strip()]
     docs = (Path(__file__).resolve().parents[2] / "docs" / "learning.md").read_text()

@@ -32,13 +32,13 @@ from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record, source_of
 from core.log import LogPosition, RecordedEvent
 from core.mapper import Mapper
 from infra.postgres.rollout_joins import ScoredSample
-from learners.contract_runner import (
+from learners.evaluation.contract_runner import (
     CONTRACT_V1,
     DEFAULT_CONTRACT,
     load_contract,
     load_training_bank,
 )
-from learners.environments import CheckerVerifier, judge, load_environments
+from learners.rollouts.environments import CheckerVerifier, judge, load_environments
 from learners.tasks import BANK_V1, DEFAULT_BANK, load_bank
 from streams.rollout_records import group_records
 from tests.factories import raw_envelope

@@ -19,7 +19,7 @@ from core.harness.artifact import root_version
 from core.sequential import decide_at_look, schedule
 from core.statistics import nominal_levels
 from engines.instant import InstantEngine
-from learners.contract_runner import (
+from learners.evaluation.contract_runner import (
     CONTRACT_V2,
     CONTRACT_V2S,
     Baseline,
@@ -27,7 +27,7 @@ from learners.contract_runner import (
     load_contract,
     run_contract,
 )
-from learners.power import simulate
+from learners.evaluation.power import simulate
 
 CONTRACT = load_contract(CONTRACT_V2S)
 RULE = CONTRACT.rule

@@ -1,4 +1,5 @@
-"""What a snapshot's records train: ``learners.train.training_examples`` without a database."""
+"""What a snapshot's records train: ``learners.training.train.training_examples``, without a
+database."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from uuid import UUID
 
 from core.events import ChatMessage, ExperienceRecorded
 from learners.recipes.config import LiveSample
-from learners.train import training_examples
+from learners.training.train import training_examples
 
 MESSAGES: Any = [{"role": "user", "content": "What is 2+2?"}]
 CHAT = [ChatMessage(role="user", content="What is 2+2?")]

@@ -12,9 +12,9 @@ import torch
 import xgrammar as xgr
 
 from core.engine import FinishReason, GenerationChunk, GenerationRequest, SamplingParams
-from engines.detok import IncrementalText
-from engines.kv_pool import KVSlot
-from engines.lora_layers import LoRAWeights
+from engines.local.detok import IncrementalText
+from engines.local.kv_pool import KVSlot
+from engines.local.lora_layers import LoRAWeights
 
 
 def eos_ids(model: Any) -> set[int]:

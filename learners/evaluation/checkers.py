@@ -1,6 +1,6 @@
 """The contract's checkers: whether an answer is right (``check``) and whether it has the form
 its task asks for (``well_formed``), format and content apart. Coding answers are untrusted
-code, run only in ``learners.sandbox``."""
+code, run only in ``learners.evaluation.sandbox``."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from core.conversation import empty_tool_state
 from core.harness.actions import execute
 from core.harness.genui import parse_genui_output
 from core.harness.hcp import tool_call_of
-from learners.sandbox import code_of, python_tests_pass
+from learners.evaluation.sandbox import code_of, python_tests_pass
 
 
 def check(task: Task, output: str) -> bool:

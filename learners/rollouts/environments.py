@@ -31,8 +31,8 @@ from typing import Literal, Protocol
 
 from core.contract import Contract, GenUIChecker, Task, ToolCallChecker
 from core.events import RolloutStep
-from learners.checkers import check
-from learners.contract_runner import load_training_bank
+from learners.evaluation.checkers import check
+from learners.evaluation.contract_runner import load_training_bank
 from learners.tasks import DEFAULT_BANK
 
 HintMode = Literal["none", "tools", "checker"]

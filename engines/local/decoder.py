@@ -17,7 +17,7 @@ import torch
 from torch.nn import functional as F
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-from engines.kv_pool import KVSlot
+from engines.local.kv_pool import KVSlot
 
 Rotary = tuple[torch.Tensor, torch.Tensor]  # (cos, sin) for every position of the pass
 

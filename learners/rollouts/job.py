@@ -1,5 +1,5 @@
 """A rollout job: sample K episodes per environment from the active release
-(``learners.rollout_episodes``), verify each, and append them to the log as ``RolloutSampled``
+(``learners.rollouts.episodes``), verify each, and append them to the log as ``RolloutSampled``
 and ``RolloutScored`` events (the rollout worker's job, Celery queue ``rollout``).
 
 A job names a specialist, the bank tasks to roll out and K. Each environment's K samples form a
@@ -11,7 +11,7 @@ content) and, where the verifier judges a tool call, a tool call required as the
 ``hints: tools`` sweeps each tool-call group none of whose samples passed: it decodes, greedily,
 one episode per kind of call of the harness's tools (a tool, or each op of a tool with ops:
 ``notes.set``, ``notes.get``, ...), the first step held to that kind; with
-``hints: checker`` (an ablation; ``learners.environments``), K more with the checker's hint
+``hints: checker`` (an ablation; ``learners.rollouts.environments``), K more with the checker's hint
 after the prompt, for each group none of whose samples passed (STaR-style rationalization).
 The experience builder trains on what verifies, in the context without the hint.
 
@@ -43,8 +43,8 @@ from core.release import Release
 from core.routing import SpecialistName
 from infra.artifacts import load_release
 from infra.postgres.registry import active_release, harness_by_name
-from learners.contract_runner import CONCURRENCY, load_contract
-from learners.environments import (
+from learners.evaluation.contract_runner import CONCURRENCY, load_contract
+from learners.rollouts.environments import (
     CheckerVerifier,
     Environment,
     HintMode,
@@ -52,7 +52,7 @@ from learners.environments import (
     judge,
     load_environments,
 )
-from learners.rollout_episodes import Group, Sampler
+from learners.rollouts.episodes import Group, Sampler
 from learners.runtime import Runtime
 from learners.tasks import DEFAULT_BANK
 

@@ -19,8 +19,8 @@ from infra.postgres.registry import active_release, harness_by_name, register_ha
 from infra.postgres.runs import finish_run, queue_run, runs_of_kind, training_run
 from learners.recipes.config import TrainingConfig
 from learners.runtime import RunFailed, Runtime, step_id
-from learners.snapshots import materialize
-from learners.train import of_sources
+from learners.training.snapshots import materialize
+from learners.training.train import of_sources
 
 
 def propose_harness(rt: Runtime, run: TrainingRun, snapshot: DatasetSnapshot) -> str:

@@ -42,7 +42,7 @@ from infra.postgres.runs import (
     tenants_unlearned,
     training_run,
 )
-from learners.contract_runner import (
+from learners.evaluation.contract_runner import (
     Baseline,
     ContractRun,
     Outcome,
@@ -51,8 +51,8 @@ from learners.contract_runner import (
     load_contract,
     serve,
 )
-from learners.propose import harness_run_id, queue_harness_run
 from learners.runtime import RunFailed, Runtime, step_id
+from learners.training.propose import harness_run_id, queue_harness_run
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engines.kv_pool import KVSlot
-from engines.lora_layers import LoRAWeights
+from engines.local.kv_pool import KVSlot
+from engines.local.lora_layers import LoRAWeights
 from infra.observe import prefix_cache_evictions, prefix_cache_hits
 
 MIN_PREFIX_TOKENS = 16  # shorter shared prefixes are cheaper to compute than to copy

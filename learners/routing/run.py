@@ -1,5 +1,5 @@
 """The router run: it trains a successor classifier on the seed examples and every routing
-label of the log up to the run's end (``learners.router_training``), judges it against the
+label of the log up to the run's end (``learners.routing.training``), judges it against the
 router of the active release on the contract's routing suite (``core.contract.decide_routing``),
 and, when it passes, registers it, files a release naming it (adapters and harness unchanged)
 and has the serving process promote it. ``RouterEvaluated`` records the verdict either way.
@@ -28,8 +28,8 @@ from infra.postgres.routers import (
     router_model,
     router_run,
 )
-from learners.contract_runner import load_contract
-from learners.router_training import logged_labels, router_fit
+from learners.evaluation.contract_runner import load_contract
+from learners.routing.training import logged_labels, router_fit
 from learners.runtime import RunBusy, RunFailed, Runtime
 
 PROMOTION_TIMEOUT_S = 300.0

@@ -2,7 +2,7 @@
 the fit of the router's classifier (a multinomial logistic regression over sentence embeddings
 and hashed words, ``core.router_features``, as plain data, ``core.routing.RouterModel``, named
 by a digest of everything the fit depends on), and the trainer the router service and the
-learning loop (``learners.router_run``) retrain with.
+learning loop (``learners.routing.run``) retrain with.
 """
 
 from __future__ import annotations
@@ -30,9 +30,10 @@ from core.routing import (
 )
 from core.routing_labels import FollowUp, LabelledTurn, RouterFit, added_examples, labels_of
 from infra.jsonl import load_jsonl
+from learners.files import DATA
 
 EMBEDDER_NAME = "sentence-transformers/all-MiniLM-L6-v2, int8 linear layers"  # every fit's features
-SEED_EXAMPLES = Path(__file__).resolve().with_name("routing-seed.jsonl")
+SEED_EXAMPLES = DATA / "routing-seed.jsonl"
 FOLLOW_UPS = SEED_EXAMPLES.with_name("routing-followups.jsonl")
 
 

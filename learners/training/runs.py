@@ -1,7 +1,7 @@
 """Carry out a queued run (the ``train_successor`` task): claim it under a lease, then train an
-adapter (``learners.train``) or propose a harness (``learners.propose``). Idempotent by run id:
-a redelivered task finds the run's state and either returns its result or takes over a run
-whose lease expired (its worker died)."""
+adapter (``learners.training.train``) or propose a harness (``learners.training.propose``).
+Idempotent by run id: a redelivered task finds the run's state and either returns its result or
+takes over a run whose lease expired (its worker died)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import time
 from uuid import UUID
 
 from core.harness.artifact import harness_name
-from learners.propose import propose_harness
 from learners.runtime import Progress, RunBusy, RunFailed, Runtime
-from learners.train import train_adapter
+from learners.training.propose import propose_harness
+from learners.training.train import train_adapter
 
 
 def carry_out_run(rt: Runtime, run_id: UUID, progress: Progress | None = None) -> str:

@@ -7,7 +7,7 @@ adds wins (a gain) or losses (a drop) on top, so the candidate's pass rate is th
 on its own suite (gain at least ``min_gain``, sign test at ``alpha``) and on a guarded suite
 (contract v1's threshold, or v2's non-inferiority test). Deterministic (seeded).
 
-Usage: python -m learners.power [--sims N] [--noise R]
+Usage: python -m learners.evaluation.power [--sims N] [--noise R]
 """
 
 from __future__ import annotations
@@ -21,7 +21,12 @@ from collections.abc import Callable, Sequence
 from core.contract import Contract, PromotionRule
 from core.sequential import decide_at_look
 from core.statistics import SequentialPlan, non_inferiority_p_value, sign_test_p_value
-from learners.contract_runner import CONTRACT_V1, CONTRACT_V2, CONTRACT_V2S, load_contract
+from learners.evaluation.contract_runner import (
+    CONTRACT_V1,
+    CONTRACT_V2,
+    CONTRACT_V2S,
+    load_contract,
+)
 
 BASE = 0.5
 NOISE = 0.10

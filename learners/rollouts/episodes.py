@@ -22,7 +22,7 @@ from core.harness.artifact import HarnessSpec, HarnessVersion
 from core.harness.grammars import held_to, output_constraint
 from core.harness.hcp import build_context, tool_call_of
 from core.merge_patch import apply_merge_patch
-from learners.environments import Environment, Verdict
+from learners.rollouts.environments import Environment, Verdict
 
 ROLLOUT_MAX_STEPS = 2
 """Steps of one episode: a tool call and, after its result, the answer."""

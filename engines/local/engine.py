@@ -24,13 +24,13 @@ from core.errors import (
     EngineOverloaded,
     EngineUnavailable,
 )
-from engines import threads
 from engines.adapter_table import AdapterTable
-from engines.base_model import load_base_model
-from engines.detok import IncrementalText
 from engines.grammar import Grammars
-from engines.limits import EngineLimits
-from engines.lora_layers import (
+from engines.local import threads
+from engines.local.base_model import load_base_model
+from engines.local.detok import IncrementalText
+from engines.local.limits import EngineLimits
+from engines.local.lora_layers import (
     AdapterConfig,
     BatchAdapters,
     LoRAWeights,
@@ -40,10 +40,10 @@ from engines.lora_layers import (
     read_adapter,
     read_adapter_config,
 )
-from engines.prefixes import PrefixCache
+from engines.local.prefixes import PrefixCache
+from engines.local.scheduler import BatchScheduler
+from engines.local.sequence import Generation, eos_ids
 from engines.prompts import chat_prompt_ids, prompt_ids
-from engines.scheduler import BatchScheduler
-from engines.sequence import Generation, eos_ids
 
 
 class LocalEngine:

@@ -1,5 +1,5 @@
 """The contract runner: load a contract version, serve its tasks, check the answers
-(``learners.checkers``), and judge a candidate look by look (``core.sequential``).
+(``learners.evaluation.checkers``), and judge a candidate look by look (``core.sequential``).
 
 Each task is served exactly as a user turn would be (the HCP context of its specialist, greedy
 decoding) so the score measures what users get.
@@ -30,15 +30,15 @@ from core.harness.artifact import HarnessVersion
 from core.harness.grammars import output_constraint
 from core.harness.hcp import build_context
 from core.sequential import Key, Stop, decide_at_look, schedule
-from learners.checkers import check, well_formed
-from learners.files import load_yaml_model
+from learners.evaluation.checkers import check, well_formed
+from learners.files import DATA, load_yaml_model
 from learners.tasks import DEFAULT_BANK, TaskBank, load_bank
 
-CONTRACT_V1 = Path(__file__).with_name("contract-v1.yaml")
-CONTRACT_V2 = Path(__file__).with_name("contract-v2.yaml")
-CONTRACT_V2S = Path(__file__).with_name("contract-v2s.yaml")
-CONTRACT_V3 = Path(__file__).with_name("contract-v3.yaml")
-CONTRACT_V4 = Path(__file__).with_name("contract-v4.yaml")
+CONTRACT_V1 = DATA / "contract-v1.yaml"
+CONTRACT_V2 = DATA / "contract-v2.yaml"
+CONTRACT_V2S = DATA / "contract-v2s.yaml"
+CONTRACT_V3 = DATA / "contract-v3.yaml"
+CONTRACT_V4 = DATA / "contract-v4.yaml"
 CONTRACTS = (CONTRACT_V1, CONTRACT_V2, CONTRACT_V2S, CONTRACT_V3, CONTRACT_V4)
 """Every contract version, oldest first: a bank is held out from all of them."""
 DEFAULT_CONTRACT = CONTRACT_V4

@@ -37,7 +37,7 @@ from learners.recipes.config import (
 )
 from learners.recipes.lora import train_successor_adapter
 from learners.runtime import Progress, Runtime, step_id
-from learners.snapshots import materialize
+from learners.training.snapshots import materialize
 
 
 def train_adapter(

@@ -49,7 +49,7 @@ from core.errors import (
 )
 from engines.adapter_table import AdapterTable
 from engines.grammar import CheckedSchemas
-from engines.lora_layers import check_rank, read_adapter_config
+from engines.local.lora_layers import check_rank, read_adapter_config
 from engines.prompts import chat_prompt_ids, prompt_ids
 from engines.vllm.balancer import Balancer
 from engines.vllm.completions import stream_completion

@@ -20,14 +20,14 @@ import torch
 
 from core.engine import FinishReason
 from core.errors import EngineError, EngineOverloaded, EngineUnavailable, MacaronError
-from engines.decoder import forward
 from engines.grammar import constrained, new_bitmask
-from engines.kv_pool import KVPool, KVSlot
-from engines.limits import EngineLimits
-from engines.lora_layers import BatchAdapters, LoRAWeights
-from engines.prefixes import PrefixCache
-from engines.sequence import Generation, eos_ids, prefill_rows, sample
-from engines.threads import pin
+from engines.local.decoder import forward
+from engines.local.kv_pool import KVPool, KVSlot
+from engines.local.limits import EngineLimits
+from engines.local.lora_layers import BatchAdapters, LoRAWeights
+from engines.local.prefixes import PrefixCache
+from engines.local.sequence import Generation, eos_ids, prefill_rows, sample
+from engines.local.threads import pin
 
 
 def _engine_error(exc: Exception) -> MacaronError:
@@ -42,7 +42,7 @@ def _slot(item: Generation) -> KVSlot:
 
 class BatchScheduler:
     """The worker thread over ``model``, computing on ``threads`` intra-op threads
-    (``engines.threads``): ``submit`` queues a ``Generation``, the worker streams its chunks
+    (``engines.local.threads``): ``submit`` queues a ``Generation``, the worker streams its chunks
     back; ``release`` hands each finished request's adapter back to the engine."""
 
     def __init__(

@@ -1,0 +1,2 @@
+"""The local engine: one frozen base model with LoRA adapters in this process, its batch
+scheduler, decoder, keys and values, prefix cache and detokenizer."""
