@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from core.canonical import canonical_json, sha256_hex
-from core.harness.artifact import HarnessVersion
+from core.errors import HarnessInvalid
+from core.harness.artifact import HarnessVersion, harness_number
 
 
 class AdapterRef(BaseModel):
@@ -78,6 +80,22 @@ class Release(BaseModel):
                 "adapters": served,
             }
         )
+
+
+@dataclass(frozen=True)
+class ServedRelease:
+    """A release with the harness it names, loaded: what a turn is answered with. Refuses a
+    harness the release does not name (``HarnessInvalid``)."""
+
+    release: Release
+    harness: HarnessVersion
+
+    def __post_init__(self) -> None:
+        if harness_number(self.release.harness_version) != self.harness.version:
+            raise HarnessInvalid(
+                f"release {self.release.release_id} names {self.release.harness_version}, "
+                f"not {self.harness.name}"
+            )
 
 
 def release_id_for(

@@ -218,6 +218,7 @@ def chat_server(
 ) -> Server:
     """Everything ``macaron serve`` runs: engine, router, log, registry, the root release.
     Benchmarks and tests may bring their own engine, router or log."""
+    from core.release import ServedRelease
     from engines.shared import SharedEngine
     from server.chat import ChatService
     from server.entrypoints.app import create_app
@@ -252,9 +253,8 @@ def chat_server(
     )
     # Counted in Redis when one is configured, so replicas share each key's limit.
     rate_storage = settings.redis_url or MEMORY
-    chat = ChatService(
-        log, shared, router, release, harness, limits=limits, rate_storage=rate_storage
-    )
+    served = ServedRelease(release=release, harness=harness)
+    chat = ChatService(log, shared, router, served, limits=limits, rate_storage=rate_storage)
     gate = Gate(db, max_connections_per_tenant=settings.max_connections_per_tenant)
     listener = PromotionListener(chat, db, store, log)
     app = create_app(chat, gate, listener, keys)

@@ -14,11 +14,10 @@ from uuid import UUID
 from core.auth import Principal
 from core.conversation import Conversation, Turn
 from core.engine import Engine
-from core.errors import HarnessInvalid
 from core.events import RequestedDecoding, utc_now
-from core.harness.artifact import HarnessVersion, harness_number
+from core.harness.artifact import HarnessVersion
 from core.log import EventLog
-from core.release import Release
+from core.release import Release, ServedRelease
 from core.routing import RouterInvalid, RouterModel
 from server.turns.agent import AgentLoop
 from server.turns.commands import Feedback, Reroute, UIEvent
@@ -37,8 +36,7 @@ class ChatService:
         log: EventLog,
         engine: Engine,
         router: Router,
-        release: Release,
-        harness: HarnessVersion,
+        served: ServedRelease,
         *,
         limits: ChatLimits | None = None,
         rate_storage: str = MEMORY,
@@ -48,7 +46,7 @@ class ChatService:
         self.router = router
         self.limits = limits or ChatLimits()  # replaceable at run time: the parts read it per turn
         self.store = ConversationStore(log, utc_now, lambda: self.limits.max_cached_conversations)
-        self._tracker = ReleaseTracker(engine, release, harness)
+        self._tracker = ReleaseTracker(engine, served.release, served.harness)
         self._rate = TurnRateLimiter(lambda: self.limits.turns_per_minute, rate_storage)
         agent = AgentLoop(engine, self.store, lambda: self.limits, utc_now)
         self._pipeline = TurnPipeline(self.store, self._tracker, router, agent)
@@ -75,24 +73,19 @@ class ChatService:
         """The wall-clock moment ``release`` began to be served."""
         return self._tracker.serving_since
 
-    def serve(
-        self, release: Release, harness: HarnessVersion, router: RouterModel | None = None
-    ) -> None:
-        """Answer new turns with ``release``, the ``harness`` it names and, when it names
-        another router version, its classifier ``router``, in one step. A turn keeps the
-        release and harness it began with to its end; an adapter the new release does not serve
-        is unloaded once no turn in flight uses it."""
-        if harness_number(release.harness_version) != harness.version:
-            raise HarnessInvalid(
-                f"release {release.release_id} names {release.harness_version}, not {harness.name}"
-            )
+    def serve(self, served: ServedRelease, router: RouterModel | None = None) -> None:
+        """Answer new turns with the release, the harness it names and, when it names another
+        router version, its classifier ``router``, in one step. A turn keeps the release and
+        harness it began with to its end; an adapter the new release does not serve is unloaded
+        once no turn in flight uses it."""
+        release = served.release
         if router is not None and router.version != release.router_version:
             raise RouterInvalid(
                 f"release {release.release_id} names {release.router_version}, not {router.version}"
             )
         if router is not None:
             self.router.serve_model(router)
-        self._tracker.serve(release, harness)
+        self._tracker.serve(release, served.harness)
 
     async def conversation(self, principal: Principal, conversation_id: UUID) -> Conversation:
         """A conversation of this tenant (from memory, or rebuilt from the log)."""

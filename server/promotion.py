@@ -26,7 +26,7 @@ from core.harness.artifact import HarnessVersion
 from core.ids import derived_id
 from core.log import EventLog
 from core.registry import Promotion, PromotionRequest
-from core.release import Release, rebased
+from core.release import Release, ServedRelease, rebased
 from core.routing import RouterModel
 from infra import observe
 from infra.artifacts import ArtifactStore, load_release
@@ -78,7 +78,7 @@ class PromotionListener:
             active, harness, router = await asyncio.to_thread(self._active)
             if active.release_id != self.chat.release.release_id:
                 await asyncio.to_thread(load_release, self.chat.engine, self.store, active)
-                self.chat.serve(active, harness, router)
+                self.chat.serve(ServedRelease(release=active, harness=harness), router)
             if request is not None:
                 await self._carry_out(request)
         finally:
@@ -153,7 +153,7 @@ class PromotionListener:
                 self.chat.engine.unload_adapter(name)
             await asyncio.to_thread(self._refuse, request, old, exc.message)
             return "refused"
-        self.chat.serve(release, harness, router)
+        self.chat.serve(ServedRelease(release=release, harness=harness), router)
         return "done"
 
     async def _canary(self, release: Release, adapters: list[str]) -> None:

@@ -73,11 +73,6 @@ caller is unpacking an object that already exists (pass the object)."""
 RECEIVERS = ("self", "cls", "ctx")
 NO_PARAMETER_CAP = ("kernels",)
 """Kernels take their tensors one by one, as the maths names them."""
-STILL_LONG = {
-    "server/chat.py:__init__",
-}
-"""Functions over the cap when the check came in (issue 59), each to take an object; none may
-join them, and each leaves the set once it is fixed."""
 
 
 def long_parameter_lists(path: Path, limit: int) -> list[tuple[str, int]]:
@@ -111,8 +106,7 @@ def test_functions_take_few_parameters() -> None:
         for path in sorted((ROOT / package).rglob("*.py"))
         for name, _ in long_parameter_lists(path, MAX_PARAMETERS)
     }
-    assert found - STILL_LONG == set(), "over the cap: pass an object"
-    assert STILL_LONG - found == set(), "fixed: take it out of STILL_LONG"
+    assert found == set(), "over the cap: pass an object"
 
 
 def test_the_check_counts_parameters(tmp_path: Path) -> None:

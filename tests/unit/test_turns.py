@@ -46,7 +46,7 @@ from core.harness.artifact import (
     root_version,
 )
 from core.harness.grammars import output_constraint
-from core.release import AdapterRef, Release
+from core.release import AdapterRef, Release, ServedRelease
 from core.routing import RouterDecision, RouterModel, UnknownSpecialist
 from engines.instant import InstantEngine, Script, fixed_reply
 from infra.memory import InMemoryEventLog
@@ -141,8 +141,7 @@ class Harness:
             self.log,
             self.engine,
             HintRouter(),
-            self.release,
-            ROOT,
+            ServedRelease(release=self.release, harness=ROOT),
             limits=ChatLimits(**{"turns_per_minute": 1000, **limits}),
         )
         self.principal = principal()
@@ -287,7 +286,9 @@ def test_a_resent_message_returns_the_recorded_answer_and_appends_nothing() -> N
 def test_a_resend_after_a_restart_is_answered_from_the_log() -> None:
     h = Harness(fixed_reply("kept in the log"))
     first = run(lambda: h.turn(msg="same"))
-    restarted = ChatService(h.log, h.engine, HintRouter(), h.release, ROOT)
+    restarted = ChatService(
+        h.log, h.engine, HintRouter(), ServedRelease(release=h.release, harness=ROOT)
+    )
     request = TurnRequest("same", "hello there", first.conversation_id)
     again = run(lambda: restarted.run_turn(h.principal, request, h.sink, asyncio.Event()))
     assert again.turn_id == first.turn_id and again.text == "kept in the log"
@@ -539,7 +540,7 @@ def test_an_old_adapter_is_unloaded_only_after_the_last_turn_on_it_ends() -> Non
             h.chat.run_turn(h.principal, TurnRequest("m1", "hi"), held, asyncio.Event())
         )
         await asyncio.sleep(0.01)
-        h.chat.serve(successor, ROOT)
+        h.chat.serve(ServedRelease(release=successor, harness=ROOT))
         during = sorted(h.engine.loaded_adapters())
         opened.set()
         outcome = await busy
@@ -556,7 +557,7 @@ def test_serving_a_new_release_with_no_turns_unloads_at_once() -> None:
     h = Harness(fixed_reply("ok"), serving=release(chat=adapter("chat", 1)))
     h.engine.load_adapter("chat@2", "/adapters/chat/2")
     since = h.chat.serving_since
-    h.chat.serve(release("r2", chat=adapter("chat", 2)), ROOT)
+    h.chat.serve(ServedRelease(release=release("r2", chat=adapter("chat", 2)), harness=ROOT))
     assert h.engine.loaded_adapters() == ["chat@2"] and h.chat.serving_since >= since
     run(h.turn)
     assert h.payloads(ModelResponded)[0].adapter_version == "chat@2"
@@ -581,8 +582,8 @@ def test_a_new_harness_answers_new_turns_with_its_prompt_exemplars_decoding_and_
     spec = ROOT.spec.model_copy(update={"specialists": {**ROOT.spec.specialists, "chat": chat}})
     harness = HarnessVersion(version=1, sha256=spec.address, parent_version=0, spec=spec)
     with pytest.raises(HarnessInvalid):  # the release must name the harness it is served with
-        h.chat.serve(h.release, harness)
-    h.chat.serve(h.release.successor(harness=harness), harness)
+        ServedRelease(release=h.release, harness=harness)
+    h.chat.serve(ServedRelease(release=h.release.successor(harness=harness), harness=harness))
     run(h.turn)
     assert seen[-1][:3] == [
         {"role": "system", "content": "Be brief."},
@@ -626,7 +627,7 @@ def test_an_enforcing_harness_constrains_every_step_of_its_structured_specialist
     }
     spec = ROOT.spec.model_copy(update={"specialists": enforcing})
     harness = HarnessVersion(version=1, sha256=spec.address, parent_version=0, spec=spec)
-    h.chat.serve(h.release.successor(harness=harness), harness)
+    h.chat.serve(ServedRelease(release=h.release.successor(harness=harness), harness=harness))
     agent = run(lambda: h.turn("What time is it?", msg="a", hint="agent"))
     genui = run(lambda: h.turn("Show a card.", msg="g", hint="genui"))
     run(lambda: h.turn("Hello.", msg="c", hint="chat"))
