@@ -178,7 +178,7 @@ def after_training(served: Running, release_id: str, tries: int = 5) -> tuple[st
     session. The turn is
     sampled (temperature 0.7, seeded by its random turn id), and how sure the tiny model is of
     "green" depends on the random answers the users corrected, so a try that strays is asked
-    again (three tries all strayed once in about ten runs, on a loaded 2-core machine): the
+    again (three tries all strayed in one of four runs on this 2-core machine): the
     untrained genui@0 never writes "green", however often it is asked."""
     for n in range(tries):
         with served.connect(served.key("learner")) as ws:
