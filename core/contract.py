@@ -9,14 +9,13 @@ in ``learners.evaluation.contract_runner``.
 
 from __future__ import annotations
 
-import functools
-import re
-from typing import Annotated, Literal
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from core.routing import SpecialistName
 from core.statistics import SequentialPlan, non_inferiority_p_value, sign_test_p_value
+from core.tasks import Task
 
 GENERAL_SUITE = "general"
 """The suite of easy tasks across all specialists that detects forgetting."""
@@ -24,95 +23,6 @@ GENERAL_SUITE = "general"
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
-
-
-class ExactChecker(_Frozen):
-    """Passes when the output equals ``expected``, both stripped of surrounding whitespace."""
-
-    kind: Literal["exact"]
-    expected: str
-
-
-class RegexChecker(_Frozen):
-    """Passes when ``pattern`` matches anywhere in the output (``re.search``, ``DOTALL``)."""
-
-    kind: Literal["regex"]
-    pattern: str = Field(min_length=1)
-
-    @field_validator("pattern")
-    @classmethod
-    def _compiles(cls, pattern: str) -> str:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ValueError(f"not a regular expression: {exc}") from exc
-        return pattern
-
-
-class GenUIChecker(_Frozen):
-    """Passes when the output is a valid GenUI tree whose text contains each of ``must_contain``
-    and which shows each of ``values`` (a number in the tree, or in its text; contract v3 on)."""
-
-    kind: Literal["genui"]
-    must_contain: list[str] = Field(default_factory=list)
-    values: list[float] = Field(default_factory=list)
-
-
-class ToolCallChecker(_Frozen):
-    """Passes when the output is a valid call of ``tool`` whose arguments include ``args``, whose
-    string arguments contain the words ``contains`` names, and whose result on a fresh tool
-    state includes ``result`` (a calculator's value: ``250-19`` and ``-19+250`` both pass
-    ``{value: 231}``). The last two came with contract v3, so content is checked, not only the
-    tool's name."""
-
-    kind: Literal["tool_call"]
-    tool: str = Field(min_length=1)
-    args: dict[str, JsonValue] = Field(default_factory=dict)
-    contains: dict[str, list[str]] = Field(default_factory=dict)
-    result: dict[str, JsonValue] = Field(default_factory=dict)
-
-
-class PythonTestsChecker(_Frozen):
-    """Passes when the answer's code followed by ``tests`` runs without error in a sandbox."""
-
-    kind: Literal["python_tests"]
-    tests: str = Field(min_length=1)
-
-
-Checker = Annotated[
-    ExactChecker | RegexChecker | GenUIChecker | ToolCallChecker | PythonTestsChecker,
-    Field(discriminator="kind"),
-]
-
-
-class Task(_Frozen):
-    """One prompt, served by ``specialist``, and how to tell a correct answer.
-
-    ``reference`` is a correct answer: the simulator's oracle uses it as the user's edit, so it
-    becomes training data for bank tasks (never for contract tasks, which are held out).
-    """
-
-    id: str = Field(pattern=r"^[a-z0-9-]+$", max_length=100)
-    specialist: SpecialistName
-    prompt: str = Field(min_length=1)
-    checker: Checker
-    reference: str = Field(min_length=1)
-
-
-NEAR_DUPLICATE = 0.6
-"""Word overlap (Jaccard) from which two prompts count as the same task asked again."""
-
-
-@functools.lru_cache(maxsize=4096)
-def prompt_words(prompt: str) -> frozenset[str]:
-    """A prompt's words, case and punctuation dropped and numbers masked: what near-duplicates
-    share."""
-    return frozenset(re.sub(r"\d+", "#", re.sub(r"[^\w\s]", " ", prompt.casefold())).split())
-
-
-def word_overlap(a: frozenset[str], b: frozenset[str]) -> float:
-    """Jaccard similarity of two prompts' ``prompt_words``."""
-    return len(a & b) / len(a | b) if a | b else 1.0
 
 
 class NonInferiority(_Frozen):
@@ -174,12 +84,21 @@ class RoutingRule(_Frozen):
     max_recall_drop: float = Field(ge=0.0, le=1.0)
 
 
+_YAML_FILE = r"^[A-Za-z0-9._-]+\.ya?ml$"
+
+
 class Contract(_Frozen):
     """Suites are named by specialist, plus ``general`` whose tasks may name any specialist.
 
     ``answer_tokens`` caps the new tokens of an answer per specialist (``DEFAULT_ANSWER_TOKENS``
     for one not named): a task is served with the budget of the specialist it names, in any
     suite, and candidate and parent get the same budget.
+
+    ``development`` (contract v5 on) names the contract file, next to this one, whose suites
+    are this contract's development split: what recipes, thresholds and features are chosen
+    on, and what benches report. This contract's own suites are then its sealed test split,
+    written apart from the development split, on which promotions are decided and the
+    project's numbers are reported (``docs/learning.md``, "Development and test splits").
     """
 
     version: str = Field(min_length=1, max_length=100)
@@ -189,6 +108,7 @@ class Contract(_Frozen):
     )
     suites: dict[SpecialistName, list[Task]]
     routing: RoutingRule | None = None
+    development: str | None = Field(default=None, pattern=_YAML_FILE)
 
     def answer_budget(self, specialist: str) -> int:
         return self.answer_tokens.get(specialist, DEFAULT_ANSWER_TOKENS)
@@ -209,6 +129,10 @@ class Contract(_Frozen):
                         f"but is in suite {suite!r}"
                     )
         return self
+
+    def task_keys(self) -> dict[str, list[str]]:
+        """Each suite's tasks by content (``Task.key``), in suite order."""
+        return {suite: [task.key() for task in tasks] for suite, tasks in self.suites.items()}
 
     def specialists(self) -> list[str]:
         """Every specialist a task names: running the contract needs an adapter for each."""

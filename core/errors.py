@@ -249,6 +249,14 @@ class ContractInvalid(MacaronError):
     code = "contract_invalid"
 
 
+class ContractChanged(ContractInvalid):
+    """A contract version's tasks differ from the tasks that version was sealed or scored
+    with: a changed task needs a new contract version, or outcomes of two different tasks
+    would be compared as one."""
+
+    code = "contract_changed"
+
+
 class TaskBankInvalid(MacaronError):
     """A task bank file cannot be read, is not YAML, or does not describe valid tasks."""
 

@@ -267,11 +267,12 @@ class HarnessEntry:
 @dataclass(frozen=True)
 class StoredOutcomes:
     """One earlier record of a release's per-task contract outcomes, as stored: JSON that the
-    reader validates (``outcomes``: passed per suite, ``well_formed`` per suite) and the digest
-    stored with it."""
+    reader validates (``outcomes``: passed per suite, ``well_formed`` per suite, ``tasks``: the
+    tasks' content keys per suite, none before contract 5) and the digest stored with them."""
 
     outcomes: Any
     well_formed: Any
+    tasks: Any
     digest: str | None
 
 

@@ -238,18 +238,19 @@ def evaluated_outcomes(
 ) -> list[StoredOutcomes]:
     """Every per-task record of ``release_id`` under ``contract_version``, as the candidate of
     the run that made it, as the parent of a run, or scored on its own: ``outcomes`` (passed),
-    ``well_formed`` per suite and the ``digest`` stored with them (JSON, not validated)."""
+    ``well_formed`` per suite, the ``tasks`` they were got on and the ``digest`` stored with
+    them (JSON, not validated)."""
     rows = conn.execute(
         "SELECT e.scores -> 'outcomes' -> 'candidate' AS outcomes, "
-        "e.scores -> 'well_formed' -> 'candidate' AS well_formed, "
+        "e.scores -> 'well_formed' -> 'candidate' AS well_formed, e.scores -> 'tasks' AS tasks, "
         "e.scores -> 'digests' ->> 'candidate' AS digest FROM releases r "
         "JOIN evaluations e ON e.run_id = r.run_id "
         "WHERE r.release_id = %(release)s AND e.contract_version = %(version)s "
         "UNION ALL SELECT scores -> 'outcomes' -> 'parent', scores -> 'well_formed' -> 'parent', "
-        "scores -> 'digests' ->> 'parent' FROM evaluations "
+        "scores -> 'tasks', scores -> 'digests' ->> 'parent' FROM evaluations "
         "WHERE scores ->> 'parent_release_id' = %(release)s AND contract_version = %(version)s "
         "UNION ALL SELECT scores -> 'outcomes' -> 'release', scores -> 'well_formed' -> 'release', "
-        "scores -> 'digests' ->> 'release' FROM evaluations "
+        "scores -> 'tasks', scores -> 'digests' ->> 'release' FROM evaluations "
         "WHERE run_id IS NULL AND release_id = %(release)s AND contract_version = %(version)s",
         {"release": release_id, "version": contract_version},
     ).fetchall()

@@ -4,6 +4,7 @@ code, run only in ``learners.evaluation.sandbox``."""
 
 from __future__ import annotations
 
+import ast
 import math
 import re
 import types
@@ -13,18 +14,20 @@ from typing import Any, assert_never
 
 from pydantic import JsonValue
 
-from core.contract import (
+from core.conversation import empty_tool_state
+from core.harness.actions import execute
+from core.harness.genui import parse_genui_output
+from core.harness.hcp import tool_call_of
+from core.tasks import (
+    Calculation,
     ExactChecker,
     GenUIChecker,
+    NoCallChecker,
     PythonTestsChecker,
     RegexChecker,
     Task,
     ToolCallChecker,
 )
-from core.conversation import empty_tool_state
-from core.harness.actions import execute
-from core.harness.genui import parse_genui_output
-from core.harness.hcp import tool_call_of
 from learners.evaluation.sandbox import code_of, python_tests_pass
 
 
@@ -39,6 +42,11 @@ def check(task: Task, output: str) -> bool:
         return _genui_passes(checker, output)
     if isinstance(checker, ToolCallChecker):
         return _tool_call_passes(checker, output)
+    if isinstance(checker, NoCallChecker):
+        return (
+            tool_call_of(output) is None
+            and re.search(checker.pattern, output, re.DOTALL) is not None
+        )
     if isinstance(checker, PythonTestsChecker):
         return python_tests_pass(code_of(output), checker.tests)
     assert_never(checker)
@@ -105,6 +113,8 @@ def _tool_call_passes(checker: ToolCallChecker, output: str) -> bool:
         return False
     if checker.result and not (outcome.ok and isinstance(outcome.result, dict)):
         return False
+    if checker.calculation is not None and not _calculates(checker.calculation, call.args):
+        return False
     return (
         all(
             key in call.args and _normalised(call.args[key]) == _normalised(expected)
@@ -121,6 +131,47 @@ def _tool_call_passes(checker: ToolCallChecker, output: str) -> bool:
             and _same_result(expected, outcome.result[key])
             for key, expected in checker.result.items()
         )
+    )
+
+
+_OPERATORS = {
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.USub: "-",  # -19 + 250 subtracts 19
+    ast.Mult: "*",
+    ast.Div: "/",
+    ast.FloorDiv: "//",
+    ast.Mod: "%",
+    ast.Pow: "**",
+}
+
+
+def _calculates(calculation: Calculation, args: JsonValue) -> bool:
+    """Whether a calculator call's expression uses each operand as a number literal and each
+    operator (a number's sign is not its literal's: ``-19 + 250`` writes 19 and subtracts)."""
+    expression = args.get("expression") if isinstance(args, dict) else None
+    if not isinstance(expression, str):
+        return False
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+    except (SyntaxError, ValueError):
+        return False
+    numbers = [
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant) and isinstance(node.value, int | float)
+    ]
+    operators = {
+        _OPERATORS[type(node.op)]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.BinOp | ast.UnaryOp) and type(node.op) in _OPERATORS
+    }
+    return (
+        all(
+            any(_same_number(abs(operand), number) for number in numbers)
+            for operand in calculation.operands
+        )
+        and set(calculation.operators) <= operators
     )
 
 

@@ -12,17 +12,10 @@ import functools
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from core.canonical import canonical_json, sha256_hex
-from core.contract import (
-    NEAR_DUPLICATE,
-    Contract,
-    Decision,
-    Task,
-    ToolCallChecker,
-    prompt_words,
-    word_overlap,
-)
+from core.contract import Contract, Decision
 from core.engine import Engine, GenerationRequest, SamplingParams
 from core.errors import ContractInvalid, TaskBankInvalid
 from core.harness.actions import TOOLS
@@ -30,7 +23,9 @@ from core.harness.artifact import HarnessVersion
 from core.harness.grammars import output_constraint
 from core.harness.hcp import build_context
 from core.sequential import Key, Stop, decide_at_look, schedule
+from core.tasks import NEAR_DUPLICATE, Task, ToolCallChecker, prompt_words, word_overlap
 from learners.evaluation.checkers import check, well_formed
+from learners.evaluation.seals import check_sealed
 from learners.files import DATA, load_yaml_model
 from learners.tasks import DEFAULT_BANK, TaskBank, load_bank
 
@@ -39,10 +34,13 @@ CONTRACT_V2 = DATA / "contract-v2.yaml"
 CONTRACT_V2S = DATA / "contract-v2s.yaml"
 CONTRACT_V3 = DATA / "contract-v3.yaml"
 CONTRACT_V4 = DATA / "contract-v4.yaml"
-CONTRACTS = (CONTRACT_V1, CONTRACT_V2, CONTRACT_V2S, CONTRACT_V3, CONTRACT_V4)
+CONTRACT_V5 = DATA / "contract-v5.yaml"
+CONTRACTS = (CONTRACT_V1, CONTRACT_V2, CONTRACT_V2S, CONTRACT_V3, CONTRACT_V4, CONTRACT_V5)
 """Every contract version, oldest first: a bank is held out from all of them."""
-DEFAULT_CONTRACT = CONTRACT_V4
-"""The contract the loop judges by unless `MACARON_CONTRACT_PATH` names another."""
+DEFAULT_CONTRACT = CONTRACT_V5
+"""The contract the loop judges by unless `MACARON_CONTRACT_PATH` names another: the sealed
+test split; its development split is contract 4's suites."""
+Split = Literal["development", "test"]
 CONCURRENCY = 16
 """Requests in flight at once per contract run (the local engine's batch): the engine batches
 concurrent requests, mixed adapters and all."""
@@ -63,7 +61,20 @@ def load_contract(path: Path) -> Contract:
                     f"tools: {', '.join(sorted(known_tools))}"
                 )
     _check_held_out(path, contract, load_bank())
+    check_sealed(path, contract)
     return contract
+
+
+def load_split(path: Path, split: Split) -> Contract:
+    """The contract at ``path`` (``test``: its own suites, the sealed test split), or the
+    contract its ``development`` names (``development``), whose suites choices are made on;
+    ``ContractInvalid`` when it names none."""
+    contract = load_contract(path)
+    if split == "test":
+        return contract
+    if contract.development is None:
+        raise ContractInvalid(f"{path}: {contract.version} names no development split")
+    return load_contract(path.with_name(contract.development))
 
 
 def load_training_bank(path: Path = DEFAULT_BANK, contract: Contract | None = None) -> TaskBank:
@@ -171,11 +182,17 @@ class ContractRun:
             raise ValueError(f"{len(self.missing())} tasks have not run")
         return {suite: [bool(p) for p in done] for suite, done in self.passed.items()}
 
-    def digest(self, contract_version: str) -> str:
-        """What a record stores beside these outcomes, so a changed record is not reused."""
+    def digest(self, contract_version: str, tasks: Mapping[str, Sequence[str]]) -> str:
+        """What a record stores beside these outcomes and the tasks they were got on (per
+        suite, each task's ``Task.key``), so a changed record is not reused."""
         return sha256_hex(
             canonical_json(
-                {"contract": contract_version, "passed": self.passed, "formed": self.well_formed}
+                {
+                    "contract": contract_version,
+                    "tasks": tasks,
+                    "passed": self.passed,
+                    "formed": self.well_formed,
+                }
             )
         )
 

@@ -20,6 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from core.contract import Contract
 from core.engine import Engine
+from core.errors import ContractChanged
 from core.events import ContractEvaluated, NewEvent, PromotionRejected
 from core.harness.artifact import HarnessVersion, harness_name
 from core.ids import uuid7
@@ -149,15 +150,17 @@ def _evaluation_record(
     candidate's ``None`` where a task did not run), each side's digest, and where the rule
     stopped."""
     candidate, decision = verdict.run, verdict.decision
+    tasks = contract.task_keys()
     return {
         "candidate": candidate.scores(),
         "parent": parent.scores(),
         "formats": {"candidate": candidate.format_scores(), "parent": parent.format_scores()},
         "outcomes": {"candidate": candidate.passed, "parent": parent.passed},
         "well_formed": {"candidate": candidate.well_formed, "parent": parent.well_formed},
+        "tasks": tasks,
         "digests": {
-            "candidate": candidate.digest(contract.version),
-            "parent": parent.digest(contract.version),
+            "candidate": candidate.digest(contract.version, tasks),
+            "parent": parent.digest(contract.version, tasks),
         },
         "inherited": {"candidate": candidate.inherited},
         "sequential": {
@@ -309,7 +312,8 @@ def release_outcomes(
     adapters = {name: ref.name for name, ref in release.adapters.items()}
     known |= asyncio.run(serve(engine, adapters, contract, missing, harness=harness))
     outcomes = ContractRun.of(contract, known)
-    digest = outcomes.digest(contract.version)
+    tasks = contract.task_keys()
+    digest = outcomes.digest(contract.version, tasks)
     with pool.connection() as conn:
         record_release_score(
             conn,
@@ -321,6 +325,7 @@ def release_outcomes(
                 "formats": {"release": outcomes.format_scores()},
                 "outcomes": {"release": outcomes.passed},
                 "well_formed": {"release": outcomes.well_formed},
+                "tasks": tasks,
                 "digests": {"release": digest},
             },
         )
@@ -328,6 +333,7 @@ def release_outcomes(
 
 
 _KNOWN = TypeAdapter(dict[str, list[bool | None]])
+_TASKS = TypeAdapter(dict[str, list[str]])
 
 
 def recorded_outcomes(
@@ -337,9 +343,13 @@ def recorded_outcomes(
     contract version (as the candidate of the run that made it, possibly stopped early, as the
     parent of a run, or scored on its own), merged; ``None`` when there is none. Greedy decoding
     with the same seed and budgets gives the same answers, so a task is run once per release.
-    A record that does not fit the contract, or whose digest does not match its outcomes, is
-    not used."""
-    sizes = {suite: len(tasks) for suite, tasks in contract.suites.items()}
+
+    Outcomes are matched to tasks by content (``Task.key``), not by place: a task whose content
+    no record holds is run. A record whose digest does not match its outcomes and tasks, or
+    that names no tasks (before contract 5), is not used. A record of this version got on
+    other tasks is ``ContractChanged``: the version's file changed without a new version."""
+    expected = contract.task_keys()
+    places = {key: (suite, i) for suite, keys in expected.items() for i, key in enumerate(keys)}
     known: dict[Key, Outcome] = {}
     for stored in evaluated_outcomes(conn, release_id, contract.version):
         try:
@@ -347,16 +357,39 @@ def recorded_outcomes(
                 _KNOWN.validate_python(stored.outcomes),
                 _KNOWN.validate_python(stored.well_formed),
             )
+            tasks = _TASKS.validate_python(stored.tasks)
         except ValidationError:
             continue
-        shapes = (
-            {suite: len(done) for suite, done in side.items()}
-            for side in (run.passed, run.well_formed)
-        )
-        if any(shape != sizes for shape in shapes) or stored.digest != run.digest(contract.version):
+        if stored.digest != run.digest(contract.version, tasks) or not _fits(run, tasks):
             continue
-        known = run.outcomes() | known
+        _same_tasks(contract.version, expected, tasks)
+        for (suite, index), outcome in run.outcomes().items():
+            known.setdefault(places[tasks[suite][index]], outcome)
     return ContractRun.of(contract, known) if known else None
+
+
+def _fits(run: ContractRun, tasks: Mapping[str, list[str]]) -> bool:
+    """Whether a record's outcomes have one entry per task it names."""
+    sizes = {suite: len(keys) for suite, keys in tasks.items()}
+    return all(
+        {suite: len(done) for suite, done in side.items()} == sizes
+        for side in (run.passed, run.well_formed)
+    )
+
+
+def _same_tasks(
+    version: str, expected: Mapping[str, list[str]], tasks: Mapping[str, list[str]]
+) -> None:
+    """``ContractChanged`` naming the tasks of a record under ``version`` that the contract
+    (its tasks ``expected``) does not hold as they were, or holds and the record does not."""
+    stored = {key for keys in tasks.values() for key in keys}
+    current = {key for keys in expected.values() for key in keys}
+    changed = sorted({key.split(":", 1)[0] for key in stored ^ current})
+    if changed:
+        raise ContractChanged(
+            f"{version} was scored before on other tasks than its file holds now "
+            f"({', '.join(changed)}): a changed contract needs a new version"
+        )
 
 
 def _adapter(conn: DictConnection, adapter_version_id: int) -> AdapterRef:

@@ -13,8 +13,8 @@ import random
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from core.contract import Task
 from core.errors import ConfigError
+from core.tasks import Task
 
 LOW_WEIGHT = 0.25
 """How often a later round holds a task never solved or almost solved."""

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from core.contract import Contract, GenUIChecker, Task, ToolCallChecker
+from core.contract import Contract
 from core.events import RolloutStep
+from core.tasks import GenUIChecker, Task, ToolCallChecker
 from learners.evaluation.checkers import check
 from learners.evaluation.contract_runner import load_training_bank
 from learners.tasks import DEFAULT_BANK

@@ -13,7 +13,6 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from core.contract import ToolCallChecker
 from core.conversation import empty_tool_state
 from core.engine import Engine, GenerationRequest, SamplingParams
 from core.events import ChatMessage, RolloutStep
@@ -22,6 +21,7 @@ from core.harness.artifact import HarnessSpec, HarnessVersion
 from core.harness.grammars import held_to, output_constraint
 from core.harness.hcp import build_context, tool_call_of
 from core.merge_patch import apply_merge_patch
+from core.tasks import ToolCallChecker
 from learners.rollouts.environments import Environment, Verdict
 
 ROLLOUT_MAX_STEPS = 2

@@ -24,7 +24,7 @@ from infra.postgres.lineage import (
 )
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, harness_by_name, release_by_id
-from learners.evaluation.contract_runner import DEFAULT_CONTRACT, load_contract
+from learners.evaluation.contract_runner import DEFAULT_CONTRACT, Split, load_split
 from macaron import wiring
 from macaron.cli.common import console, settings
 
@@ -184,8 +184,16 @@ def contract_run(
     release_id: Annotated[
         str, typer.Argument(help="The release to evaluate ('active' for the active one).")
     ] = "active",
+    split: Annotated[
+        Split,
+        typer.Option(
+            help="'test': the contract's own suites, its sealed test split (what promotions "
+            "are decided on and numbers are reported on); 'development': the suites of the "
+            "contract its 'development' names (what choices are made on)."
+        ),
+    ] = "test",
 ) -> None:
-    """Run the contract (MACARON_CONTRACT_PATH, default contract 3) on a release (its adapters
+    """Run the contract (MACARON_CONTRACT_PATH, default contract 5) on a release (its adapters
     and its harness, greedy decoding, float32 whatever MACARON_DTYPE says) and print each
     suite's score and share of well-formed answers. The outcomes are recorded: a release is
     scored once per contract version, and the learning loop reuses them when the release is a
@@ -194,7 +202,7 @@ def contract_run(
     from learners.evaluation.evaluate import release_outcomes  # the engine and the trainer: torch
 
     cfg = settings(ctx)
-    contract = load_contract(cfg.contract_path or DEFAULT_CONTRACT)
+    contract = load_split(cfg.contract_path or DEFAULT_CONTRACT, split)
     store = ArtifactStore(cfg.home / "adapters")
     with wiring.pool(cfg) as pool:
         with pool.connection() as conn:
@@ -210,7 +218,8 @@ def contract_run(
         finally:
             engine.close()
     table = Table(
-        title=f"{contract.version} on {release.release_id} ({release.harness_version})",
+        title=f"{contract.version} ({split} split) on {release.release_id} "
+        f"({release.harness_version})",
         caption="well-formed: answers in the form their task asks for (GenUI tree, tool call)",
     )
     for column in ("suite", "tasks", "well-formed", "passed", "score"):

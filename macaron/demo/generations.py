@@ -11,10 +11,11 @@ from datetime import UTC, datetime
 from typing import Any, get_args
 from uuid import UUID
 
-from core.contract import Contract, Task
+from core.contract import Contract
 from core.errors import ConfigError
 from core.ids import derived_id
 from core.settings import Settings
+from core.tasks import Task
 from infra.postgres.keys import create_key
 from infra.postgres.lookups import run_ids_oldest_first, run_times
 from infra.postgres.registry import active_release
@@ -115,7 +116,7 @@ def run_demo(
     tasks = bank_tasks(bank.tasks, o.specialists)
     plays = Curriculum(tasks, o.seed) if o.mode == "self" else task_stream(tasks, o.seed)
     o.out_dir.mkdir(parents=True, exist_ok=True)
-    report = DemoReport(contract.version, [])
+    report = DemoReport(contract.version, [], "single" if contract.development is None else "test")
 
     def keep(record: GenerationRecord) -> None:
         report.generations.append(record)

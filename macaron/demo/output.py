@@ -37,7 +37,10 @@ def plot_scores(report: DemoReport, path: Path) -> None:
     axes.set_ylim(-0.03, 1.03)
     axes.set_xlabel("generation (and what it promoted: a specialist's adapter, or its harness)")
     axes.set_ylabel("contract score (share of tasks passed)")
-    axes.set_title(f"Contract score of the active release per suite ({report.contract_version})")
+    axes.set_title(
+        f"Contract score of the active release per suite "
+        f"({report.contract_version}, {report.split} split)"
+    )
     axes.grid(alpha=0.3)
     if suites:
         axes.legend(loc="best")
@@ -105,7 +108,9 @@ def generation_table(record: GenerationRecord) -> Table:
 def demo_table(report: DemoReport) -> Table:
     """Every generation's contract score per suite, and what its runs became."""
     suites = sorted({suite for g in report.generations for suite in g.scores})
-    table = Table(title=f"learning loop under contract {report.contract_version}")
+    table = Table(
+        title=f"learning loop under contract {report.contract_version} ({report.split} split)"
+    )
     table.caption = "score (share of tasks passed) / well-formed (share in the asked form)"
     for column in ("generation", "release", "harness", "runs", *suites):
         table.add_column(column, justify="right" if column in suites else "left")

@@ -75,6 +75,9 @@ class GenerationRecord:
 class DemoReport:
     contract_version: str
     generations: list[GenerationRecord]
+    split: str = "test"
+    """Which split the scores come from: ``test`` for a contract that names its development
+    split (its own suites are the sealed test split), ``single`` for one that names none."""
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Iterator, Sequence
 
-from core.contract import Task
 from core.errors import ConfigError
+from core.tasks import Task
 
 DEFAULT_SPECIALISTS = ("genui", "agent")
 SIMULATOR_TENANT = "simulator"

@@ -6,8 +6,8 @@ import asyncio
 import time
 from collections.abc import Callable, Sequence
 
-from core.contract import Task
 from core.errors import ConfigError, MacaronError
+from core.tasks import Task
 from macaron.simulator.report import PlayedTurn, SimulationReport
 from macaron.simulator.user import SimulatedUser
 

@@ -15,8 +15,8 @@ from pydantic import TypeAdapter, ValidationError
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidURI
 
-from core.contract import Task
 from core.errors import InvalidApiKey, MacaronError
+from core.tasks import Task
 from learners.evaluation.checkers import check
 from macaron.simulator.report import PlayedTurn
 from server.entrypoints import protocol as wire

@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from core.errors import HarnessInvalid, HarnessNotFound
+from core.errors import ContractChanged, HarnessInvalid, HarnessNotFound
 from core.harness.artifact import LEGACY_HARNESS, Exemplar, HarnessSpec, root_harness
 from core.release import Release
 from engines.instant import InstantEngine
@@ -262,6 +262,28 @@ def test_a_release_is_scored_once_per_contract_version(pool: Pool) -> None:
     assert len(answered) == 12
     with pool.connection() as conn:
         assert recorded_outcomes(conn, "scored", contract) == first
+        # Outcomes are keyed by task content, not place: the suites reversed reuse them all.
+        turned = contract.model_copy(
+            update={"suites": {s: tasks[::-1] for s, tasks in contract.suites.items()}}
+        )
+        reused = recorded_outcomes(conn, "scored", turned)
+        assert (
+            reused is not None
+            and {suite: done[::-1] for suite, done in reused.complete().items()} == first.complete()
+        )
+        # One task changed under the same version is refused, naming it ...
+        task = contract.suites["genui"][0]
+        changed = contract.model_copy(
+            update={
+                "suites": contract.suites
+                | {"genui": [task.model_copy(update={"prompt": "Show red."})]}
+            }
+        )
+        with pytest.raises(ContractChanged, match=task.id):
+            recorded_outcomes(conn, "scored", changed)
+        # ... and under a new version its outcome is not inherited: that task runs.
+        renamed = changed.model_copy(update={"version": "e2e-2"})
+        assert recorded_outcomes(conn, "scored", renamed) is None
         with pytest.raises(psycopg.errors.CheckViolation):
             conn.execute(
                 "INSERT INTO evaluations (evaluation_id, contract_version, scores) "

@@ -15,7 +15,6 @@ from uuid import uuid4
 
 from websockets.sync.client import ClientConnection
 
-from core.contract import Task
 from core.errors import ContractInvalid
 from core.events import (
     NewEvent,
@@ -28,6 +27,7 @@ from core.events import (
 from core.routing import ROUTING_KEY
 from core.routing_labels import LabelledTurn
 from core.settings import Settings
+from core.tasks import Task
 from infra.jsonl import load_jsonl
 from infra.postgres.routers import queue_router_run, router_model
 from learners.queue import configure as configure_celery

@@ -20,7 +20,6 @@ from typing import Any
 import pytest
 from pydantic import JsonValue
 
-from core.contract import Task
 from core.errors import TaskBankInvalid
 from core.events import (
     CandidateTrained,
@@ -36,6 +35,7 @@ from core.harness.grammars import call_kinds
 from core.harness.hcp import tool_call_of
 from core.log import EventLog
 from core.settings import Settings
+from core.tasks import Task
 from infra.postgres.db import Pool
 from infra.postgres.registry import active_release, harness_by_name
 from infra.postgres.rollout_joins import scored_group

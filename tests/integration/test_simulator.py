@@ -17,10 +17,10 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from core.contract import GenUIChecker, Task
 from core.errors import EngineError, InvalidApiKey
 from core.events import FeedbackGiven, TurnReceived
 from core.settings import Settings
+from core.tasks import GenUIChecker, Task
 from engines.instant import InstantEngine, Script
 from infra.local_stack import LocalStack
 from infra.postgres.keys import list_keys

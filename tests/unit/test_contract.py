@@ -15,29 +15,25 @@ from typing import Any
 import pytest
 import yaml
 
-from core.contract import (
-    NEAR_DUPLICATE,
-    Checker,
-    ExactChecker,
-    GenUIChecker,
-    NonInferiority,
-    PromotionRule,
-    PythonTestsChecker,
-    RegexChecker,
-    RoutingRule,
-    Task,
-    ToolCallChecker,
-    decide,
-    decide_routing,
-    prompt_words,
-    word_overlap,
-)
+from core.contract import NonInferiority, PromotionRule, RoutingRule, decide, decide_routing
 from core.engine import GenerationChunk, GenerationRequest
 from core.errors import ContractInvalid, TaskBankInvalid
 from core.harness.artifact import root_version
 from core.harness.hcp import build_context
 from core.routing_labels import FollowUp
 from core.statistics import non_inferiority_p_value, sign_test_p_value
+from core.tasks import (
+    NEAR_DUPLICATE,
+    Checker,
+    ExactChecker,
+    GenUIChecker,
+    PythonTestsChecker,
+    RegexChecker,
+    Task,
+    ToolCallChecker,
+    prompt_words,
+    word_overlap,
+)
 from engines.instant import InstantEngine, fixed_reply
 from learners.evaluation import sandbox
 from learners.evaluation.checkers import check, well_formed
@@ -46,7 +42,6 @@ from learners.evaluation.contract_runner import (
     CONTRACT_V2,
     CONTRACT_V3,
     CONTRACT_V4,
-    DEFAULT_CONTRACT,
     load_contract,
     run_contract,
 )
@@ -303,7 +298,7 @@ def test_the_bank_has_every_specialist() -> None:
     counts: dict[str, int] = {}
     for bank_task in BANK:
         counts[bank_task.specialist] = counts.get(bank_task.specialist, 0) + 1
-    assert counts == {"genui": 120, "agent": 120, "coding": 40, "chat": 40}
+    assert counts == {"genui": 120, "agent": 144, "coding": 40, "chat": 40}
 
 
 @pytest.mark.parametrize(
@@ -338,9 +333,10 @@ def test_contract_v3_is_v2_with_every_task_checking_content() -> None:
 
 def test_contract_v4_is_v3_with_follow_ups_in_its_routing_suite() -> None:
     """v4 judges adapters as v3 does; its router versions are also judged on the multi-turn
-    cases, each a ``FollowUp`` routed after its previous turn. It is the default."""
+    cases, each a ``FollowUp`` routed after its previous turn. It is contract 5's development
+    split."""
     v4 = load_contract(CONTRACT_V4)
-    assert DEFAULT_CONTRACT == CONTRACT_V4 and v4.version == "contract-4"
+    assert v4.version == "contract-4"
     assert (v4.suites, v4.rule, v4.answer_tokens) == (V3.suites, V3.rule, V3.answer_tokens)
     assert v4.routing is not None and V3.routing is not None and V3.routing.follow_ups is None
     assert v4.routing.model_copy(update={"follow_ups": None}) == V3.routing

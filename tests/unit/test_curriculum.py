@@ -8,8 +8,8 @@ from itertools import islice
 
 import pytest
 
-from core.contract import RegexChecker, Task
 from core.errors import ConfigError
+from core.tasks import RegexChecker, Task
 from learners.rollouts.curriculum import Curriculum
 
 

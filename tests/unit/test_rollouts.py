@@ -16,7 +16,6 @@ import yaml
 from pydantic import ValidationError
 
 from core.canonical import canonical_json, sha256_hex
-from core.contract import GenUIChecker, Task, ToolCallChecker
 from core.errors import InvalidEvent, TaskBankInvalid
 from core.events import (
     ChatMessage,
@@ -31,6 +30,7 @@ from core.events import (
 from core.experience import EMPTY_CHAIN, FILTER_VERSION, chain_record, source_of
 from core.log import LogPosition, RecordedEvent
 from core.mapper import Mapper
+from core.tasks import GenUIChecker, Task, ToolCallChecker
 from infra.postgres.rollout_joins import ScoredSample
 from learners.evaluation.contract_runner import (
     CONTRACT_V1,
@@ -39,7 +39,7 @@ from learners.evaluation.contract_runner import (
     load_training_bank,
 )
 from learners.rollouts.environments import CheckerVerifier, judge, load_environments
-from learners.tasks import BANK_V1, DEFAULT_BANK, load_bank
+from learners.tasks import BANK_V1, BANK_V2, DEFAULT_BANK, load_bank
 from streams.rollout_records import group_records
 from tests.factories import raw_envelope
 
@@ -333,7 +333,7 @@ def test_the_default_hint_tells_nothing_the_checker_expects() -> None:
 
 def test_a_bank_holding_a_task_of_any_contract_version_is_refused(tmp_path: Path) -> None:
     """Held out from every version, not only the one in use, in oracle mode as in self mode."""
-    bank = yaml.safe_load(DEFAULT_BANK.read_text())
+    bank = yaml.safe_load(BANK_V2.read_text())
     held_out = load_contract(CONTRACT_V1).suites["genui"][0]
     bank["tasks"].append(held_out.model_dump(mode="json"))
     path = tmp_path / "bank.yaml"
