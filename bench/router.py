@@ -22,8 +22,16 @@ thread of their own (as the server runs them).
   N = 0; and the same for routers of schema 1 (the embedding alone) on the same labels, against
   schema 2 (with the turn's words). The labels are built in memory as
   ``streams.routing_rules`` derives them, not read back from a log.
+- the routing cascade (issue 62): the server's router (schema 3: a words head decides the turns
+  it is sure of, the embedding only the rest) against schema 2 (every turn embedded), on the
+  real turns of the split's routing files (``--split``: ``development``, the default, is
+  ``routing-v1.jsonl`` and ``routing-dev.jsonl``; ``test`` is contract 5's sealed
+  ``routing-test.jsonl``, for reporting only): decision p99 idle (<= 5 ms) and beside the
+  busy engine (<= 10 ms), the share of turns decided without the embedding, and accuracy
+  (within 1 point of schema 2's).
 
 Usage: python -m bench.router [--decisions N] [--warmup W] [--threads T] [--no-engine]
+       [--split development|test]
 """
 
 from __future__ import annotations
@@ -48,11 +56,13 @@ from transformers.utils import logging as transformers_logging
 from bench.report import Row, report, row
 from core.engine import GenerationRequest, SamplingParams
 from core.events import RoutingLabelled
+from core.router_cascade import decide_by_words
 from core.router_features import router_features
 from core.routing import RouterDecision, decide
 from core.routing_labels import LabelledTurn
 from core.settings import Settings
 from engines.local.engine import LocalEngine
+from learners.files import DATA
 from learners.routing.training import (
     SEED_EXAMPLES,
     ClassifierTrainer,
@@ -63,7 +73,13 @@ from learners.tasks import BANK_V1, load_bank
 from macaron import wiring
 from server.router import RouterService, SentenceEmbedder
 
-HELDOUT = Path(__file__).resolve().parents[1] / "learners" / "routing-v1.jsonl"
+HELDOUT = DATA / "routing-v1.jsonl"
+SPLITS = {
+    "development": (HELDOUT, DATA / "routing-dev.jsonl"),
+    "test": (DATA / "routing-test.jsonl",),
+}
+CASCADE_IDLE_MS = 5.0
+CASCADE_BUSY_MS = 10.0
 TURN_WORDS = 50
 P99_TARGET_MS = 15.0
 POLICY_TARGET_MS = 1.0
@@ -149,7 +165,7 @@ def accuracy(route: Callable[[str], RouterDecision], turns: Sequence[LabelledTur
 
 
 def router_on(
-    embedder: SentenceEmbedder, seed: Sequence[LabelledTurn], schema_version: Literal[1, 2] = 2
+    embedder: SentenceEmbedder, seed: Sequence[LabelledTurn], schema_version: Literal[1, 2, 3] = 2
 ) -> RouterService:
     """A router service that starts with, and retrains on, the ``seed`` examples, fitting
     routers of ``schema_version``."""
@@ -196,7 +212,8 @@ def accuracy_after_traffic(
     labels = labelled_traffic(embedder, seed, bank[: max(TRAFFIC)])
     unseen = bank[max(TRAFFIC) :]
     found: tuple[Accuracies, Accuracies] = ({}, {})
-    for schema_version, accuracies in zip((2, 1), found, strict=True):
+    schemas: tuple[Literal[1, 2, 3], ...] = (2, 1)
+    for schema_version, accuracies in zip(schemas, found, strict=True):
         for n in TRAFFIC:
             router = router_on(embedder, seed, schema_version)
             router.retrain(labels[:n])
@@ -322,12 +339,84 @@ def accuracy_rows(
     ]
 
 
+def cascade_rows(
+    embedder: SentenceEmbedder, seed: Sequence[LabelledTurn], args: argparse.Namespace
+) -> list[Row]:
+    """The cascade (schema 3) against schema 2 on the real turns of ``args.split``."""
+    turns = [turn for path in SPLITS[args.split] for turn in load_examples(path)]
+    texts = [turn.text for turn in turns]
+    cascade, whole = router_on(embedder, seed, 3), router_on(embedder, seed, 2)
+    idle = time_decisions([cascade.route, whole.route], texts, args.warmup, args.decisions)
+    busy = (
+        []
+        if args.no_engine
+        else busy_latencies([cascade.route, whole.route], texts, args.warmup, args.decisions)
+    )
+    by_words = sum(decide_by_words(t, cascade.model, cascade.active) is not None for t in texts)
+    label = f"{args.split} turns"
+    rows = [
+        row(
+            f"cascade decision p99, idle, {label} (vs schema 2)",
+            percentile(idle[0], 99),
+            "ms",
+            percentile(idle[1], 99),
+            f"<= {CASCADE_IDLE_MS:g} ms",
+        ),
+        row(
+            f"cascade decision p50, idle, {label} (vs schema 2)",
+            percentile(idle[0], 50),
+            "ms",
+            percentile(idle[1], 50),
+            "report",
+        ),
+        *(
+            [
+                row(
+                    f"cascade decision p99, engine busy, {label} (vs schema 2)",
+                    percentile(busy[0], 99),
+                    "ms",
+                    percentile(busy[1], 99),
+                    f"<= {CASCADE_BUSY_MS:g} ms",
+                )
+            ]
+            if busy
+            else []
+        ),
+        row(
+            f"{label} decided without the embedding, {len(texts)} (vs all)",
+            100 * by_words / len(texts),
+            "%",
+            100.0,
+            "report",
+        ),
+        row(
+            f"cascade accuracy, {label} (vs schema 2)",
+            accuracy(cascade.route, turns),
+            "%",
+            accuracy(whole.route, turns),
+            "within 1 point",
+        ),
+    ]
+    print(
+        f"cascade {cascade.version} (words head sure from {cascade.model.words.clear:g})"
+        if cascade.model.words
+        else ""
+    )
+    return rows
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--decisions", type=int, default=300, help="timed decisions (>= 200)")
     parser.add_argument("--warmup", type=int, default=20)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--no-engine", action="store_true", help="skip the rows under load")
+    parser.add_argument(
+        "--split",
+        choices=sorted(SPLITS),
+        default="development",
+        help="the routing turns the cascade rows run on (test: contract 5's, to report only)",
+    )
     return parser.parse_args()
 
 
@@ -408,6 +497,7 @@ def main() -> None:
             else []
         ),
         *accuracy_rows(int8_accuracy, float_accuracy, baseline, after, fit_ms),
+        *cascade_rows(embedder, seed, args),
     ]
     path = report("router", rows)
     print(f"wrote {path}")

@@ -191,13 +191,16 @@ class PromotionRequest:
 @dataclass(frozen=True)
 class RouterRun:
     """A router run: the labels it fits on (up to ``labels_end``, ``label_count`` of them), the
-    forgotten tenants it leaves out, where it stands, and what it made and how it was judged."""
+    forgotten tenants it leaves out and, for such a run, the router it is judged against
+    (``judged_against``: the newest ancestor fitted on none of their labels; ``None``: the
+    active router), where it stands, and what it made and how it was judged."""
 
     run_id: UUID
     labels_end: Positions
     label_count: int
     status: Literal["queued", "running", "passed", "refused", "failed"]
     left_out_tenants: tuple[str, ...]
+    judged_against: str | None = None
     parent_router_version: str | None = None
     router_version: str | None = None
     release_id: str | None = None

@@ -7,6 +7,8 @@
   present or not, the bucket vector L2-normalised. A linear classifier on the embedding alone
   could not keep the seed set's boundaries while it learned the traffic's; with the words it
   keeps both (``docs/serving.md``, Router, "Features").
+- Schema 3: schema 2's features, scored after a cascade: a classifier of the words alone
+  decides a turn when it is clear, and only the other turns are embedded.
 """
 
 from __future__ import annotations
@@ -26,27 +28,34 @@ def _bucket(gram: str) -> int:
     return int.from_bytes(digest, "big") % WORD_BUCKETS
 
 
+def word_buckets(text: str) -> tuple[list[int], float]:
+    """The words part of schema 2, sparse: the buckets present (sorted) and the value each
+    holds (the vector has unit length; no bucket for a text without a word)."""
+    words = _WORD.findall(text.lower())
+    pairs = [f"{a} {b}" for a, b in itertools.pairwise(words)]
+    buckets = sorted({_bucket(gram) for gram in [*words, *pairs]})
+    return buckets, 1 / math.sqrt(len(buckets)) if buckets else 0.0
+
+
 def word_features(text: str) -> list[float]:
     """The words part of schema 2: ``WORD_BUCKETS`` values, unit length (all zero for a text
     without a word)."""
-    words = _WORD.findall(text.lower())
-    pairs = [f"{a} {b}" for a, b in itertools.pairwise(words)]
-    buckets = {_bucket(gram) for gram in [*words, *pairs]}
+    buckets, scale = word_buckets(text)
     values = [0.0] * WORD_BUCKETS
-    scale = 1 / math.sqrt(len(buckets)) if buckets else 0.0
     for index in buckets:
         values[index] = scale
     return values
 
 
 def extra_features(schema_version: int) -> int:
-    """How many features a schema adds to the embedding."""
-    return WORD_BUCKETS if schema_version == 2 else 0
+    """How many features a schema adds to the embedding (schema 3 scores schema 2's features,
+    after its words head: ``core.routing.WordsHead``)."""
+    return WORD_BUCKETS if schema_version in (2, 3) else 0
 
 
 def router_features(schema_version: int, embedding: Sequence[float], text: str) -> list[float]:
     """The features a router of ``schema_version`` scores ``text`` (embedded as ``embedding``)
     on."""
-    if schema_version == 2:
+    if schema_version in (2, 3):
         return [*embedding, *word_features(text)]
     return list(embedding)

@@ -25,7 +25,7 @@ from core.events import (
     RouterDecided,
     RoutingReason,
 )
-from core.router_features import extra_features
+from core.router_features import WORD_BUCKETS, extra_features
 
 
 class RoutingError(MacaronError):
@@ -126,10 +126,32 @@ def specialist_name(name: str) -> str:
     return name
 
 
+class WordsHead(BaseModel):
+    """A schema-3 router's first stage: ``logit[s] = weights[s] . words + bias[s]`` over the
+    turn's hashed words alone; it decides a turn when its best specialist reaches ``clear``
+    (``core.router_cascade``), at least ``FOLLOW_UP_CLEAR`` (and so ``CLEARLY_OTHER``): a
+    turn it decides is one the context rules would leave with its best specialist."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    weights: tuple[tuple[float, ...], ...]
+    bias: tuple[float, ...]
+    clear: float = Field(ge=FOLLOW_UP_CLEAR, lt=1.0)
+
+    @model_validator(mode="after")
+    def _shape(self) -> Self:
+        if len(self.weights) != len(self.bias):
+            raise ValueError("the words head needs one weight row and one bias per specialist")
+        if any(len(row) != WORD_BUCKETS for row in self.weights):
+            raise ValueError(f"the words head's rows have {WORD_BUCKETS} weights")
+        return self
+
+
 class RouterModel(BaseModel):
     """A trained router classifier: ``logit[s] = weights[s] . features + bias[s]``, over the
     features of its ``schema_version`` (``core.router_features``; stored models without one
-    are schema 1, and an unknown one does not validate).
+    are schema 1, and an unknown one does not validate). Schema 3 has a ``words`` head that
+    decides the turns it is clear about first (``core.router_cascade.route_text``).
 
     ``version`` is a content hash of everything that determines decisions (specialists, weights,
     bias, schema) and of the training data's digest, so it changes whenever retraining changes
@@ -142,7 +164,8 @@ class RouterModel(BaseModel):
     weights: tuple[tuple[float, ...], ...]
     bias: tuple[float, ...]
     training_digest: str = Field(pattern=r"^[0-9a-f]{64}$")
-    schema_version: Literal[1, 2] = 1
+    schema_version: Literal[1, 2, 3] = 1
+    words: WordsHead | None = None
     version: str
 
     @classmethod
@@ -152,18 +175,22 @@ class RouterModel(BaseModel):
         weights: Sequence[Sequence[float]],
         bias: Sequence[float],
         training_digest: str,
-        schema_version: Literal[1, 2] = 1,
+        schema_version: Literal[1, 2, 3] = 1,
+        words: WordsHead | None = None,
     ) -> RouterModel:
         """Build a model and stamp it with its content version."""
         rows = tuple(tuple(float(w) for w in row) for row in weights)
         biases = tuple(float(b) for b in bias)
-        version = model_version(tuple(specialists), rows, biases, training_digest, schema_version)
+        version = model_version(
+            tuple(specialists), rows, biases, training_digest, schema_version, words
+        )
         return cls(
             specialists=tuple(specialists),
             weights=rows,
             bias=biases,
             training_digest=training_digest,
             schema_version=schema_version,
+            words=words,
             version=version,
         )
 
@@ -188,8 +215,17 @@ class RouterModel(BaseModel):
             raise ValueError("weight rows must be non-empty and of one length")
         if self.embedding_dim < 1:
             raise ValueError(f"schema {self.schema_version} takes more than {self.dim} features")
+        if (self.words is not None) != (self.schema_version == 3):
+            raise ValueError("a router has a words head exactly when it is of schema 3")
+        if self.words is not None and len(self.words.bias) != n:
+            raise ValueError(f"the words head needs one row per specialist ({n})")
         expected = model_version(
-            self.specialists, self.weights, self.bias, self.training_digest, self.schema_version
+            self.specialists,
+            self.weights,
+            self.bias,
+            self.training_digest,
+            self.schema_version,
+            self.words,
         )
         if self.version != expected:
             raise ValueError(f"version {self.version!r} does not match the content ({expected})")
@@ -202,6 +238,7 @@ def model_version(
     bias: tuple[float, ...],
     training_digest: str,
     schema_version: int,
+    words: WordsHead | None = None,
 ) -> str:
     """``router-`` and the first 12 hex digits of the sha256 over the model's canonical JSON
     (schema 1 unnamed, so versions stored before schemas existed still match)."""
@@ -213,6 +250,8 @@ def model_version(
     }
     if schema_version != 1:
         content["schema_version"] = schema_version
+    if words is not None:
+        content["words"] = words.model_dump(mode="json")
     return "router-" + sha256_hex(canonical_json(content))[:12]
 
 
@@ -281,6 +320,17 @@ def decide(
     _check(features, model, active)
     candidates = [i for i, name in enumerate(model.specialists) if name in active]
     logits = [sum(map(mul, model.weights[i], features)) + model.bias[i] for i in candidates]
+    return decision_from_logits(model, candidates, logits, hint, tool_callers, previous)
+
+
+def decision_from_logits(
+    model: RouterModel,
+    candidates: list[int],
+    logits: list[float],
+    hint: str | None,
+    tool_callers: Collection[str],
+    previous: str | None,
+) -> RouterDecision:
     probabilities = _softmax(logits)
     scores = {model.specialists[i]: p for i, p in zip(candidates, probabilities, strict=True)}
     callers = tuple(name for name in model.specialists if name in tool_callers)
@@ -304,6 +354,16 @@ def decide(
 
 
 def _check(features: Sequence[float], model: RouterModel, active: Collection[str]) -> None:
+    check_active(model, active)
+    if len(features) != model.dim:
+        raise InvalidFeatures(
+            f"router {model.version} takes {model.dim} features, not {len(features)}"
+        )
+    if not all(math.isfinite(x) for x in features):
+        raise InvalidFeatures("feature vector holds a value that is not a finite number")
+
+
+def check_active(model: RouterModel, active: Collection[str]) -> None:
     if not active:
         raise NoActiveSpecialist("no specialist is active: the router has nothing to choose")
     unknown = sorted(set(active).difference(model.specialists))
@@ -312,12 +372,6 @@ def _check(features: Sequence[float], model: RouterModel, active: Collection[str
             f"active specialists {unknown} are unknown to router {model.version}; "
             "retrain it with examples for them"
         )
-    if len(features) != model.dim:
-        raise InvalidFeatures(
-            f"router {model.version} takes {model.dim} features, not {len(features)}"
-        )
-    if not all(math.isfinite(x) for x in features):
-        raise InvalidFeatures("feature vector holds a value that is not a finite number")
 
 
 def _in_context(

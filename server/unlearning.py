@@ -15,7 +15,10 @@ back to (the active one with the ancestor in place), needing no gain there
 
 When the active router was fitted on any of their routing labels, a router run refits it on
 every label in the log up to now: the forgotten ones read as ``Forgotten`` and are not fitted.
-It names the tenants it leaves out, and is judged and promoted like any router run.
+It names the tenants it leaves out and, as an adapter's run is, is judged against the router
+it would fall back to (the newest ancestor fitted on none of their labels, often the seed
+router), not against the exposed one, whose labels it may not keep: on a routing suite where
+those labels helped, the exposed router would otherwise refuse its own unlearning.
 
 An adapter that learned only from forgotten tenants has nothing left to train on: its ancestor
 is what unlearning gives, so those specialists' ancestors go back in place in one release
@@ -24,7 +27,7 @@ is what unlearning gives, so those specialists' ancestors go back in place in on
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
@@ -41,7 +44,7 @@ from core.routing import ROUTER_RUNS_KEY, ROUTING_KEY
 from infra.postgres.db import DictConnection
 from infra.postgres.exposure import producing_run, trained_adapters
 from infra.postgres.registry import active_release, adapter_version, file_release
-from infra.postgres.routers import queue_router_run, router_run
+from infra.postgres.routers import queue_router_run, router_parent, router_run
 from infra.postgres.runs import queue_run, record_snapshot, run_result
 from server.exposure import exposed_parts
 
@@ -79,7 +82,9 @@ def queue_retraining(conn: DictConnection, log: EventLog, forgotten: Sequence[st
     exposed, routers = exposed_parts(conn, log, forgotten)
     active = active_release(conn)
     router = (
-        _queue_router(conn, log, sorted(forgotten)) if active.router_version in routers else None
+        _queue_router(conn, log, sorted(forgotten), _fallback_router(conn, active, routers))
+        if active.router_version in routers
+        else None
     )
     adapters = {a.adapter_version_id: a for a in trained_adapters(conn)}
     queued, fallen_back = [], {}
@@ -105,15 +110,28 @@ def queue_retraining(conn: DictConnection, log: EventLog, forgotten: Sequence[st
     return Unlearning(queued, fallback, restored, router)
 
 
-def _queue_router(conn: DictConnection, log: EventLog, forgotten: list[str]) -> NewEvent | None:
-    """Queue the router run that refits on every label up to now without ``forgotten``'s (once
-    per set of forgotten tenants: a rerun finds the run queued before, and ``None`` once that
-    run was judged: its router was refused, the exposed one serves on)."""
+def _fallback_router(conn: DictConnection, active: Release, exposed: Collection[str]) -> str | None:
+    """The newest ancestor of the active router fitted on none of the forgotten tenants'
+    labels (``exposed``: the routers that were), which the refit is judged against; ``None``
+    when every ancestor was."""
+    version = router_parent(conn, active.router_version)
+    while version is not None and version in exposed:
+        version = router_parent(conn, version)
+    return version
+
+
+def _queue_router(
+    conn: DictConnection, log: EventLog, forgotten: list[str], fallback: str | None
+) -> NewEvent | None:
+    """Queue the router run that refits on every label up to now without ``forgotten``'s,
+    judged against ``fallback`` (once per set of forgotten tenants: a rerun finds the run
+    queued before, and ``None`` once that run was judged: its router was refused, the exposed
+    one serves on)."""
     run_id = derived_id("router-run", "unlearning", *forgotten)
     end = log.end_positions()
     labels = log.read(key=ROUTING_KEY, end=end, types=["RoutingLabelled"])
     count = sum(isinstance(e.payload, RoutingLabelled) for e in labels)
-    if not queue_router_run(conn, run_id, end, count, forgotten):
+    if not queue_router_run(conn, run_id, end, count, forgotten, fallback):
         queued = router_run(conn, run_id)
         if queued is None:
             raise TrainingInFlight("a router run is queued or running; it goes first")

@@ -25,6 +25,14 @@ def register_router(conn: DictConnection, model: RouterModel, *, parent: str | N
     )
 
 
+def router_parent(conn: DictConnection, version: str) -> str | None:
+    """The router version ``version`` was refitted from (``None``: a seed router, or unknown)."""
+    row = conn.execute(
+        "SELECT parent_version FROM router_versions WHERE router_version = %s", (version,)
+    ).fetchone()
+    return None if row is None else row["parent_version"]
+
+
 def router_model(conn: DictConnection, version: str) -> RouterModel:
     """The stored classifier of ``version``, checked against its content hash."""
     row = conn.execute(
@@ -59,18 +67,21 @@ def queue_router_run(
     labels_end: Mapping[int, int],
     label_count: int,
     left_out_tenants: Sequence[str] = (),
+    judged_against: str | None = None,
 ) -> bool:
     """Queue a router run and start counting labels again; ``False`` (nothing changed) when a
     router run is in flight or this one exists. ``left_out_tenants``: the forgotten tenants
-    whose labels it unlearns."""
+    whose labels it unlearns; ``judged_against``: the router it is then judged against."""
     row = conn.execute(
-        "INSERT INTO router_runs (run_id, labels_end, label_count, status, left_out_tenants) "
-        "VALUES (%s, %s, %s, 'queued', %s) ON CONFLICT DO NOTHING RETURNING run_id",
+        "INSERT INTO router_runs (run_id, labels_end, label_count, status, left_out_tenants, "
+        "judged_against) VALUES (%s, %s, %s, 'queued', %s, %s) "
+        "ON CONFLICT DO NOTHING RETURNING run_id",
         (
             run_id,
             Jsonb({str(p): o for p, o in labels_end.items()}),
             label_count,
             list(left_out_tenants),
+            judged_against,
         ),
     ).fetchone()
     if row is not None:
@@ -125,6 +136,7 @@ def _router_run(row: Mapping[str, Any]) -> RouterRun:
         label_count=row["label_count"],
         status=row["status"],
         left_out_tenants=tuple(row["left_out_tenants"]),
+        judged_against=row["judged_against"],
         parent_router_version=row["parent_router_version"],
         router_version=row["router_version"],
         release_id=row["release_id"],

@@ -70,11 +70,13 @@ def train_router_run(rt: Runtime, run_id: UUID) -> RouterOutcome:
 
 
 def _judged(rt: Runtime, run: RouterRun) -> RouterRun:
-    """Fit the successor, judge it against the active release's router, register it, file the
-    release naming it when it passed; returns the run as recorded."""
+    """Fit the successor, judge it against the active release's router (a run that unlearns
+    forgotten tenants: against the router it would fall back to, ``judged_against``), register
+    it, file the release naming it when it passed; returns the run as recorded."""
     with rt.pool.connection() as conn:
         release = active_release(conn)
         parent = router_model(conn, release.router_version)
+        baseline = parent if run.judged_against is None else router_model(conn, run.judged_against)
     contract = load_contract(rt.contract_path)
     if contract.routing is None:
         raise ContractInvalid(f"contract {contract.version} has no routing suite")
@@ -82,7 +84,7 @@ def _judged(rt: Runtime, run: RouterRun) -> RouterRun:
     labels = logged_labels(rt.log, run.labels_end)
     trainer = rt.router_trainer()
     candidate = trainer.retrain(labels, router_fit(rt.log, parent.specialists))
-    judged = trainer.outcomes(candidate, suite), trainer.outcomes(parent, suite)
+    judged = trainer.outcomes(candidate, suite), trainer.outcomes(baseline, suite)
     decision = decide_routing(*judged, contract.routing)
     passed = decision.passed and candidate.version != parent.version
     child = release.successor(router_version=candidate.version) if passed else None
@@ -92,6 +94,7 @@ def _judged(rt: Runtime, run: RouterRun) -> RouterRun:
         "labels_left_out": sum(t.specialist not in parent.specialists for t in labels_of(labels)),
         "candidate_accuracy": _accuracy(judged[0]),
         "parent_accuracy": _accuracy(judged[1]),
+        "judged_against": baseline.version,
         "gain": decision.gain,
         "p_value": decision.p_value,
         "recall_drops": decision.regressions,

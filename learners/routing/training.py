@@ -17,15 +17,17 @@ from pydantic import BaseModel, ConfigDict, Field
 from core.canonical import canonical_json, sha256_hex
 from core.events import RoutingLabelled, SpecialistAdded
 from core.log import EventLog
+from core.router_cascade import TurnContext, route_text
 from core.router_features import extra_features, word_features
 from core.routing import (
+    FOLLOW_UP_CLEAR,
     ROUTING_KEY,
     SPECIALISTS_KEY,
     InsufficientTrainingData,
     RouterModel,
     RoutingError,
     UnknownSpecialist,
-    decide,
+    WordsHead,
     following,
 )
 from core.routing_labels import FollowUp, LabelledTurn, RouterFit, added_examples, labels_of
@@ -35,6 +37,11 @@ from learners.files import DATA
 EMBEDDER_NAME = "sentence-transformers/all-MiniLM-L6-v2, int8 linear layers"  # every fit's features
 SEED_EXAMPLES = DATA / "routing-seed.jsonl"
 FOLLOW_UPS = SEED_EXAMPLES.with_name("routing-followups.jsonl")
+WORDS_CLEAR = 0.9
+"""How sure a schema-3 router's words head must be to decide a turn alone (chosen on the
+development split: ``bench/router.py``, ``docs/serving.md``, "Cascade")."""
+WORDS_L2 = 1e-5
+"""The words head's L2 penalty: lower makes it surer, and so decide more turns alone."""
 
 
 def load_examples(path: Path) -> list[LabelledTurn]:
@@ -70,12 +77,16 @@ class TrainingConfig(BaseModel):
     example: a person said explicitly where the turn belongs. ``schema_version`` names the
     features (``core.router_features``): 2, the embedding and the turn's words, kept the
     held-out accuracy as labelled traffic grew where 1, the embedding alone, lost it
-    (``bench/router.py``).
+    (``bench/router.py``); 3 routes as 2 does, after a classifier of the words alone
+    (``core.routing.WordsHead``) that decides the turns it is at least ``words_clear`` sure of
+    without the embedding.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    schema_version: Literal[1, 2] = 2
+    schema_version: Literal[1, 2, 3] = 3
+    words_clear: float = Field(default=WORDS_CLEAR, ge=FOLLOW_UP_CLEAR, lt=1.0)
+    words_l2: float = Field(default=WORDS_L2, ge=0.0)
     l2: float = Field(default=1e-3, ge=0.0)
     max_iter: int = Field(default=100, ge=1, le=10_000)
     correction_weight: float = Field(default=4.0, gt=0.0)
@@ -110,8 +121,41 @@ def fit_router(
     examples: Sequence[LabelledTurn],
     specialists: Sequence[str],
     config: TrainingConfig,
+    words: torch.Tensor | None = None,
 ) -> RouterModel:
-    """Multinomial logistic regression on ``features`` (one row per example), full batch LBFGS.
+    """The router of ``config``'s schema on ``features`` (one row per example), and for schema
+    3 its words head on ``words`` (the examples' word features alone), each fitted by
+    ``logistic_regression``."""
+    weights, bias = logistic_regression(features, examples, specialists, config)
+    head = None
+    if config.schema_version == 3:
+        if words is None:
+            raise ValueError("a schema-3 router needs the examples' word features")
+        head_config = config.model_copy(update={"l2": config.words_l2})
+        head_weights, head_bias = logistic_regression(words, examples, specialists, head_config)
+        head = WordsHead(
+            weights=tuple(tuple(row) for row in head_weights),
+            bias=tuple(head_bias),
+            clear=config.words_clear,
+        )
+    return RouterModel.create(
+        specialists,
+        weights,
+        bias,
+        training_digest(examples, specialists, config),
+        config.schema_version,
+        head,
+    )
+
+
+def logistic_regression(
+    features: torch.Tensor,
+    examples: Sequence[LabelledTurn],
+    specialists: Sequence[str],
+    config: TrainingConfig,
+) -> tuple[list[list[float]], list[float]]:
+    """Multinomial logistic regression on ``features`` (one row per example), full batch LBFGS:
+    a weight row and a bias per specialist.
 
     Starts from zero weights (the loss is convex, so there is nothing random to seed) and
     weighs every specialist equally whatever its number of examples, so a specialist added with
@@ -140,13 +184,7 @@ def fit_router(
         return value
 
     optimiser.step(loss)
-    return RouterModel.create(
-        specialists,
-        w.detach().tolist(),
-        b.detach().tolist(),
-        training_digest(examples, specialists, config),
-        config.schema_version,
-    )
+    return w.detach().tolist(), b.detach().tolist()
 
 
 class Embedder(Protocol):
@@ -212,30 +250,46 @@ class ClassifierTrainer:
 
     def outcomes(self, model: RouterModel, turns: Sequence[LabelledTurn]) -> dict[str, list[bool]]:
         """Per specialist, whether each of its ``turns`` (in order) goes to it under ``model``,
-        every specialist of ``model`` active (a turn of a specialist it lacks goes wrong); a
-        ``FollowUp`` is routed after its previous turn, as the server routes it."""
-        features = self._features_of([t.text for t in turns], model.schema_version).tolist()
+        every specialist of ``model`` active (a turn of a specialist it lacks goes wrong), routed
+        as the server routes it (``core.router_cascade.route_text``: a ``FollowUp`` after its
+        previous turn)."""
+        self._embed([t.text for t in turns])
         active = frozenset(model.specialists)
         found: dict[str, list[bool]] = {}
-        for turn, row in zip(turns, features, strict=True):
+        for turn in turns:
             previous = turn.previous if isinstance(turn, FollowUp) else None
-            chosen = decide(row, model, active, previous=following(turn.text, previous)).specialist
+            chosen = route_text(
+                turn.text,
+                model,
+                lambda text: self._features[text].tolist(),
+                active,
+                TurnContext(previous=following(turn.text, previous)),
+            ).specialist
             found.setdefault(turn.specialist, []).append(chosen == turn.specialist)
         return found
 
     def _fit(self, examples: Sequence[LabelledTurn], specialists: Sequence[str]) -> RouterModel:
-        features = self._features_of([e.text for e in examples], self._config.schema_version)
-        return fit_router(features, examples, specialists, self._config)
+        texts = [e.text for e in examples]
+        features = self._features_of(texts, self._config.schema_version)
+        words = _words_of(texts) if self._config.schema_version == 3 else None
+        return fit_router(features, examples, specialists, self._config, words)
 
-    def _features_of(self, texts: Sequence[str], schema_version: int) -> torch.Tensor:
-        """The features of ``texts`` in ``schema_version``, each text embedded once per trainer
-        (retraining is cheap)."""
+    def _embed(self, texts: Sequence[str]) -> None:
+        """Embed the ``texts`` not embedded yet (each text once per trainer)."""
         new = [t for t in dict.fromkeys(texts) if t not in self._features]
         if new:
             for text, row in zip(new, self._embedder.embed(new), strict=True):
                 self._features[text] = row
+
+    def _features_of(self, texts: Sequence[str], schema_version: int) -> torch.Tensor:
+        """The features of ``texts`` in ``schema_version``, each text embedded once per trainer
+        (retraining is cheap)."""
+        self._embed(texts)
         embedded = torch.stack([self._features[t] for t in texts])
         if not extra_features(schema_version):
             return embedded
-        words = torch.tensor([word_features(t) for t in texts], dtype=embedded.dtype)
-        return torch.cat([embedded, words], dim=1)
+        return torch.cat([embedded, _words_of(texts).to(embedded.dtype)], dim=1)
+
+
+def _words_of(texts: Sequence[str]) -> torch.Tensor:
+    return torch.tensor([word_features(t) for t in texts])

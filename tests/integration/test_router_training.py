@@ -29,7 +29,7 @@ from core.routing_labels import LabelledTurn
 from core.settings import Settings
 from core.tasks import Task
 from infra.jsonl import load_jsonl
-from infra.postgres.routers import queue_router_run, router_model
+from infra.postgres.routers import queue_router_run, router_model, router_parent, router_run
 from learners.queue import configure as configure_celery
 from learners.routing.run import train_router_run
 from learners.tasks import BANK_V1, load_bank
@@ -174,12 +174,17 @@ def assert_router_unlearns(
     assert unlearned.passed and requested.labels == 0  # the user's labels read as forgotten
     with served.server.pool.connection() as conn:
         found = exposure(conn, served.server.log, ["router-user"])
+        judged = router_run(conn, unlearned.run_id)
+        fallback = router_parent(conn, exposed)  # the seed router, which saw no label
         reason = conn.execute(
             "SELECT reason FROM promotions WHERE to_release_id = %s",
             (served.server.chat.release.release_id,),
         ).fetchone()
     assert found.routers == (exposed,) and not found.active
     assert reason is not None and "unlearns 1 forgotten tenant(s)" in reason["reason"]
+    # Judged against the router it would fall back to, not the exposed one it replaces.
+    assert judged is not None and judged.evaluation is not None and fallback is not None
+    assert judged.judged_against == judged.evaluation["judged_against"] == fallback
 
 
 def test_a_router_taught_wrong_is_refused_and_the_active_one_routes_on(

@@ -25,7 +25,7 @@ from engines.instant import InstantEngine, Script
 from infra.local_stack import LocalStack
 from infra.postgres.keys import list_keys
 from learners.recipes.config import CPU_CONFIG, RLOO_CONFIG
-from learners.tasks import load_bank
+from learners.tasks import BANK_V2, load_bank
 from macaron.cli import app
 from macaron.demo import DEMO_MAX_NEW_TOKENS, DemoOptions, demo_settings, run_demo
 from macaron.simulator import (
@@ -42,7 +42,7 @@ from tests.serving import Running, running_server
 DATA = Path(__file__).resolve().parents[1] / "data"
 WRONG_TREE = '{"type": "Text", "text": "nothing to see"}'
 FAILING_PROMPT = "Show a card the engine cannot make."
-BANK = bank_tasks(load_bank(), ("genui", "agent"))
+BANK = bank_tasks(load_bank(BANK_V2), ("genui", "agent"))  # the plan below picks from it
 
 
 def scripted(right: set[str]) -> Script:

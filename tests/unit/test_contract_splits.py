@@ -61,7 +61,8 @@ def _jsonl_texts(path: Path) -> list[str]:
 def _trained_or_chosen_on() -> dict[str, list[str]]:
     """Every text the loop trains on (the banks, the router's seed examples, harness@0's
     exemplars) or that choices were made on (the development split: every earlier contract
-    version's suites and routing files), by where it comes from."""
+    version's suites and routing files, and the routing development files), by where it
+    comes from."""
     texts: dict[str, list[str]] = {
         "bank": [task.prompt for bank in (BANK_V1, BANK_V2, BANK_V3) for task in load_bank(bank)],
         "router seed examples": _jsonl_texts(SEED_EXAMPLES),
@@ -71,6 +72,8 @@ def _trained_or_chosen_on() -> dict[str, list[str]]:
             for shot in specialist.exemplars
         ],
     }
+    for name in ("routing-dev.jsonl", "routing-followups-dev.jsonl"):
+        texts[name] = _jsonl_texts(DATA / name)
     for path in CONTRACTS:
         if path == CONTRACT_V5:
             continue

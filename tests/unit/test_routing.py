@@ -22,7 +22,8 @@ from core.events import (
     RoutingSource,
 )
 from core.mapper import Mapper
-from core.router_features import WORD_BUCKETS, router_features, word_features
+from core.router_cascade import TurnContext, decide_by_words, route_text
+from core.router_features import WORD_BUCKETS, router_features, word_buckets, word_features
 from core.routing import (
     CLEARLY_OTHER,
     DEFAULT_SPECIALISTS,
@@ -33,6 +34,7 @@ from core.routing import (
     RouterDecision,
     RouterModel,
     UnknownSpecialist,
+    WordsHead,
     decide,
     following,
     specialist_name,
@@ -201,9 +203,73 @@ def test_a_model_of_schema_2_scores_the_embedding_and_the_words() -> None:
     del stored["schema_version"]
     assert RouterModel.model_validate(stored) == MODEL  # written before schemas: schema 1
     with pytest.raises(ValidationError, match="schema_version"):
-        RouterModel.model_validate(two.model_dump(mode="json") | {"schema_version": 3})
+        RouterModel.model_validate(two.model_dump(mode="json") | {"schema_version": 4})
     with pytest.raises(ValidationError, match="takes more than 4 features"):
         RouterModel.create(MODEL.specialists, MODEL.weights, MODEL.bias, DIGEST, schema_version=2)
+
+
+def cascade(clear: float = 0.9) -> RouterModel:
+    """A schema-3 model whose words head knows one word per specialist ("chat", "agent",
+    "coding", "genui" vote for their own), and whose whole classifier reads the embedding."""
+    head_rows = [[0.0] * WORD_BUCKETS for _ in DEFAULT_SPECIALISTS]
+    for row, name in zip(head_rows, DEFAULT_SPECIALISTS, strict=True):
+        [bucket], _ = word_buckets(name)
+        row[bucket] = 20.0
+    head = WordsHead(
+        weights=tuple(map(tuple, head_rows)), bias=(0.0,) * len(DEFAULT_SPECIALISTS), clear=clear
+    )
+    wide = [[*row, *([0.0] * WORD_BUCKETS)] for row in MODEL.weights]
+    return RouterModel.create(MODEL.specialists, wide, MODEL.bias, DIGEST, 3, head)
+
+
+def no_embedding(text: str) -> list[float]:
+    raise AssertionError(f"{text!r} was embedded")
+
+
+def test_a_schema_3_router_decides_a_clear_turn_by_its_words_alone() -> None:
+    """The words head decides the turns it is sure of without the embedding; the others, and
+    every short follow-up, go to the whole classifier, whose decision is schema 2's."""
+    model = cascade()
+    clear = route_text("genui", model, no_embedding, ALL)
+    assert (clear.specialist, clear.reason) == ("genui", "classifier")
+    assert clear.scores["genui"] >= 0.9 and clear.router_version == model.version
+    assert (
+        route_text("coding", model, no_embedding, ALL, TurnContext(hint="chat")).specialist
+        == "chat"
+    )
+    assert route_text("x", model, no_embedding, {"agent"}).reason == "only_specialist"
+
+    embedded: list[str] = []
+
+    def embed(text: str) -> list[float]:
+        embedded.append(text)
+        return towards(2)
+
+    unclear = route_text("tell me something", model, embed, ALL)
+    features = router_features(3, towards(2), "tell me something")
+    assert unclear == decide(features, model, ALL) and unclear.specialist == "coding"
+    follow_up = route_text("genui", model, embed, ALL, TurnContext(previous="chat"))
+    assert follow_up.specialist == "coding" and embedded == ["tell me something", "genui"]
+    assert decide_by_words("genui", MODEL, ALL) is None  # schema 1 has no words head
+
+
+def test_a_words_head_must_fit_its_router() -> None:
+    """A words head only on schema 3, one row of ``WORD_BUCKETS`` per specialist, never less
+    sure than the follow-up rule; it is part of the version."""
+    model = cascade()
+    wide = model.weights
+    with pytest.raises(ValidationError, match="exactly when it is of schema 3"):
+        RouterModel.create(MODEL.specialists, wide, MODEL.bias, DIGEST, 3)
+    with pytest.raises(ValidationError, match="exactly when it is of schema 3"):
+        RouterModel.create(MODEL.specialists, wide, MODEL.bias, DIGEST, 2, model.words)
+    with pytest.raises(ValidationError, match="one row per specialist"):
+        RouterModel.create(MODEL.specialists[:3], wide[:3], MODEL.bias[:3], DIGEST, 3, model.words)
+    with pytest.raises(ValidationError, match="clear"):
+        cascade(clear=FOLLOW_UP_CLEAR - 0.1)
+    with pytest.raises(ValidationError, match=f"{WORD_BUCKETS} weights"):
+        WordsHead(weights=((1.0,),), bias=(0.0,), clear=0.9)
+    assert cascade(0.95).version != model.version
+    assert RouterModel.model_validate_json(model.model_dump_json()) == model
 
 
 def test_a_stored_model_round_trips_and_an_altered_one_does_not_validate() -> None:
