@@ -353,6 +353,7 @@ def cascade_rows(
         else busy_latencies([cascade.route, whole.route], texts, args.warmup, args.decisions)
     )
     by_words = sum(decide_by_words(t, cascade.model, cascade.active) is not None for t in texts)
+    whole_accuracy = accuracy(whole.route, turns)
     label = f"{args.split} turns"
     rows = [
         row(
@@ -390,11 +391,11 @@ def cascade_rows(
             "report",
         ),
         row(
-            f"cascade accuracy, {label} (vs schema 2)",
+            f"cascade accuracy, {label} (vs schema 2; target: within 1 point of it)",
             accuracy(cascade.route, turns),
             "%",
-            accuracy(whole.route, turns),
-            "within 1 point",
+            whole_accuracy,
+            f">= {whole_accuracy - 1:.1f} %",
         ),
     ]
     print(
