@@ -471,7 +471,7 @@ def test_auto_routes_a_request_with_tools_to_the_specialist_that_calls_them(
     why and what context it used."""
     oa = client(tooled, tooled.key("oa-tools-auto"))
     unclear, coding = (
-        "What year is it?",
+        "Who won the world cup?",
         "Write a Scala function that counts the words in a string.",
     )
     assert router.route(unclear).specialist != "agent"

@@ -269,12 +269,18 @@ def test_a_release_naming_another_router_version_routes_with_it_from_the_flip(
     own = wiring.seed_router(SentenceEmbedder())  # this test swaps its classifier
     seed = own.model
     coding = seed.specialists.index("coding")
+    assert seed.words is not None
+
+    def to_coding(bias: tuple[float, ...]) -> list[float]:
+        return [b + (50.0 if i == coding else 0.0) for i, b in enumerate(bias)]
+
     leaning = RouterModel.create(  # as if corrections had taught it: everything is coding
         seed.specialists,
         seed.weights,
-        [b + (50.0 if i == coding else 0.0) for i, b in enumerate(seed.bias)],
+        to_coding(seed.bias),
         seed.training_digest,
         seed.schema_version,
+        seed.words.model_copy(update={"bias": tuple(to_coding(seed.words.bias))}),
     )
     settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model)
     with running_server(settings, engine=InstantEngine(_system_prompt), router=own) as served:
@@ -331,6 +337,7 @@ def test_a_candidate_judged_before_a_router_promotion_is_rebased_onto_it(
         [b + 1.0 for b in seed.bias],
         seed.training_digest,
         seed.schema_version,
+        seed.words,
     )
     settings = Settings(home=tmp_path / "home", database_url=database_url, model_dir=tiny_model)
     with running_server(settings, engine=InstantEngine(_system_prompt), router=own) as served:

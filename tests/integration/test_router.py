@@ -180,10 +180,10 @@ def test_a_router_of_schema_1_still_loads_and_routes_on_the_embedding_alone(
     embedder: SentenceEmbedder, heldout: list[LabelledTurn]
 ) -> None:
     """Routers fitted before the words (schema 1) are served as they were: their decisions
-    read the embedding alone. New fits are schema 2, and a router made for another embedder
+    read the embedding alone. New fits are schema 3, and a router made for another embedder
     is refused."""
     router = wiring.seed_router(embedder)
-    assert router.model.schema_version == 2
+    assert router.model.schema_version == 3
     assert router.model.dim == embedder.dim + WORD_BUCKETS
     seed = load_examples(SEED_EXAMPLES)
     old = ClassifierTrainer(embedder, seed, config=TrainingConfig(schema_version=1)).seed_model()
