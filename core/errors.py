@@ -114,6 +114,14 @@ class AdapterInvalid(MacaronError):
     code = "adapter_invalid"
 
 
+class AdapterErased(MacaronError):
+    """A release names an adapter version whose weights were erased because it learned from a
+    forgotten tenant (``server.unlearning.erase_replaced``): it can be neither promoted nor
+    rolled back to."""
+
+    code = "adapter_erased"
+
+
 class AdapterRankTooLarge(AdapterInvalid):
     """An adapter's rank is above the engine's maximum."""
 

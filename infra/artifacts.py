@@ -57,6 +57,17 @@ class ArtifactStore:
             shutil.rmtree(staging)  # another writer stored the same content first
         return digest, target
 
+    def remove(self, sha256: str) -> bool:
+        """Delete the stored folder for ``sha256`` (renamed out of its address first, so no
+        reader finds half of it); ``False`` when it was not there."""
+        target = self.root / sha256
+        if not target.is_dir():
+            return False
+        leaving = Path(tempfile.mkdtemp(prefix=".erasing-", dir=self.root))
+        os.rename(target, leaving / sha256)
+        shutil.rmtree(leaving)
+        return True
+
     def verified_path(self, sha256: str, path: str) -> Path:
         """The stored folder for ``sha256``, after checking it lies in the store and that its
         content still hashes to its address."""

@@ -23,6 +23,7 @@ from core.log import EventLog
 from core.registry import TrainedAdapter, TrainedRouter
 from core.routing import ROUTING_KEY
 from infra.postgres.db import DictConnection
+from infra.postgres.erasure import erased_adapters
 from infra.postgres.exposure import (
     forgotten_times,
     release_adapters,
@@ -37,6 +38,8 @@ class Exposure:
     """The tenants' experience records and routing labels in the log."""
     adapters: tuple[str, ...]
     """Exposed adapter versions, as ``specialist@version``."""
+    erased: tuple[str, ...]
+    """Those of them whose weights were erased (``server.unlearning.erase_replaced``)."""
     routers: tuple[str, ...]
     """Exposed router versions."""
     releases: tuple[str, ...]
@@ -54,9 +57,11 @@ def exposure(conn: DictConnection, log: EventLog, tenants: Collection[str]) -> E
         for r in release_adapters(conn)
         if set(r.adapter_ids) & exposed.keys() or r.router_version in routers
     ]
+    erased = erased_adapters(conn)
     return Exposure(
         records=sum(len(spots) for spots in found.values()),
         adapters=tuple(exposed.values()),
+        erased=tuple(name for i, name in exposed.items() if i in erased),
         routers=tuple(routers),
         releases=tuple(r.release_id for r in releases),
         active=any(r.active for r in releases),

@@ -9,8 +9,10 @@ promotion record; then it appends ``ReleasePromoted`` (or ``ReleaseRolledBack``)
 release, its harness and its router version (loaded from the registry, checked against its
 content hash) in one step: turns in flight finish on the release and harness they
 began with, and the chat service unloads the adapters no longer served when the last of those
-turns ends. Any failure before the flip unloads what was loaded, keeps the old release active
-and records why. A server that sees another replica's flip follows it.
+turns ends. The adapters the flip replaced that learned from a forgotten tenant then leave the
+artifact store, and a release naming one is refused (``server.unlearning``). Any failure
+before the flip unloads what was loaded, keeps the old release active and records why. A
+server that sees another replica's flip follows it.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from infra.postgres.registry import (
 from infra.postgres.routers import router_model
 from server.chat import ChatService
 from server.releases import RELEASES_KEY, prepare_harness
+from server.unlearning import check_not_erased, erase_replaced
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
@@ -136,6 +139,7 @@ class PromotionListener:
         try:
             with self.pool.connection() as conn:
                 release = release_by_id(conn, request.release_id)
+                check_not_erased(conn, release)
                 if request.kind == "promote" and release.parent_release_id != old.release_id:
                     release = self._rebased(conn, release, old)
                 harness = harness_by_name(conn, release.harness_version)
@@ -154,7 +158,21 @@ class PromotionListener:
             await asyncio.to_thread(self._refuse, request, old, exc.message)
             return "refused"
         self.chat.serve(ServedRelease(release=release, harness=harness), router)
+        await asyncio.to_thread(self._erase_replaced)
         return "done"
+
+    def _erase_replaced(self) -> None:
+        """The weights of adapters that learned from a forgotten tenant leave the store once
+        the flip replaced them (``server.unlearning.erase_replaced``); a failure here leaves
+        them for the next promotion and fails nothing."""
+        try:
+            with self.pool.connection() as conn:
+                erased = erase_replaced(conn, self.log, self.store)
+        except (MacaronError, OSError) as exc:
+            log.warning("erasing replaced adapters failed, left for the next promotion: %s", exc)
+            return
+        if erased:
+            log.info("erased the weights of %s: they learned from a forgotten tenant", erased)
 
     async def _canary(self, release: Release, adapters: list[str]) -> None:
         """One short generation through each new adapter must succeed."""

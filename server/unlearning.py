@@ -23,6 +23,13 @@ those labels helped, the exposed router would otherwise refuse its own unlearnin
 An adapter that learned only from forgotten tenants has nothing left to train on: its ancestor
 is what unlearning gives, so those specialists' ancestors go back in place in one release
 (``Unlearning.fallback``), for the caller to ask the server to promote.
+
+Once a specialist's active adapter learned from no forgotten tenant (a successor or an
+ancestor was promoted in place of the exposed one), the weights of its versions that did
+learn from one leave the artifact store (``erase_replaced``, after each promotion). The
+registry keeps their records, so lineage still names them, and says they were erased
+(``adapter_erasures``); a release naming one can be neither promoted nor rolled back to
+(``AdapterErased``).
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
-from core.errors import TenantForgotten, TrainingInFlight
+from core.errors import AdapterErased, TenantForgotten, TrainingInFlight
 from core.events import NewEvent, RouterTrainingRequested, RoutingLabelled, TrainingRequested
 from core.events.tenants import SYSTEM_TENANT
 from core.experience import EMPTY_CHAIN, chain_record, snapshot_events
@@ -41,8 +48,10 @@ from core.log import EventLog
 from core.registry import DatasetSnapshot, ProducingRun, QueuedRun, TrainedAdapter
 from core.release import AdapterRef, Release
 from core.routing import ROUTER_RUNS_KEY, ROUTING_KEY
+from infra.artifacts import ArtifactStore
 from infra.postgres.db import DictConnection
-from infra.postgres.exposure import producing_run, trained_adapters
+from infra.postgres.erasure import erased_adapters, erased_digests, record_erasures
+from infra.postgres.exposure import forgotten_tenants, producing_run, trained_adapters
 from infra.postgres.registry import active_release, adapter_version, file_release
 from infra.postgres.routers import queue_router_run, router_parent, router_run
 from infra.postgres.runs import queue_run, record_snapshot, run_result
@@ -221,3 +230,47 @@ def _kept_snapshot(
         left_out_tenants=tuple(forgotten),
     )
     return snapshot, len(records)
+
+
+ERASED_REASON = "learned from a forgotten tenant"
+
+
+def erase_replaced(conn: DictConnection, log: EventLog, store: ArtifactStore) -> tuple[str, ...]:
+    """Erase the weights of every adapter version that learned from a forgotten tenant, of
+    each specialist whose active adapter learned from none (its successor or its ancestor
+    replaced the exposed one; while an exposed adapter serves, as after ``forget`` without
+    ``--retrain``, its line is kept whole). Said in ``adapter_erasures`` (committed first), then
+    each folder leaves ``store`` unless a version not erased shares its content. Idempotent (a
+    rerun removes what a killed one left); returns the versions erased now."""
+    exposed, _ = exposed_parts(conn, log, forgotten_tenants(conn))
+    kept = {
+        specialist
+        for specialist, ref in active_release(conn).adapters.items()
+        if ref.adapter_version_id in exposed
+    }
+    erased = erased_adapters(conn)
+    now = {
+        i: name
+        for i, name in exposed.items()
+        if name.rpartition("@")[0] not in kept and i not in erased
+    }
+    record_erasures(conn, now, ERASED_REASON)
+    conn.commit()  # said before any file goes
+    for digest in erased_digests(conn):
+        store.remove(digest)
+    return tuple(sorted(now.values()))
+
+
+def check_not_erased(conn: DictConnection, release: Release) -> None:
+    """``AdapterErased`` when ``release`` names an adapter version whose weights were erased."""
+    erased = erased_adapters(conn)
+    gone = {
+        ref.name: erased[ref.adapter_version_id]
+        for ref in release.adapters.values()
+        if ref.adapter_version_id in erased
+    }
+    if gone:
+        raise AdapterErased(
+            f"{release.release_id} names {', '.join(sorted(gone))}, whose weights were erased "
+            f"({'; '.join(sorted(set(gone.values())))})"
+        )

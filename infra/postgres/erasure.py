@@ -1,8 +1,11 @@
 """Erasing a forgotten tenant's rows: from each processor's tables (called by the processor when
 it meets ``TenantForgotten``, and at once by ``forget``), and its API keys revoked. Each call is
-idempotent; each returns the rows it removed, by table."""
+idempotent; each returns the rows it removed, by table. And the record of adapter versions whose
+weights were erased (``adapter_erasures``; ``server.unlearning.erase_replaced``)."""
 
 from __future__ import annotations
+
+from collections.abc import Collection
 
 from infra.postgres.db import DictConnection
 
@@ -64,3 +67,34 @@ def forgotten(conn: DictConnection, tenant_id: str) -> bool:
         (tenant_id,),
     ).fetchone()
     return row is not None
+
+
+def record_erasures(conn: DictConnection, adapter_version_ids: Collection[int], reason: str) -> int:
+    """Say that these adapter versions' weights are erased (idempotent); returns how many were
+    not said to be before."""
+    return sum(
+        conn.execute(
+            "INSERT INTO adapter_erasures (adapter_version_id, reason) VALUES (%s, %s) "
+            "ON CONFLICT (adapter_version_id) DO NOTHING",
+            (adapter_version_id, reason),
+        ).rowcount
+        for adapter_version_id in sorted(adapter_version_ids)
+    )
+
+
+def erased_adapters(conn: DictConnection) -> dict[int, str]:
+    """The erased adapter versions: id -> why."""
+    rows = conn.execute("SELECT adapter_version_id, reason FROM adapter_erasures").fetchall()
+    return {int(r["adapter_version_id"]): str(r["reason"]) for r in rows}
+
+
+def erased_digests(conn: DictConnection) -> list[str]:
+    """The content addresses of erased adapter versions that no other version shares: their
+    files may leave the artifact store."""
+    rows = conn.execute(
+        "SELECT DISTINCT a.sha256 FROM adapter_versions a JOIN adapter_erasures e "
+        "USING (adapter_version_id) WHERE NOT EXISTS (SELECT 1 FROM adapter_versions o "
+        "WHERE o.sha256 = a.sha256 AND o.adapter_version_id NOT IN "
+        "(SELECT adapter_version_id FROM adapter_erasures)) ORDER BY a.sha256"
+    ).fetchall()
+    return [str(r["sha256"]) for r in rows]

@@ -272,6 +272,8 @@ class AuditReport(BaseModel):
     chain_violations: list[str]
     adapters: int
     adapter_failures: list[str]
+    erased: int = 0
+    """Adapters whose weights were erased on purpose (``adapter_erasures``): not checked."""
 
     @property
     def ok(self) -> bool:
@@ -279,7 +281,8 @@ class AuditReport(BaseModel):
 
 
 def audit(conn: DictConnection, log: EventLog, store: ArtifactStore) -> AuditReport:
-    """Check every key's hash chain and every registered adapter's files."""
+    """Check every key's hash chain and every registered adapter's files (but those of the
+    adapters erased because they learned from a forgotten tenant)."""
     keys: set[str] = set()
     events = 0
 
@@ -293,10 +296,13 @@ def audit(conn: DictConnection, log: EventLog, store: ArtifactStore) -> AuditRep
     violations = verify_chain(counted())
     failures = []
     rows = conn.execute(
-        "SELECT specialist, version, sha256, path FROM adapter_versions "
+        "SELECT specialist, version, sha256, path, e.adapter_version_id IS NOT NULL AS erased "
+        "FROM adapter_versions LEFT JOIN adapter_erasures e USING (adapter_version_id) "
         "ORDER BY specialist, version"
     ).fetchall()
     for row in rows:
+        if row["erased"]:
+            continue
         try:
             store.verified_path(row["sha256"], row["path"])
         except (AdapterInvalid, AdapterNotFound) as exc:
@@ -307,4 +313,5 @@ def audit(conn: DictConnection, log: EventLog, store: ArtifactStore) -> AuditRep
         chain_violations=[f"{v.key} #{v.sequence}: {v.kind}" for v in violations],
         adapters=len(rows),
         adapter_failures=failures,
+        erased=sum(bool(r["erased"]) for r in rows),
     )

@@ -93,7 +93,8 @@ def audit_verify(ctx: typer.Context) -> None:
     for problem in [*report.chain_violations, *report.adapter_failures]:
         err_console.print(f"[red]{problem}[/]")
     console.print(
-        f"{report.events} events on {report.keys} keys, {report.adapters} adapters: "
+        f"{report.events} events on {report.keys} keys, {report.adapters} adapters "
+        f"({report.erased} erased): "
         f"{len(report.chain_violations)} chain violations, "
         f"{len(report.adapter_failures)} adapter failures"
     )

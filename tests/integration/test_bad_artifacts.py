@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from core.errors import AdapterInvalid
@@ -15,6 +16,8 @@ from core.settings import Settings
 from engines.instant import InstantEngine, fixed_reply
 from infra.artifacts import ArtifactStore, folder_digest
 from infra.identity_adapter import write_identity_adapter
+from infra.postgres.db import open_pool
+from infra.postgres.erasure import erased_adapters, erased_digests, record_erasures
 from server.router import RouterService
 from streams.host import ProcessorHost
 from streams.projections import Projections
@@ -101,3 +104,38 @@ def test_a_poison_event_goes_to_the_dead_letters_and_the_processor_goes_on(
     assert set(turns) <= projected  # the turn after the poison was handled too
     assert handled > 0 and host.lag() == 0
     log.close()
+
+
+def test_erased_weights_leave_the_store_unless_a_live_version_shares_them(
+    database_url: str, tiny_model: Path, tmp_path: Path
+) -> None:
+    """``adapter_erasures`` says which versions are erased; a folder leaves the store only when
+    no version that is not erased has the same content, and removing it twice is harmless."""
+    store = ArtifactStore(tmp_path / "adapters")
+    digests = []
+    for seed in (1, 2):
+        draft = tmp_path / f"draft-{seed}"
+        write_identity_adapter(tiny_model, draft, base_model=tiny_model.name, rank=4, seed=seed)
+        digests.append(store.put(draft)[0])
+    shared, alone = digests
+    with open_pool(database_url) as pool, pool.connection() as conn:
+        conn.execute("INSERT INTO specialists (name) VALUES ('legal')")
+        ids: list[int] = []
+        for version, digest in enumerate([shared, shared, alone]):
+            row = conn.execute(
+                "INSERT INTO adapter_versions (specialist, version, parent_id, sha256, path, "
+                "rank, base_model) VALUES ('legal', %s, %s, %s, %s, 4, 'tiny') "
+                "RETURNING adapter_version_id",
+                (version, ids[-1] if ids else None, digest, str(store.root / digest)),
+            ).fetchone()
+            assert row is not None
+            ids.append(int(row["adapter_version_id"]))
+        assert record_erasures(conn, ids[1:], "learned from a forgotten tenant") == 2
+        assert record_erasures(conn, ids[1:], "again") == 0  # said once
+        assert erased_adapters(conn) == {i: "learned from a forgotten tenant" for i in ids[1:]}
+        assert erased_digests(conn) == [alone]  # legal@0 still has the shared content
+        with pytest.raises(psycopg.errors.CheckViolation):
+            record_erasures(conn, ids[:1], "")
+    assert store.remove(alone) and not store.remove(alone)
+    assert not (store.root / alone).exists() and (store.root / shared).is_dir()
+    assert not [p for p in store.root.iterdir() if p.name.startswith(".erasing-")]

@@ -126,7 +126,9 @@ def assert_exposure(served: Running, release_id: str) -> None:
         nothing = exposure(conn, served.server.log, ["someone-else"])
     assert found.records > 0 and "genui@1" in found.adapters
     assert release_id in found.releases and found.active
-    assert nothing == Exposure(records=0, adapters=(), routers=(), releases=(), active=False)
+    assert nothing == Exposure(
+        records=0, adapters=(), erased=(), routers=(), releases=(), active=False
+    )
 
 
 def assert_forgotten_snapshot_is_never_trained(

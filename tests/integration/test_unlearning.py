@@ -9,6 +9,7 @@ goes back in place."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -19,6 +20,7 @@ import redis
 from core.events import CandidateTrained, ReleasePromoted, TurnReceived
 from core.settings import Settings
 from infra.postgres.lineage import run_detail
+from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release
 from learners.queue import configure as configure_celery
 from server.exposure import exposure
@@ -80,6 +82,7 @@ def test_retraining_promotes_a_successor_that_never_saw_the_forgotten_tenant(
         assert "genui from genui@0 on" in forgot.stdout
         second = wait_for_promotion(served, log_path, worker, parent=first.release_id)
         assert_unlearned(served, second, log_path)
+        assert_erased(served, "learner", ["genui@1"], refused=first.release_id)
 
         again = run_macaron("tenants", "forget", "bystander", "--yes", "--retrain", **env)
         assert again.returncode == 0, again.stdout + again.stderr
@@ -88,6 +91,7 @@ def test_retraining_promotes_a_successor_that_never_saw_the_forgotten_tenant(
         with served.server.pool.connection() as conn:
             assert active_release(conn).adapters["genui"].name == "genui@0"
         assert exposure_of(served, "bystander") == (["genui@1", "genui@2"], False)
+        assert_erased(served, "bystander", ["genui@1", "genui@2"], refused=second.release_id)
 
 
 def teach(served: Running, tenant: str) -> None:
@@ -108,6 +112,41 @@ def teach(served: Running, tenant: str) -> None:
             send(ws, type="feedback", turn_id=turn_id, kind="edit", edited_text=ANSWER)
         send(ws, type="ping")
         frames_until(ws, "pong")
+
+
+def assert_erased(served: Running, tenant: str, names: list[str], refused: str) -> None:
+    """Once the flip replaced them, the weights of the adapters that learned from ``tenant``
+    leave the artifact store (the registry keeps their records and says so), the audit passes
+    over them, and a rollback to the release that served them is refused."""
+    deadline = time.monotonic() + 60
+    while erased_of(served, tenant) != names:  # just after the flip, in the server
+        assert time.monotonic() < deadline, f"{names} not erased"
+        time.sleep(0.5)
+    with served.server.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT a.specialist || '@' || a.version AS name, a.sha256, e.reason "
+            "FROM adapter_versions a JOIN adapter_erasures e USING (adapter_version_id) "
+            "ORDER BY a.version"
+        ).fetchall()
+    erased = {r["name"]: r for r in rows}
+    assert set(names) <= erased.keys()
+    store = served.settings.home / "adapters"
+    for name in names:
+        assert erased[name]["reason"] == "learned from a forgotten tenant"
+        assert not (store / erased[name]["sha256"]).exists(), name
+    audited = run_macaron("audit", "verify", **env_of(served))
+    assert audited.returncode == 0, audited.stdout + audited.stderr
+    assert f"({len(erased)} erased)" in audited.stdout
+    listed = run_macaron("tenants", "exposure", tenant, **env_of(served))
+    assert f"{names[0]} (weights erased)" in listed.stdout, listed.stdout
+    back = request_promotion(served.server.pool, refused, kind="rollback", requested_by="t")
+    final = wait_for_request(served.server.pool, back, 60)
+    assert final.status == "failed" and "whose weights were erased" in (final.reason or "")
+
+
+def erased_of(served: Running, tenant: str) -> list[str]:
+    with served.server.pool.connection() as conn:
+        return sorted(exposure(conn, served.server.log, [tenant]).erased)
 
 
 def is_turn(payload: object) -> bool:
