@@ -192,12 +192,15 @@ def _normalised(value: JsonValue) -> JsonValue:
 
 def well_formed(task: Task, output: str) -> bool | None:
     """Whether ``output`` has the form ``task`` asks for, right or wrong: a GenUI tree that
-    renders, a tool call that parses, Python code that compiles (``None``: no form asked)."""
+    renders, a tool call that parses, text and no call where none is asked, Python code that
+    compiles (``None``: no form asked)."""
     checker = task.checker
     if isinstance(checker, GenUIChecker):
         return parse_genui_output(output).valid
     if isinstance(checker, ToolCallChecker):
         return tool_call_of(output) is not None
+    if isinstance(checker, NoCallChecker):
+        return tool_call_of(output) is None
     if isinstance(checker, PythonTestsChecker):
         return _compiles(code_of(output))
     return None

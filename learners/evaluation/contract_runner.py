@@ -38,6 +38,8 @@ CONTRACT_V5 = DATA / "contract-v5.yaml"
 CONTRACTS = (CONTRACT_V1, CONTRACT_V2, CONTRACT_V2S, CONTRACT_V3, CONTRACT_V4, CONTRACT_V5)
 """Every contract version, oldest first: a bank is held out from all of them."""
 DEFAULT_CONTRACT = CONTRACT_V5
+CALL_RATES = {"calls": "tool calls right", "no_call": "no call where none is asked"}
+"""What ``ContractRun.call_rates`` reports, as tables name it."""
 """The contract the loop judges by unless `MACARON_CONTRACT_PATH` names another: the sealed
 test split; its development split is contract 4's suites."""
 Split = Literal["development", "test"]
@@ -204,6 +206,20 @@ class ContractRun:
             if known:
                 rates[suite] = sum(known) / len(known)
         return rates
+
+    def call_rates(self, contract: Contract) -> dict[str, float]:
+        """Over every suite: ``calls``, the share of tasks that ask for a tool call whose call
+        was right, and ``no_call``, the share of tasks that ask for none answered without one
+        (each only where the contract has such tasks and they ran)."""
+        found: dict[str, list[bool]] = {"calls": [], "no_call": []}
+        for suite, tasks in contract.suites.items():
+            for index, task in enumerate(tasks):
+                passed, formed = self.passed[suite][index], self.well_formed[suite][index]
+                if task.checker.kind == "tool_call" and passed is not None:
+                    found["calls"].append(passed)
+                elif task.checker.kind == "no_call" and formed is not None:
+                    found["no_call"].append(formed)
+        return {name: sum(done) / len(done) for name, done in found.items() if done}
 
     def format_scores(self) -> dict[str, float]:
         """Each suite's share of well-formed answers, over its tasks that ask for a format."""

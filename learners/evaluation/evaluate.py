@@ -155,6 +155,10 @@ def _evaluation_record(
         "candidate": candidate.scores(),
         "parent": parent.scores(),
         "formats": {"candidate": candidate.format_scores(), "parent": parent.format_scores()},
+        "calls": {
+            "candidate": candidate.call_rates(contract),
+            "parent": parent.call_rates(contract),
+        },
         "outcomes": {"candidate": candidate.passed, "parent": parent.passed},
         "well_formed": {"candidate": candidate.well_formed, "parent": parent.well_formed},
         "tasks": tasks,
@@ -323,6 +327,7 @@ def release_outcomes(
             scores={
                 "release": outcomes.scores(),
                 "formats": {"release": outcomes.format_scores()},
+                "calls": {"release": outcomes.call_rates(contract)},
                 "outcomes": {"release": outcomes.passed},
                 "well_formed": {"release": outcomes.well_formed},
                 "tasks": tasks,

@@ -24,7 +24,12 @@ from infra.postgres.lineage import (
 )
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.registry import active_release, harness_by_name, release_by_id
-from learners.evaluation.contract_runner import DEFAULT_CONTRACT, Split, load_split
+from learners.evaluation.contract_runner import (
+    CALL_RATES,
+    DEFAULT_CONTRACT,
+    Split,
+    load_split,
+)
 from macaron import wiring
 from macaron.cli.common import console, settings
 
@@ -217,10 +222,14 @@ def contract_run(
                 outcomes = release_outcomes(pool, engine, release, harness, contract)
         finally:
             engine.close()
+    calls = outcomes.call_rates(contract)
+    caption = "well-formed: answers in the form their task asks for (GenUI tree, tool call)"
     table = Table(
         title=f"{contract.version} ({split} split) on {release.release_id} "
         f"({release.harness_version})",
-        caption="well-formed: answers in the form their task asks for (GenUI tree, tool call)",
+        caption="\n".join(
+            [caption, *(f"{CALL_RATES[name]}: {rate:.1%}" for name, rate in calls.items())]
+        ),
     )
     for column in ("suite", "tasks", "well-formed", "passed", "score"):
         table.add_column(column, justify="left" if column == "suite" else "right")

@@ -342,6 +342,7 @@ class _Demo:
             serving.harness_version,
             outcomes.scores(),
             outcomes.format_scores(),
+            outcomes.call_rates(self.contract),
             mode=self.traffic.mode,
             hints=self.traffic.hints,
         )

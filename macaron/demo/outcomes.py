@@ -24,6 +24,7 @@ def run_outcome(pool: Pool, run_id: UUID) -> RunRecord | None:
     scores: Mapping[str, Any] = verdicts.scores or {}
     seconds = run.metrics.get("seconds")
     formats: Mapping[str, Any] = scores.get("formats", {})
+    calls: Mapping[str, Any] = scores.get("calls", {})
 
     def decided(outcome: str, reasons: list[str]) -> RunRecord:
         return RunRecord(
@@ -41,6 +42,8 @@ def run_outcome(pool: Pool, run_id: UUID) -> RunRecord | None:
             formats.get("parent", {}),
             scores.get("p_value"),
             scores.get("guard_p_values", {}),
+            calls.get("candidate", {}),
+            calls.get("parent", {}),
         )
 
     failure = _task_failure(str(run_id))

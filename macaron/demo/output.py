@@ -9,6 +9,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 from rich.table import Table
 
+from learners.evaluation.contract_runner import CALL_RATES
 from macaron.demo.records import DemoReport, GenerationRecord, RunRecord
 
 
@@ -58,12 +59,21 @@ def _scores_text(scores: dict[str, float]) -> str:
     return " · ".join(f"{suite} {score:.2f}" for suite, score in sorted(scores.items())) or "-"
 
 
+def _calls_text(calls: dict[str, float]) -> str:
+    """The call accuracy beside the no-call rate (``ContractRun.call_rates``), or nothing."""
+    return "; ".join(
+        f"{CALL_RATES[name]} {calls[name]:.2f}" for name in CALL_RATES if name in calls
+    )
+
+
 def generation_table(record: GenerationRecord) -> Table:
     """One generation: its runs and the contract score of the release it leaves active."""
     caption = (
         f"active release {record.release_id} ({record.harness_version}); "
         f"contract: {_scores_text(record.scores)}; well-formed: {_scores_text(record.formats)}"
     )
+    if record.calls:
+        caption += f"; {_calls_text(record.calls)}"
     if record.turns:
         caption += (
             f"\n{record.turns} simulated turns, oracle pass rate: "
@@ -99,10 +109,15 @@ def generation_table(record: GenerationRecord) -> Table:
             _changed(run),
             seconds,
             outcome,
-            f"{_scores_text(run.candidate)}\nwell-formed: {_scores_text(run.candidate_formats)}",
-            f"{_scores_text(run.parent)}\nwell-formed: {_scores_text(run.parent_formats)}",
+            _side(run.candidate, run.candidate_formats, run.candidate_calls),
+            _side(run.parent, run.parent_formats, run.parent_calls),
         )
     return table
+
+
+def _side(scores: dict[str, float], formats: dict[str, float], calls: dict[str, float]) -> str:
+    text = f"{_scores_text(scores)}\nwell-formed: {_scores_text(formats)}"
+    return f"{text}\n{_calls_text(calls)}" if calls else text
 
 
 def demo_table(report: DemoReport) -> Table:
@@ -112,12 +127,21 @@ def demo_table(report: DemoReport) -> Table:
         title=f"learning loop under contract {report.contract_version} ({report.split} split)"
     )
     table.caption = "score (share of tasks passed) / well-formed (share in the asked form)"
+    calls = [name for name in CALL_RATES if any(name in g.calls for g in report.generations)]
+    if calls:
+        table.caption += "; " + "; ".join(
+            f"{name.replace('_', ' ')}: {CALL_RATES[name]}" for name in calls
+        )
+        table.caption += " (over every suite)"
     for column in ("generation", "release", "harness", "runs", *suites):
         table.add_column(column, justify="right" if column in suites else "left")
+    for name in calls:
+        table.add_column(name.replace("_", " "), justify="right")
     for g in report.generations:
         runs = ", ".join(f"{_changed(run)} {run.outcome}" for run in g.runs) or "-"
         scores = (_score_cell(g, s) for s in suites)
-        table.add_row(str(g.generation), g.release_id, g.harness_version, runs, *scores)
+        rates = (f"{g.calls[name]:.2f}" if name in g.calls else "-" for name in calls)
+        table.add_row(str(g.generation), g.release_id, g.harness_version, runs, *scores, *rates)
     return table
 
 

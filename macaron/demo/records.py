@@ -42,26 +42,31 @@ class RunRecord:
     parent_formats: dict[str, float] = field(default_factory=dict)
     p_value: float | None = None
     guard_p_values: dict[str, float] = field(default_factory=dict)
+    candidate_calls: dict[str, float] = field(default_factory=dict)
+    parent_calls: dict[str, float] = field(default_factory=dict)
+    """Tool calls right and no call where none is asked (``ContractRun.call_rates``)."""
 
 
 @dataclass(frozen=True)
 class GenerationRecord:
     """``scores`` are the contract scores per suite of ``release_id`` (served with
     ``harness_version``), active after the generation; ``formats`` the share of well-formed
-    answers per suite that asks for a form. The traffic was simulated users (``mode`` oracle:
-    ``turns``, and ``simulated_pass_rate`` the oracle's verdict on them) or rollouts (``self``:
-    ``rollouts`` per specialist, ``learners.rollouts.job.RolloutSummary`` summed, with pass@1 and
-    pass@K; ``hints`` how unsolved groups were resampled: ``tools`` a sweep, ``checker`` only
-    in the ablation). ``phase_seconds``:
-    traffic until a run was queued; adapter runs until every one was decided (trained,
-    evaluated, promoted or not); harness proposals (queued by those decisions) until every one
-    was decided; measure."""
+    answers per suite that asks for a form; ``calls`` the share of tool-call tasks called
+    right and of no-call tasks answered without a call (``ContractRun.call_rates``). The
+    traffic was simulated users (``mode`` oracle: ``turns``, and ``simulated_pass_rate`` the
+    oracle's verdict on them) or rollouts (``self``: ``rollouts`` per specialist,
+    ``learners.rollouts.job.RolloutSummary`` summed, with pass@1 and pass@K; ``hints`` how
+    unsolved groups were resampled: ``tools`` a sweep, ``checker`` only in the ablation).
+    ``phase_seconds``: traffic until a run was queued; adapter runs until every one was decided
+    (trained, evaluated, promoted or not); harness proposals (queued by those decisions) until
+    every one was decided; measure."""
 
     generation: int
     release_id: str
     harness_version: str
     scores: dict[str, float]
     formats: dict[str, float] = field(default_factory=dict)
+    calls: dict[str, float] = field(default_factory=dict)
     mode: str = "oracle"
     hints: str = "none"
     turns: int = 0

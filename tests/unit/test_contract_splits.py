@@ -30,6 +30,7 @@ from learners.evaluation.contract_runner import (
     CONTRACT_V5,
     CONTRACTS,
     DEFAULT_CONTRACT,
+    ContractRun,
     load_contract,
     load_split,
 )
@@ -278,15 +279,23 @@ def test_a_calculation_is_a_calculators() -> None:
 
 
 @pytest.mark.parametrize(
-    ("output", "passes"),
+    ("output", "passes", "formed"),
     [
-        ("Sorry, I can't book tables: I have a calculator, notes, a to-do list and a clock.", True),
-        ("Done! Your table is booked.", False),
-        ('{"tool": "todo", "args": {"op": "add", "text": "book a table"}}', False),
-        ('  {"tool": "clock", "args": {}}', False),
+        (
+            "Sorry, I can't book tables: I have a calculator, notes, a to-do list and a clock.",
+            True,
+            True,
+        ),
+        ("Done! Your table is booked.", False, True),  # no call, but not what it asks
+        ('{"tool": "todo", "args": {"op": "add", "text": "book a table"}}', False, False),
+        ('  {"tool": "clock", "args": {}}', False, False),
     ],
 )
-def test_a_no_call_task_wants_text_that_says_what_it_asks(output: str, passes: bool) -> None:
+def test_a_no_call_task_wants_text_that_says_what_it_asks(
+    output: str, passes: bool, formed: bool
+) -> None:
+    """It passes text that says what it asks; its form is text, not a call (the no-call rate
+    the tables report beside the call accuracy)."""
     task = Task.model_validate(
         {
             "id": "no-call",
@@ -297,4 +306,31 @@ def test_a_no_call_task_wants_text_that_says_what_it_asks(output: str, passes: b
         }
     )
     assert check(task, output) is passes
-    assert well_formed(task, output) is None
+    assert well_formed(task, output) is formed
+
+
+def test_the_call_rates_are_the_call_tasks_passed_and_the_no_call_tasks_without_a_call() -> None:
+    """``call_rates`` over every suite: tool-call tasks called right, no-call tasks answered
+    without a call (right or not); other tasks count in neither."""
+    outcomes: dict[tuple[str, int], tuple[bool, bool | None]] = {}
+    calls: list[bool] = []
+    no_calls: list[bool] = []
+    for suite, tasks in V5.suites.items():
+        for index, task in enumerate(tasks):
+            if task.checker.kind == "tool_call":
+                calls.append(len(calls) % 4 != 0)  # three in four right
+                outcomes[(suite, index)] = (calls[-1], True)
+            elif task.checker.kind == "no_call":
+                no_calls.append(len(no_calls) % 2 == 0)  # every other one called a tool
+                outcomes[(suite, index)] = (False, no_calls[-1])
+            else:
+                outcomes[(suite, index)] = (True, None)
+    rates = ContractRun.of(V5, outcomes).call_rates(V5)
+    assert rates == {"calls": sum(calls) / len(calls), "no_call": sum(no_calls) / len(no_calls)}
+    assert 0.7 < rates["calls"] < 0.8 and 0.4 < rates["no_call"] < 0.6
+    assert ContractRun.of(V5, {}).call_rates(V5) == {}  # nothing ran
+    v4 = load_contract(CONTRACT_V4)  # calls, and no no-call task
+    every = {
+        (suite, i): (True, True) for suite, tasks in v4.suites.items() for i in range(len(tasks))
+    }
+    assert ContractRun.of(v4, every).call_rates(v4) == {"calls": 1.0}

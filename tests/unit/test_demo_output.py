@@ -1,12 +1,13 @@
 """A demo's generation table shows every decided run's p-values: the gain test's and each
-guarded suite's non-inferiority test's, as the evaluation recorded them."""
+guarded suite's non-inferiority test's, as the evaluation recorded them; its tables show the
+no-call rate beside the call accuracy."""
 
 from __future__ import annotations
 
 from rich.console import Console
 
-from macaron.demo.output import generation_table
-from macaron.demo.records import GenerationRecord, RunRecord
+from macaron.demo.output import demo_table, generation_table
+from macaron.demo.records import DemoReport, GenerationRecord, RunRecord
 
 
 def rendered(record: GenerationRecord) -> str:
@@ -54,3 +55,28 @@ def test_a_run_not_evaluated_shows_no_p_value() -> None:
         runs=[run(outcome="training failed", passed=False, reasons=["boom"])],
     )
     assert "p =" not in rendered(record)
+
+
+def test_the_no_call_rate_is_shown_beside_the_call_accuracy() -> None:
+    """In the demo's table (a column each, ``-`` where a generation has none), in a
+    generation's caption and beside each run's candidate and parent."""
+    calls = {"calls": 0.62, "no_call": 0.94}
+    generations = [
+        GenerationRecord(0, "rel-0", "harness@0", {"agent": 0.1}),
+        GenerationRecord(
+            1,
+            "rel-1",
+            "harness@0",
+            {"agent": 0.5},
+            calls=calls,
+            runs=[run(candidate_calls=calls, parent_calls={"calls": 0.1, "no_call": 1.0})],
+        ),
+    ]
+    console = Console(width=250, record=True)
+    console.print(demo_table(DemoReport("contract-5", generations, "test")))
+    table = " ".join(console.export_text().replace("│", " ").split())
+    assert "calls: tool calls right; no call: no call where none is asked" in table
+    assert "0.50 0.62 0.94" in table and "0.10 - -" in table
+    shown = " ".join(rendered(generations[1]).split())
+    assert "tool calls right 0.62; no call where none is asked 0.94" in shown
+    assert "tool calls right 0.10; no call where none is asked 1.00" in shown
