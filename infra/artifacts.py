@@ -68,6 +68,14 @@ class ArtifactStore:
         shutil.rmtree(leaving)
         return True
 
+    def sweep(self) -> int:
+        """Delete what a ``remove`` killed half-way left (its ``.erasing-`` folders); returns
+        how many."""
+        leftovers = list(self.root.glob(".erasing-*")) if self.root.is_dir() else []
+        for leftover in leftovers:
+            shutil.rmtree(leftover)
+        return len(leftovers)
+
     def verified_path(self, sha256: str, path: str) -> Path:
         """The stored folder for ``sha256``, after checking it lies in the store and that its
         content still hashes to its address."""

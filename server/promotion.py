@@ -20,6 +20,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
+import psycopg
+
 from core.engine import GenerationRequest, SamplingParams
 from core.errors import MacaronError, PromotionFailed
 from core.events import NewEvent, PromotionRejected, ReleasePromoted, ReleaseRolledBack
@@ -49,7 +51,7 @@ from infra.postgres.registry import (
 from infra.postgres.routers import router_model
 from server.chat import ChatService
 from server.releases import RELEASES_KEY, prepare_harness
-from server.unlearning import check_not_erased, erase_replaced
+from server.unlearning import check_not_erased, erase_replaced, remove_erased
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5
@@ -62,6 +64,7 @@ class PromotionListener:
         self.pool = pool
         self.store = store
         self.log = log
+        self._files_left = True  # a start looks once for what a removal cut short left
 
     async def run(self) -> None:
         """Poll for requests and for flips made elsewhere, until cancelled."""
@@ -84,6 +87,8 @@ class PromotionListener:
                 self.chat.serve(ServedRelease(release=active, harness=harness), router)
             if request is not None:
                 await self._carry_out(request)
+            if self._files_left:
+                await asyncio.to_thread(self._remove_erased)
         finally:
             await asyncio.to_thread(claim.release)
 
@@ -139,9 +144,9 @@ class PromotionListener:
         try:
             with self.pool.connection() as conn:
                 release = release_by_id(conn, request.release_id)
-                check_not_erased(conn, release)
                 if request.kind == "promote" and release.parent_release_id != old.release_id:
                     release = self._rebased(conn, release, old)
+                check_not_erased(conn, release)
                 harness = harness_by_name(conn, release.harness_version)
                 router = self._router_of(conn, release)
             await asyncio.to_thread(prepare_harness, self.chat.engine, harness)
@@ -162,17 +167,28 @@ class PromotionListener:
         return "done"
 
     def _erase_replaced(self) -> None:
-        """The weights of adapters that learned from a forgotten tenant leave the store once
-        the flip replaced them (``server.unlearning.erase_replaced``); a failure here leaves
-        them for the next promotion and fails nothing."""
+        """The adapters that learned from a forgotten tenant and that the flip replaced are
+        said to be erased, and their folders leave the store as soon as nothing here or in
+        the fleet may read them (``server.unlearning``; the poll removes the rest). A failure
+        leaves them for the next promotion and fails nothing."""
         try:
             with self.pool.connection() as conn:
-                erased = erase_replaced(conn, self.log, self.store)
-        except (MacaronError, OSError) as exc:
+                erased = erase_replaced(conn, self.log)
+        except (MacaronError, OSError, psycopg.Error) as exc:
             log.warning("erasing replaced adapters failed, left for the next promotion: %s", exc)
             return
         if erased:
             log.info("erased the weights of %s: they learned from a forgotten tenant", erased)
+        self._files_left = True
+
+    def _remove_erased(self) -> None:
+        """Take out the erased adapters' folders that nothing may read any more."""
+        try:
+            with self.pool.connection() as conn:
+                busy = self.chat.engine.loaded_adapters()
+                self._files_left = remove_erased(conn, self.store, busy) > 0
+        except (MacaronError, OSError, psycopg.Error) as exc:
+            log.warning("removing erased adapters' files failed, tried again: %s", exc)
 
     async def _canary(self, release: Release, adapters: list[str]) -> None:
         """One short generation through each new adapter must succeed."""

@@ -25,11 +25,12 @@ is what unlearning gives, so those specialists' ancestors go back in place in on
 (``Unlearning.fallback``), for the caller to ask the server to promote.
 
 Once a specialist's active adapter learned from no forgotten tenant (a successor or an
-ancestor was promoted in place of the exposed one), the weights of its versions that did
-learn from one leave the artifact store (``erase_replaced``, after each promotion). The
-registry keeps their records, so lineage still names them, and says they were erased
-(``adapter_erasures``); a release naming one can be neither promoted nor rolled back to
-(``AdapterErased``).
+ancestor was promoted in place of the exposed one), its versions that did learn from one are
+erased: said so in ``adapter_erasures`` (``erase_replaced``, after each promotion), then their
+folders leave the artifact store as soon as nothing may read them (``remove_erased``: not
+while this server has one loaded or a server of the vLLM fleet leases one). The registry
+keeps their records, so lineage still names them. A release naming one, or a version trained
+from one, can be neither promoted nor rolled back to (``AdapterErased``).
 """
 
 from __future__ import annotations
@@ -50,7 +51,13 @@ from core.release import AdapterRef, Release
 from core.routing import ROUTER_RUNS_KEY, ROUTING_KEY
 from infra.artifacts import ArtifactStore
 from infra.postgres.db import DictConnection
-from infra.postgres.erasure import erased_adapters, erased_digests, record_erasures
+from infra.postgres.erasure import (
+    erased_adapters,
+    erased_digests,
+    erased_lines,
+    leased_adapters,
+    record_erasures,
+)
 from infra.postgres.exposure import forgotten_tenants, producing_run, trained_adapters
 from infra.postgres.registry import active_release, adapter_version, file_release
 from infra.postgres.routers import queue_router_run, router_parent, router_run
@@ -235,13 +242,12 @@ def _kept_snapshot(
 ERASED_REASON = "learned from a forgotten tenant"
 
 
-def erase_replaced(conn: DictConnection, log: EventLog, store: ArtifactStore) -> tuple[str, ...]:
-    """Erase the weights of every adapter version that learned from a forgotten tenant, of
-    each specialist whose active adapter learned from none (its successor or its ancestor
-    replaced the exposed one; while an exposed adapter serves, as after ``forget`` without
-    ``--retrain``, its line is kept whole). Said in ``adapter_erasures`` (committed first), then
-    each folder leaves ``store`` unless a version not erased shares its content. Idempotent (a
-    rerun removes what a killed one left); returns the versions erased now."""
+def erase_replaced(conn: DictConnection, log: EventLog) -> tuple[str, ...]:
+    """Say that the weights of every adapter version that learned from a forgotten tenant are
+    erased, of each specialist whose active adapter learned from none (its successor or its
+    ancestor replaced the exposed one; while an exposed adapter serves, as after ``forget``
+    without ``--retrain``, its line is kept whole); committed before ``remove_erased`` takes
+    any file. Idempotent; returns the versions erased now."""
     exposed, _ = exposed_parts(conn, log, forgotten_tenants(conn))
     kept = {
         specialist
@@ -255,22 +261,32 @@ def erase_replaced(conn: DictConnection, log: EventLog, store: ArtifactStore) ->
         if name.rpartition("@")[0] not in kept and i not in erased
     }
     record_erasures(conn, now, ERASED_REASON)
-    conn.commit()  # said before any file goes
-    for digest in erased_digests(conn):
-        store.remove(digest)
+    conn.commit()
     return tuple(sorted(now.values()))
 
 
+def remove_erased(conn: DictConnection, store: ArtifactStore, busy: Collection[str]) -> int:
+    """Take the folders of erased versions out of ``store``, but those a version not erased
+    shares, those ``busy`` names (loaded here: turns in flight may still read them) and those
+    a server sharing the vLLM fleet holds a lease on (a replica may load them again); and
+    what a removal killed half-way left. Returns how many folders wait for a later call."""
+    store.sweep()
+    waiting = set(busy) | leased_adapters(conn)
+    left = 0
+    for digest, names in erased_digests(conn).items():
+        if waiting.intersection(names):
+            left += (store.root / digest).is_dir()
+        else:
+            store.remove(digest)
+    return left
+
+
 def check_not_erased(conn: DictConnection, release: Release) -> None:
-    """``AdapterErased`` when ``release`` names an adapter version whose weights were erased."""
-    erased = erased_adapters(conn)
-    gone = {
-        ref.name: erased[ref.adapter_version_id]
-        for ref in release.adapters.values()
-        if ref.adapter_version_id in erased
-    }
+    """``AdapterErased`` when ``release`` names an adapter version whose weights were erased,
+    or one trained from such a version."""
+    gone = erased_lines(conn, [ref.adapter_version_id for ref in release.adapters.values()])
     if gone:
         raise AdapterErased(
-            f"{release.release_id} names {', '.join(sorted(gone))}, whose weights were erased "
-            f"({'; '.join(sorted(set(gone.values())))})"
+            f"{release.release_id} names "
+            + "; ".join(f"{name} ({why})" for name, why in sorted(gone.items()))
         )

@@ -88,13 +88,46 @@ def erased_adapters(conn: DictConnection) -> dict[int, str]:
     return {int(r["adapter_version_id"]): str(r["reason"]) for r in rows}
 
 
-def erased_digests(conn: DictConnection) -> list[str]:
-    """The content addresses of erased adapter versions that no other version shares: their
-    files may leave the artifact store."""
+def erased_lines(conn: DictConnection, adapter_version_ids: Collection[int]) -> dict[str, str]:
+    """Of these adapter versions, those that are erased or descend from an erased version
+    (trained from it: they learned what it learned): ``specialist@version`` -> the nearest
+    erased one and why."""
     rows = conn.execute(
-        "SELECT DISTINCT a.sha256 FROM adapter_versions a JOIN adapter_erasures e "
-        "USING (adapter_version_id) WHERE NOT EXISTS (SELECT 1 FROM adapter_versions o "
-        "WHERE o.sha256 = a.sha256 AND o.adapter_version_id NOT IN "
-        "(SELECT adapter_version_id FROM adapter_erasures)) ORDER BY a.sha256"
+        "WITH RECURSIVE line (start_id, adapter_version_id, depth) AS ("
+        " SELECT adapter_version_id, adapter_version_id, 0 FROM adapter_versions"
+        " WHERE adapter_version_id = ANY(%s)"
+        " UNION SELECT l.start_id, a.parent_id, l.depth + 1 FROM line l JOIN adapter_versions a"
+        " ON a.adapter_version_id = l.adapter_version_id WHERE a.parent_id IS NOT NULL) "
+        "SELECT s.specialist || '@' || s.version AS name, "
+        "g.specialist || '@' || g.version AS gone, e.reason FROM line l "
+        "JOIN adapter_erasures e ON e.adapter_version_id = l.adapter_version_id "
+        "JOIN adapter_versions g ON g.adapter_version_id = l.adapter_version_id "
+        "JOIN adapter_versions s ON s.adapter_version_id = l.start_id ORDER BY name, l.depth",
+        (list(adapter_version_ids),),
     ).fetchall()
-    return [str(r["sha256"]) for r in rows]
+    found: dict[str, str] = {}
+    for r in rows:
+        erased = "erased" if r["name"] == r["gone"] else f"trained from {r['gone']}, erased"
+        found.setdefault(str(r["name"]), f"{erased}: {r['reason']}")
+    return found
+
+
+def erased_digests(conn: DictConnection) -> dict[str, list[str]]:
+    """The content addresses of erased adapter versions that no other version shares (their
+    files may leave the artifact store), each with the names of those versions."""
+    rows = conn.execute(
+        "SELECT a.sha256, a.specialist || '@' || a.version AS name FROM adapter_versions a "
+        "JOIN adapter_erasures e USING (adapter_version_id) WHERE NOT EXISTS (SELECT 1 FROM "
+        "adapter_versions o WHERE o.sha256 = a.sha256 AND o.adapter_version_id NOT IN "
+        "(SELECT adapter_version_id FROM adapter_erasures)) ORDER BY a.sha256, name"
+    ).fetchall()
+    found: dict[str, list[str]] = {}
+    for r in rows:
+        found.setdefault(str(r["sha256"]), []).append(str(r["name"]))
+    return found
+
+
+def leased_adapters(conn: DictConnection) -> set[str]:
+    """Adapters a server sharing the vLLM fleet holds a live lease on (``adapter_leases``)."""
+    rows = conn.execute("SELECT adapter FROM adapter_leases WHERE expires_at > now()").fetchall()
+    return {str(r["adapter"]) for r in rows}

@@ -38,10 +38,10 @@ CONTRACT_V5 = DATA / "contract-v5.yaml"
 CONTRACTS = (CONTRACT_V1, CONTRACT_V2, CONTRACT_V2S, CONTRACT_V3, CONTRACT_V4, CONTRACT_V5)
 """Every contract version, oldest first: a bank is held out from all of them."""
 DEFAULT_CONTRACT = CONTRACT_V5
-CALL_RATES = {"calls": "tool calls right", "no_call": "no call where none is asked"}
-"""What ``ContractRun.call_rates`` reports, as tables name it."""
 """The contract the loop judges by unless `MACARON_CONTRACT_PATH` names another: the sealed
 test split; its development split is contract 4's suites."""
+CALL_RATES = {"calls": "tool calls right", "no_call": "no call where none is asked"}
+"""What ``ContractRun.call_rates`` reports, as tables name it."""
 Split = Literal["development", "test"]
 CONCURRENCY = 16
 """Requests in flight at once per contract run (the local engine's batch): the engine batches

@@ -151,21 +151,16 @@ def _evaluation_record(
     stopped."""
     candidate, decision = verdict.run, verdict.decision
     tasks = contract.task_keys()
+    sides = {"candidate": candidate, "parent": parent}
     return {
         "candidate": candidate.scores(),
         "parent": parent.scores(),
-        "formats": {"candidate": candidate.format_scores(), "parent": parent.format_scores()},
-        "calls": {
-            "candidate": candidate.call_rates(contract),
-            "parent": parent.call_rates(contract),
-        },
-        "outcomes": {"candidate": candidate.passed, "parent": parent.passed},
-        "well_formed": {"candidate": candidate.well_formed, "parent": parent.well_formed},
+        "formats": {side: run.format_scores() for side, run in sides.items()},
+        "calls": {side: run.call_rates(contract) for side, run in sides.items()},
+        "outcomes": {side: run.passed for side, run in sides.items()},
+        "well_formed": {side: run.well_formed for side, run in sides.items()},
         "tasks": tasks,
-        "digests": {
-            "candidate": candidate.digest(contract.version, tasks),
-            "parent": parent.digest(contract.version, tasks),
-        },
+        "digests": {side: run.digest(contract.version, tasks) for side, run in sides.items()},
         "inherited": {"candidate": candidate.inherited},
         "sequential": {
             **verdict.stop.model_dump(),

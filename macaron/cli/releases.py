@@ -223,7 +223,10 @@ def contract_run(
         finally:
             engine.close()
     calls = outcomes.call_rates(contract)
-    caption = "well-formed: answers in the form their task asks for (GenUI tree, tool call)"
+    caption = (
+        "well-formed: answers in the form their task asks for (GenUI tree, tool call, text and "
+        "no call)"
+    )
     table = Table(
         title=f"{contract.version} ({split} split) on {release.release_id} "
         f"({release.harness_version})",

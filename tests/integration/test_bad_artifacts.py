@@ -17,8 +17,14 @@ from engines.instant import InstantEngine, fixed_reply
 from infra.artifacts import ArtifactStore, folder_digest
 from infra.identity_adapter import write_identity_adapter
 from infra.postgres.db import open_pool
-from infra.postgres.erasure import erased_adapters, erased_digests, record_erasures
+from infra.postgres.erasure import (
+    erased_adapters,
+    erased_digests,
+    erased_lines,
+    record_erasures,
+)
 from server.router import RouterService
+from server.unlearning import remove_erased
 from streams.host import ProcessorHost
 from streams.projections import Projections
 from streams.runner import catch_up
@@ -106,11 +112,13 @@ def test_a_poison_event_goes_to_the_dead_letters_and_the_processor_goes_on(
     log.close()
 
 
-def test_erased_weights_leave_the_store_unless_a_live_version_shares_them(
+def test_erased_weights_leave_the_store_once_nothing_may_read_them(
     database_url: str, tiny_model: Path, tmp_path: Path
 ) -> None:
-    """``adapter_erasures`` says which versions are erased; a folder leaves the store only when
-    no version that is not erased has the same content, and removing it twice is harmless."""
+    """``adapter_erasures`` says which versions are erased. Their folders leave the store, but
+    one a version not erased shares, one loaded here and one leased in the fleet (until they
+    are not); what a removal killed half-way left goes too. A version trained from an erased
+    one is refused as the erased one is."""
     store = ArtifactStore(tmp_path / "adapters")
     digests = []
     for seed in (1, 2):
@@ -118,10 +126,11 @@ def test_erased_weights_leave_the_store_unless_a_live_version_shares_them(
         write_identity_adapter(tiny_model, draft, base_model=tiny_model.name, rank=4, seed=seed)
         digests.append(store.put(draft)[0])
     shared, alone = digests
+    why = "learned from a forgotten tenant"
     with open_pool(database_url) as pool, pool.connection() as conn:
         conn.execute("INSERT INTO specialists (name) VALUES ('legal')")
         ids: list[int] = []
-        for version, digest in enumerate([shared, shared, alone]):
+        for version, digest in enumerate([shared, shared, alone, shared]):
             row = conn.execute(
                 "INSERT INTO adapter_versions (specialist, version, parent_id, sha256, path, "
                 "rank, base_model) VALUES ('legal', %s, %s, %s, %s, 4, 'tiny') "
@@ -130,12 +139,28 @@ def test_erased_weights_leave_the_store_unless_a_live_version_shares_them(
             ).fetchone()
             assert row is not None
             ids.append(int(row["adapter_version_id"]))
-        assert record_erasures(conn, ids[1:], "learned from a forgotten tenant") == 2
-        assert record_erasures(conn, ids[1:], "again") == 0  # said once
-        assert erased_adapters(conn) == {i: "learned from a forgotten tenant" for i in ids[1:]}
-        assert erased_digests(conn) == [alone]  # legal@0 still has the shared content
+        assert record_erasures(conn, ids[1:3], why) == 2  # legal@1 and legal@2
+        assert record_erasures(conn, ids[1:3], "again") == 0  # said once
+        assert erased_adapters(conn) == {i: why for i in ids[1:3]}
+        assert erased_digests(conn) == {alone: ["legal@2"]}  # legal@0 shares legal@1's
+        assert erased_lines(conn, [ids[0], ids[3]]) == {
+            "legal@3": f"trained from legal@2, erased: {why}"
+        }
+        assert erased_lines(conn, [ids[1]]) == {"legal@1": f"erased: {why}"}
+
+        assert remove_erased(conn, store, busy=["legal@2"]) == 1  # loaded here
+        conn.execute(
+            "INSERT INTO adapter_leases (adapter, holder, expires_at) "
+            "VALUES ('legal@2', 'another-server', now() + interval '1 minute')"
+        )
+        assert remove_erased(conn, store, busy=[]) == 1  # leased in the fleet
+        assert (store.root / alone).is_dir()
+        conn.execute("DELETE FROM adapter_leases")
+        half = store.root / ".erasing-killed" / alone  # a removal cut short
+        shutil.copytree(store.root / alone, half)
+        assert remove_erased(conn, store, busy=[]) == 0
+        assert not (store.root / alone).exists() and (store.root / shared).is_dir()
+        assert [p.name for p in store.root.iterdir()] == [shared]
+        assert not store.remove(alone)  # gone already
         with pytest.raises(psycopg.errors.CheckViolation):
             record_erasures(conn, ids[:1], "")
-    assert store.remove(alone) and not store.remove(alone)
-    assert not (store.root / alone).exists() and (store.root / shared).is_dir()
-    assert not [p for p in store.root.iterdir() if p.name.startswith(".erasing-")]

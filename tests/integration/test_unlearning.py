@@ -118,22 +118,18 @@ def assert_erased(served: Running, tenant: str, names: list[str], refused: str) 
     """Once the flip replaced them, the weights of the adapters that learned from ``tenant``
     leave the artifact store (the registry keeps their records and says so), the audit passes
     over them, and a rollback to the release that served them is refused."""
-    deadline = time.monotonic() + 60
-    while erased_of(served, tenant) != names:  # just after the flip, in the server
-        assert time.monotonic() < deadline, f"{names} not erased"
-        time.sleep(0.5)
-    with served.server.pool.connection() as conn:
-        rows = conn.execute(
-            "SELECT a.specialist || '@' || a.version AS name, a.sha256, e.reason "
-            "FROM adapter_versions a JOIN adapter_erasures e USING (adapter_version_id) "
-            "ORDER BY a.version"
-        ).fetchall()
-    erased = {r["name"]: r for r in rows}
-    assert set(names) <= erased.keys()
     store = served.settings.home / "adapters"
-    for name in names:
-        assert erased[name]["reason"] == "learned from a forgotten tenant"
-        assert not (store / erased[name]["sha256"]).exists(), name
+    deadline = time.monotonic() + 60
+    while True:  # said at the flip; the files go once the engine has let them go
+        erased = erased_rows(served)
+        if sorted(erased) == names and not any(
+            (store / erased[name]["sha256"]).exists() for name in names
+        ):
+            break
+        assert time.monotonic() < deadline, f"{names} not erased: {erased}"
+        time.sleep(0.5)
+    assert erased_of(served, tenant) == names
+    assert {erased[name]["reason"] for name in names} == {"learned from a forgotten tenant"}
     audited = run_macaron("audit", "verify", **env_of(served))
     assert audited.returncode == 0, audited.stdout + audited.stderr
     assert f"({len(erased)} erased)" in audited.stdout
@@ -141,7 +137,18 @@ def assert_erased(served: Running, tenant: str, names: list[str], refused: str) 
     assert f"{names[0]} (weights erased)" in listed.stdout, listed.stdout
     back = request_promotion(served.server.pool, refused, kind="rollback", requested_by="t")
     final = wait_for_request(served.server.pool, back, 60)
-    assert final.status == "failed" and "whose weights were erased" in (final.reason or "")
+    reason = final.reason or ""
+    assert final.status == "failed" and f"{names[-1]} (erased: learned from" in reason, reason
+
+
+def erased_rows(served: Running) -> dict[str, Any]:
+    """Every erased adapter version, by name, with its content address and why."""
+    with served.server.pool.connection() as conn:
+        rows = conn.execute(
+            "SELECT a.specialist || '@' || a.version AS name, a.sha256, e.reason "
+            "FROM adapter_versions a JOIN adapter_erasures e USING (adapter_version_id)"
+        ).fetchall()
+    return {r["name"]: r for r in rows}
 
 
 def erased_of(served: Running, tenant: str) -> list[str]:
