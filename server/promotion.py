@@ -156,13 +156,16 @@ class PromotionListener:
             return "refused"
         try:
             await self._canary(release, loaded)
-            await asyncio.to_thread(self._flip, request, old, release)
+            event = await asyncio.to_thread(self._flip, request, old, release)
         except MacaronError as exc:
             for name in loaded:
                 self.chat.engine.unload_adapter(name)
             await asyncio.to_thread(self._refuse, request, old, exc.message)
             return "refused"
+        # The swap comes first after the commit: whoever saw the request done finds the new
+        # release served a moment later, and a log that fails now cannot undo a done flip.
         self.chat.serve(ServedRelease(release=release, harness=harness), router)
+        await asyncio.to_thread(self.log.append, [event])
         await asyncio.to_thread(self._erase_replaced)
         return "done"
 
@@ -210,7 +213,8 @@ class PromotionListener:
             if not tokens or tokens[-1].finish_reason is None:
                 raise PromotionFailed(f"canary request on {name} returned no answer")
 
-    def _flip(self, request: PromotionRequest, old: Release, release: Release) -> None:
+    def _flip(self, request: PromotionRequest, old: Release, release: Release) -> NewEvent:
+        """Flip the registry in one transaction; returns the event that tells the log."""
         rollback = request.kind == "rollback"
         reason = f"requested by {request.requested_by}"
         rebase = None
@@ -246,15 +250,11 @@ class PromotionListener:
                 run_id=request.run_id,
             )
         )
-        self.log.append(
-            [
-                NewEvent(
-                    payload=payload,
-                    tenant_id=SYSTEM_TENANT,
-                    key=RELEASES_KEY,
-                    event_id=derived_id("promotion", request.request_id),
-                )
-            ]
+        return NewEvent(
+            payload=payload,
+            tenant_id=SYSTEM_TENANT,
+            key=RELEASES_KEY,
+            event_id=derived_id("promotion", request.request_id),
         )
 
     def _refuse(self, request: PromotionRequest, old: Release, reason: str) -> None:

@@ -84,7 +84,15 @@ def promote(served: Running, tiny_model: Path, folder: Path, specialist: str, se
     child = successor(served, folder, 4, specialist)
     request_id = request_promotion(served.server.pool, child.release_id, requested_by="t")
     assert wait_for_request(served.server.pool, request_id, 60).status == "done"
-    assert served.server.chat.release.release_id == child.release_id
+    wait_serving(served, child.release_id)
+
+
+def wait_serving(served: Running, release_id: str) -> None:
+    """A done request says the registry flipped; the server swaps a moment after."""
+    deadline = time.monotonic() + 10
+    while served.server.chat.release.release_id != release_id:
+        assert time.monotonic() < deadline, f"{release_id} was done but not served"
+        time.sleep(0.01)
 
 
 @pytest.mark.parametrize("between", [False, True], ids=["one flip", "two flips"])
@@ -165,7 +173,8 @@ def test_a_harness_only_promotion_flips_at_once_and_a_held_turn_keeps_its_harnes
         child = harness_successor(served, _terse_coding())
         request_id = request_promotion(served.server.pool, child.release_id, requested_by="t")
         assert wait_for_request(served.server.pool, request_id, 60).status == "done"
-        assert (chat.release.release_id, chat.harness.name) == (child.release_id, "harness@1")
+        wait_serving(served, child.release_id)
+        assert chat.harness.name == "harness@1"
         assert chat.release.harness_version == "harness@1" and chat.release.adapters == adapters
 
         gate.gate.set()
