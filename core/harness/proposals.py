@@ -4,8 +4,8 @@ judged by the contract like a trained adapter:
 - ``grammar``: enforce the specialist's output grammar at decode time, or stop enforcing it;
 - ``tool_choice``: where the grammar is enforced and the specialist calls tools, require a tool
   call as a turn's first step, or stop requiring it;
-- ``exemplars``: few-shot exemplars mined from verified experience of the specialist (answers a
-  user approved or corrected), well-formed for its output kinds;
+- ``exemplars``: few-shot exemplars mined from the specialist's verified rollouts on the
+  project's own prompts (never a tenant's words), well-formed for its output kinds;
 - ``prompt``: the next variant of the specialist's system prompt.
 
 A specialist's proposals take the changes that apply to it in turn.

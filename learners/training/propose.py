@@ -7,7 +7,7 @@ from __future__ import annotations
 from uuid import UUID
 
 from core.events import ExperienceRecorded, HarnessProposed, NewEvent, TrainingRequested
-from core.experience import SFTRecord, records_of
+from core.experience import SFTRecord, records_of, source_of
 from core.harness.artifact import Exemplar, HarnessSpec
 from core.harness.proposals import RECIPE_PREFIX, changes, exemplar_of, next_change, propose
 from core.ids import derived_id
@@ -26,7 +26,7 @@ from learners.training.train import of_sources
 def propose_harness(rt: Runtime, run: TrainingRun, snapshot: DatasetSnapshot) -> str:
     """Register the harness successor a harness run proposes for its specialist: the change
     its recipe (``harness.<change>``) names, or, when that one has nothing to make, the next in
-    turn (exemplars come from the snapshot's verified records). Returns its name."""
+    turn (exemplars come from the snapshot's verified rollouts). Returns its name."""
     specialist = run.specialist
     with rt.pool.connection() as conn:
         parent = harness_by_name(conn, active_release(conn).harness_version)
@@ -78,12 +78,16 @@ def exemplars(
     specialist: str,
     config: TrainingConfig,
 ) -> list[Exemplar]:
-    """The snapshot's verified answers that fit as ``specialist``'s exemplars, of the sources
-    the runs train on (``TrainingConfig.sources``): in self mode never an answer someone else
-    wrote, which an exemplar would show the model in every prompt."""
+    """The snapshot's verified rollout answers that fit as ``specialist``'s exemplars, of the
+    sources the runs train on (``TrainingConfig.sources``: in self mode never an answer someone
+    else wrote). Only rollouts: their prompts are the project's own (the task bank, sampled
+    under the rollout tenant). A turn's record holds a tenant's words, which an exemplar would
+    copy into the registry in plaintext, out of ``tenants forget``'s reach, and show the model
+    in every tenant's prompt."""
+    rollouts = [r for r in of_sources(records, config) if source_of(r) == "rollout"]
     return [
         exemplar
-        for r in records_of(SFTRecord, of_sources(records, config))
+        for r in records_of(SFTRecord, rollouts)
         if (exemplar := exemplar_of(spec, specialist, _asked(r), r.target))
     ]
 

@@ -96,10 +96,11 @@ def test_only_verified_answers_of_the_right_form_become_exemplars(
         assert (found.user, found.assistant) == ("What now?", answer)
 
 
-def test_self_mode_never_shows_an_answer_someone_else_wrote_as_an_exemplar() -> None:
-    """Exemplars are mined from the run's snapshot by the sources the runs train on: in self
-    mode (``lora-rloo.yaml``) an oracle's edit in the snapshot is no exemplar; where edits are
-    trained on (``lora-cpu.yaml``) it is one."""
+def test_no_exemplar_holds_a_tenants_words() -> None:
+    """Exemplars are mined from the run's snapshot, of the sources the runs train on, and only
+    from rollouts on the project's prompts: a turn's record (a tenant's words, with a thumbs-up
+    or an edit) is no exemplar, in self mode (``lora-rloo.yaml``) nor where edits and feedback
+    are trained on (``lora-cpu.yaml``); where rollouts are not trained on, nothing is."""
 
     def record(source: ExperienceSource, n: int) -> ExperienceRecorded:
         rollout = source == "rollout"
@@ -119,8 +120,10 @@ def test_self_mode_never_shows_an_answer_someone_else_wrote_as_an_exemplar() -> 
             },
         )
 
-    snapshot = [record("edit", 0), record("rollout", 1), record("edit", 2)]
-    own = exemplars(snapshot, ROOT, "genui", load_config(RLOO_CONFIG))
-    assert [e.user for e in own] == ["Show rollout 1."]
-    every = exemplars(snapshot, ROOT, "genui", load_config(CPU_CONFIG))
-    assert [e.user for e in every] == ["Show edit 0.", "Show rollout 1.", "Show edit 2."]
+    snapshot = [record("edit", 0), record("rollout", 1), record("feedback", 2)]
+    assert [record.source for record in snapshot] == ["edit", "rollout", "feedback"]
+    for config in (RLOO_CONFIG, CPU_CONFIG):
+        found = exemplars(snapshot, ROOT, "genui", load_config(config))
+        assert [e.user for e in found] == ["Show rollout 1."], config
+    turns_only = load_config(CPU_CONFIG).model_copy(update={"sources": ["feedback", "edit"]})
+    assert exemplars(snapshot, ROOT, "genui", turns_only) == []
