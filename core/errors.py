@@ -116,7 +116,7 @@ class AdapterInvalid(MacaronError):
 
 class AdapterErased(MacaronError):
     """A release names an adapter version whose weights were erased because it learned from a
-    forgotten tenant (``server.unlearning.erase_replaced``): it can be neither promoted nor
+    forgotten tenant (``server.erasure.erase_replaced``): it can be neither promoted nor
     rolled back to."""
 
     code = "adapter_erased"

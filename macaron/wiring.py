@@ -40,6 +40,7 @@ from streams.projections import Projections
 from streams.router_trigger import RouterTrigger
 from streams.scores import LiveScores
 from streams.trigger import TrainingTrigger
+from streams.unlearning_dispatch import UnlearningDispatcher
 
 _log = logging.getLogger(__name__)
 
@@ -287,6 +288,7 @@ def processor_hosts(settings: Settings, log: EventLog, pool: Pool) -> list[Proce
         ExperienceBuilder(settings.experience_filter),
         LiveScores(),
         TrainingTrigger(settings.train_threshold, enqueue_training, log),
+        UnlearningDispatcher(enqueue_training, enqueue_router_training),
     ]
     if settings.router_threshold:
         processors.append(RouterTrigger(settings.router_threshold, enqueue_router_training))

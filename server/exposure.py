@@ -39,7 +39,7 @@ class Exposure:
     adapters: tuple[str, ...]
     """Exposed adapter versions, as ``specialist@version``."""
     erased: tuple[str, ...]
-    """Those of them whose weights were erased (``server.unlearning.erase_replaced``)."""
+    """Those of them whose weights were erased (``server.erasure.erase_replaced``)."""
     routers: tuple[str, ...]
     """Exposed router versions."""
     releases: tuple[str, ...]

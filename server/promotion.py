@@ -50,8 +50,8 @@ from infra.postgres.registry import (
 )
 from infra.postgres.routers import router_model
 from server.chat import ChatService
+from server.erasure import check_not_erased, erase_replaced, remove_erased
 from server.releases import RELEASES_KEY, prepare_harness
-from server.unlearning import check_not_erased, erase_replaced, remove_erased
 
 log = logging.getLogger(__name__)
 POLL_S = 0.5

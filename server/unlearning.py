@@ -1,4 +1,5 @@
-"""Unlearning by replay (``macaron tenants forget TENANT --retrain``).
+"""Unlearning by replay (``macaron tenants forget TENANT --retrain``, ``DELETE
+/admin/tenants/{id}?retrain=true``).
 
 For each specialist whose active adapter learned from a forgotten tenant's records, this
 queues a successor run:
@@ -24,13 +25,7 @@ An adapter that learned only from forgotten tenants has nothing left to train on
 is what unlearning gives, so those specialists' ancestors go back in place in one release
 (``Unlearning.fallback``), for the caller to ask the server to promote.
 
-Once a specialist's active adapter learned from no forgotten tenant (a successor or an
-ancestor was promoted in place of the exposed one), its versions that did learn from one are
-erased: said so in ``adapter_erasures`` (``erase_replaced``, after each promotion), then their
-folders leave the artifact store as soon as nothing may read them (``remove_erased``: not
-while this server has one loaded or a server of the vLLM fleet leases one). The registry
-keeps their records, so lineage still names them. A release naming one, or a version trained
-from one, can be neither promoted nor rolled back to (``AdapterErased``).
+Once their successors serve, what learned from them is erased (``server.erasure``).
 """
 
 from __future__ import annotations
@@ -40,8 +35,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
-from core.errors import AdapterErased, TenantForgotten, TrainingInFlight
-from core.events import NewEvent, RouterTrainingRequested, RoutingLabelled, TrainingRequested
+from core.errors import TenantForgotten, TrainingInFlight
+from core.events import (
+    NewEvent,
+    RouterTrainingRequested,
+    RoutingLabelled,
+    TrainingRequested,
+    UnlearningRequested,
+)
 from core.events.tenants import SYSTEM_TENANT
 from core.experience import EMPTY_CHAIN, chain_record, snapshot_events
 from core.ids import derived_id
@@ -49,20 +50,14 @@ from core.log import EventLog
 from core.registry import DatasetSnapshot, ProducingRun, QueuedRun, TrainedAdapter
 from core.release import AdapterRef, Release
 from core.routing import ROUTER_RUNS_KEY, ROUTING_KEY
-from infra.artifacts import ArtifactStore
-from infra.postgres.db import DictConnection
-from infra.postgres.erasure import (
-    erased_adapters,
-    erased_digests,
-    erased_lines,
-    leased_adapters,
-    record_erasures,
-)
+from infra.postgres.db import DictConnection, Pool
 from infra.postgres.exposure import forgotten_tenants, producing_run, trained_adapters
+from infra.postgres.promotions import request_promotion
 from infra.postgres.registry import active_release, adapter_version, file_release
 from infra.postgres.routers import queue_router_run, router_parent, router_run
 from infra.postgres.runs import queue_run, record_snapshot, run_result
 from server.exposure import exposed_parts
+from server.forgetting import FORGOTTEN_KEY
 
 
 @dataclass(frozen=True)
@@ -88,6 +83,48 @@ class Unlearning:
     router_run: NewEvent | None = None
     """The ``RouterTrainingRequested`` of the router run that refits the active router without
     them, for the caller to append before enqueueing it; ``None`` when it never saw them."""
+
+
+def retrain_forgotten(pool: Pool, log: EventLog) -> Unlearning:
+    """Queue the successors that unlearn every forgotten tenant (``queue_retraining``) and
+    append their requests; the caller hands the runs to the workers and asks for the fallback's
+    promotion (``promote_fallback``)."""
+    with pool.connection() as conn, conn.transaction():
+        unlearning = queue_retraining(conn, log, forgotten_tenants(conn))
+    router = unlearning.router_run
+    log.append([run.event for run in unlearning.runs] + ([] if router is None else [router]))
+    return unlearning
+
+
+def unlearning_requested(unlearning: Unlearning) -> NewEvent | None:
+    """The ``UnlearningRequested`` that records a server's retraining for the stream processors
+    to hand its runs to the workers (``streams.unlearning_dispatch``); ``None`` when nothing
+    was queued or filed. Its id derives from what it names: asked again unchanged, the append
+    is a no-op."""
+    runs = [run.run_id for run in unlearning.runs]
+    router = unlearning.router_run
+    fallback = unlearning.fallback
+    if not runs and router is None and fallback is None:
+        return None
+    asked = UnlearningRequested(
+        runs=runs,
+        router_run=None if router is None else router.event_id,
+        fallback_release_id=None if fallback is None else fallback.release_id,
+    )
+    parts = [*runs, asked.router_run, asked.fallback_release_id]
+    return NewEvent(
+        payload=asked,
+        tenant_id=SYSTEM_TENANT,
+        key=FORGOTTEN_KEY,
+        event_id=derived_id("unlearning", *parts),
+    )
+
+
+def promote_fallback(pool: Pool, fallback: Release, restored: Sequence[str], by: str) -> None:
+    """Ask the server to promote ``fallback`` (``PromotionInProgress`` while another request
+    is pending: the caller says to promote it once that one is done)."""
+    reason = f"{by}: {', '.join(restored)} learned from no one else"
+    request_promotion(pool, fallback.release_id, requested_by=reason)
 
 
 def queue_retraining(conn: DictConnection, log: EventLog, forgotten: Sequence[str]) -> Unlearning:
@@ -237,56 +274,3 @@ def _kept_snapshot(
         left_out_tenants=tuple(forgotten),
     )
     return snapshot, len(records)
-
-
-ERASED_REASON = "learned from a forgotten tenant"
-
-
-def erase_replaced(conn: DictConnection, log: EventLog) -> tuple[str, ...]:
-    """Say that the weights of every adapter version that learned from a forgotten tenant are
-    erased, of each specialist whose active adapter learned from none (its successor or its
-    ancestor replaced the exposed one; while an exposed adapter serves, as after ``forget``
-    without ``--retrain``, its line is kept whole); committed before ``remove_erased`` takes
-    any file. Idempotent; returns the versions erased now."""
-    exposed, _ = exposed_parts(conn, log, forgotten_tenants(conn))
-    kept = {
-        specialist
-        for specialist, ref in active_release(conn).adapters.items()
-        if ref.adapter_version_id in exposed
-    }
-    erased = erased_adapters(conn)
-    now = {
-        i: name
-        for i, name in exposed.items()
-        if name.rpartition("@")[0] not in kept and i not in erased
-    }
-    record_erasures(conn, now, ERASED_REASON)
-    conn.commit()
-    return tuple(sorted(now.values()))
-
-
-def remove_erased(conn: DictConnection, store: ArtifactStore, busy: Collection[str]) -> int:
-    """Take the folders of erased versions out of ``store``, but those a version not erased
-    shares, those ``busy`` names (loaded here: turns in flight may still read them) and those
-    a server sharing the vLLM fleet holds a lease on (a replica may load them again); and
-    what a removal killed half-way left. Returns how many folders wait for a later call."""
-    store.sweep()
-    waiting = set(busy) | leased_adapters(conn)
-    left = 0
-    for digest, names in erased_digests(conn).items():
-        if waiting.intersection(names):
-            left += (store.root / digest).is_dir()
-        else:
-            store.remove(digest)
-    return left
-
-
-def check_not_erased(conn: DictConnection, release: Release) -> None:
-    """``AdapterErased`` when ``release`` names an adapter version whose weights were erased,
-    or one trained from such a version."""
-    gone = erased_lines(conn, [ref.adapter_version_id for ref in release.adapters.values()])
-    if gone:
-        raise AdapterErased(
-            f"{release.release_id} names "
-            + "; ".join(f"{name} ({why})" for name, why in sorted(gone.items()))
-        )

@@ -31,6 +31,7 @@ from core.events.learning import (
     RoutingLabelled,
     RoutingSource,
     TrainingRequested,
+    UnlearningRequested,
 )
 from core.events.releases import (
     PromotionRejected,
@@ -98,6 +99,7 @@ __all__ = [
     "TrainingRequested",
     "TurnCompleted",
     "TurnReceived",
+    "UnlearningRequested",
     "UtcTime",
     "chain_hash",
     "content_digest",

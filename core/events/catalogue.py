@@ -18,6 +18,7 @@ from core.events.learning import (
     RouterTrainingRequested,
     RoutingLabelled,
     TrainingRequested,
+    UnlearningRequested,
 )
 from core.events.releases import (
     PromotionRejected,
@@ -60,6 +61,7 @@ CATALOGUE: dict[str, type[EventPayload]] = {
         RolloutScored,
         TrainingRequested,
         RouterTrainingRequested,
+        UnlearningRequested,
         RouterEvaluated,
         CandidateTrained,
         HarnessProposed,

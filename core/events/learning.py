@@ -134,6 +134,19 @@ class TrainingRequested(EventPayload):
     recipe: str
 
 
+class UnlearningRequested(EventPayload):
+    """Forgetting with retraining, asked of the server (``DELETE /admin/tenants/{id}?retrain=
+    true``): the runs it queued that unlearn every forgotten tenant (their own
+    ``TrainingRequested`` and ``RouterTrainingRequested`` are in the log too), for the stream
+    processors to hand to the workers, as the server does not import the queue; and the
+    release it asked to promote where a specialist learned from forgotten tenants alone."""
+
+    event_type = "UnlearningRequested"
+    runs: list[UUID]
+    router_run: UUID | None
+    fallback_release_id: str | None
+
+
 class RouterTrainingRequested(EventPayload):
     """Enough new routing labels: a router successor is to be trained on every label of the
     log before ``labels_end`` (with the seed examples) and judged by the routing suite.

@@ -1,7 +1,7 @@
 """Erasing a forgotten tenant's rows: from each processor's tables (called by the processor when
 it meets ``TenantForgotten``, and at once by ``forget``), and its API keys revoked. Each call is
 idempotent; each returns the rows it removed, by table. And the record of adapter versions whose
-weights were erased (``adapter_erasures``; ``server.unlearning.erase_replaced``)."""
+weights were erased (``adapter_erasures``; ``server.erasure.erase_replaced``)."""
 
 from __future__ import annotations
 

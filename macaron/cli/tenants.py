@@ -16,14 +16,13 @@ from core.settings import Settings
 from infra.postgres.db import Pool
 from infra.postgres.experience_joins import tenant_exists, training_consent
 from infra.postgres.exposure import forgotten_tenants
-from infra.postgres.promotions import request_promotion
 from learners.queue import configure as configure_celery
 from learners.queue import enqueue_router_training, enqueue_training
 from macaron import wiring
 from macaron.cli.common import console, settings
 from server.exposure import exposure
 from server.forgetting import forget_tenant
-from server.unlearning import Unlearning, queue_retraining
+from server.unlearning import Unlearning, promote_fallback, retrain_forgotten
 
 TENANTS_KEY = "tenants"
 
@@ -137,21 +136,18 @@ def tenants_forget(
 
 
 def _retrain(cfg: Settings, pool: Pool, log: EventLog) -> Unlearning:
-    """Queue the successors that unlearn every forgotten tenant, append their requests, then
-    hand them to the workers; ask the server to promote the fallback release, if any."""
-    with pool.connection() as conn, conn.transaction():
-        unlearning = queue_retraining(conn, log, forgotten_tenants(conn))
-    router = unlearning.router_run
-    log.append([run.event for run in unlearning.runs] + ([] if router is None else [router]))
+    """Queue the successors that unlearn every forgotten tenant and append their requests,
+    then hand them to the workers; ask the server to promote the fallback release, if any."""
+    unlearning = retrain_forgotten(pool, log)
     configure_celery(cfg)
     for run in unlearning.runs:
         enqueue_training(run.run_id)
-    if router is not None:
-        enqueue_router_training(router.event_id)
+    if unlearning.router_run is not None:
+        enqueue_router_training(unlearning.router_run.event_id)
     if unlearning.fallback is not None:
-        by = f"tenants forget --retrain: {', '.join(unlearning.restored)} learned from no one else"
         try:
-            request_promotion(pool, unlearning.fallback.release_id, requested_by=by)
+            by = "tenants forget --retrain"
+            promote_fallback(pool, unlearning.fallback, unlearning.restored, by)
         except PromotionInProgress as exc:
             console.print(
                 f"{exc.message}: once it is done, run "

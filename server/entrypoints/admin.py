@@ -15,18 +15,27 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from core.auth import Principal, bearer_key
-from core.errors import PromotionFailed, ReleaseNotFound, TurnNotFound
+from core.errors import (
+    PromotionFailed,
+    PromotionInProgress,
+    ReleaseNotFound,
+    TrainingInFlight,
+    TurnNotFound,
+)
+from core.log import EventLog
 from core.registry import ContractScore, LiveScore
+from infra.postgres.db import Pool
 from infra.postgres.exposure import forgotten_tenants
 from infra.postgres.lineage import audit, lineage, releases
 from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.runs import contract_scores
 from infra.postgres.scores import live_scores
 from infra.postgres.turn_audit import Shown, audit_turn
-from server.entrypoints.bodies import read_json
+from server.entrypoints.bodies import read_json, read_query
 from server.entrypoints.gate import Gate
 from server.exposure import exposure
 from server.forgetting import forget_tenant
+from server.unlearning import promote_fallback, retrain_forgotten, unlearning_requested
 
 PROMOTION_TIMEOUT_S = 120.0
 _log = logging.getLogger(__name__)
@@ -143,16 +152,68 @@ def _contract(row: ContractScore) -> dict[str, Any]:
     return {**asdict(row), "released_at": row.released_at.isoformat()}
 
 
+class ForgetQuery(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    retrain: bool = False
+
+
 async def forget_endpoint(request: Request) -> Response:
-    """``DELETE /admin/tenants/{tenant_id}``: ``macaron tenants forget`` (idempotent)."""
+    """``DELETE /admin/tenants/{tenant_id}[?retrain=true]``: ``macaron tenants forget
+    [--retrain]`` (idempotent). The server does not import the queue: it queues the unlearning
+    runs and records them (``UnlearningRequested``), and the stream processors hand them to the
+    workers."""
     principal = await _admin(request)
+    query = read_query(request, ForgetQuery)
     state = request.app.state
     tenant = request.path_params["tenant_id"]
     done = await asyncio.to_thread(
         forget_tenant, state.gate.pool, state.chat.log, state.data_keys, tenant
     )
     _log.info("tenant %s forgotten by admin key %s", tenant, principal.key_id)
-    return JSONResponse({"forgotten": True, **asdict(done), "event_id": str(done.event_id)})
+    answer = {"forgotten": True, **asdict(done), "event_id": str(done.event_id)}
+    if query.retrain:
+        answer["retraining"] = await asyncio.to_thread(
+            _retrain, state.gate.pool, state.chat.log, tenant
+        )
+    return JSONResponse(answer)
+
+
+def _retrain(pool: Pool, log: EventLog, tenant: str) -> dict[str, Any]:
+    """Queue and record the unlearning of every forgotten tenant; ask for the fallback."""
+    try:
+        unlearning = retrain_forgotten(pool, log)
+    except TrainingInFlight as exc:
+        raise TrainingInFlight(
+            f"tenant {tenant} is forgotten, but {exc.message}: ask again with ?retrain=true "
+            "once it is done"
+        ) from exc
+    asked = unlearning_requested(unlearning)
+    if asked is not None:
+        log.append([asked])
+    fallback, pending = unlearning.fallback, None
+    if fallback is not None:
+        by = f"DELETE /admin/tenants/{tenant}?retrain=true"
+        try:
+            promote_fallback(pool, fallback, unlearning.restored, by)
+        except PromotionInProgress as exc:
+            pending = f"{exc.message}: promote {fallback.release_id} once it is done"
+    router = unlearning.router_run
+    return {
+        "runs": [
+            {
+                "run_id": str(r.run_id),
+                "specialist": r.specialist,
+                "parent": r.parent,
+                "records": r.records,
+            }
+            for r in unlearning.runs
+        ],
+        "router_run": None if router is None else str(router.event_id),
+        "fallback_release_id": None if fallback is None else fallback.release_id,
+        "restored": list(unlearning.restored),
+        "fallback_pending": pending,
+    }
 
 
 async def exposure_endpoint(request: Request) -> Response:

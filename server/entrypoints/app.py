@@ -52,6 +52,7 @@ STATUS: dict[type[errors.MacaronError], int] = {
     errors.GrammarInvalid: 422,
     errors.ConstraintUnsupported: 501,
     errors.PromotionInProgress: 409,
+    errors.TrainingInFlight: 409,
     errors.PromotionFailed: 409,
     errors.EngineOverloaded: 503,
     errors.EngineUnavailable: 503,

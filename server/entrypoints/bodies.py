@@ -1,4 +1,5 @@
-"""HTTP request bodies: read up to a limit, then validated as one pydantic model."""
+"""HTTP request bodies (read up to a limit) and query strings, each validated as one pydantic
+model."""
 
 from __future__ import annotations
 
@@ -30,3 +31,12 @@ async def read_json(request: Request, model: type[_M]) -> _M:
         return model.model_validate_json(bytes(raw))
     except ValidationError as exc:
         raise InvalidFrame(validation_problems(exc, "body", limit=10)) from exc
+
+
+def read_query(request: Request, model: type[_M]) -> _M:
+    """The query string as ``model`` (one value a name; a name it does not know is refused):
+    ``InvalidFrame`` with the path-level reasons."""
+    try:
+        return model.model_validate(dict(request.query_params))
+    except ValidationError as exc:
+        raise InvalidFrame(validation_problems(exc, "query", limit=10)) from exc

@@ -23,8 +23,8 @@ from infra.postgres.erasure import (
     erased_lines,
     record_erasures,
 )
+from server.erasure import remove_erased
 from server.router import RouterService
-from server.unlearning import remove_erased
 from streams.host import ProcessorHost
 from streams.projections import Projections
 from streams.runner import catch_up

@@ -27,6 +27,7 @@ from infra.identity_adapter import write_identity_adapter
 from infra.local_stack import LocalStack
 from infra.master_key import new_master_key_line
 from infra.postgres.db import Pool
+from infra.postgres.exposure import forgotten_tenants
 from infra.postgres.keys import create_key
 from infra.postgres.lineage import audit
 from infra.postgres.registry import activate_release
@@ -199,6 +200,24 @@ def test_forgetting_is_idempotent_and_typed(served: Running) -> None:
         headers={"Authorization": f"Bearer {served.key('globex')}"},
     )
     assert no_admin.status_code == 403
+    unclear = httpx.delete(
+        f"{served.http}/admin/tenants/globex?retrain=maybe&now=1", headers=admin(served)
+    )
+    problems = unclear.json()["error"]["message"]
+    assert unclear.status_code == 400 and "retrain:" in problems and "now:" in problems
+    with server.pool.connection() as conn:
+        assert forgotten_tenants(conn) == ["acme"]  # refused before anything was done
+    nothing_exposed = httpx.delete(
+        f"{served.http}/admin/tenants/acme?retrain=true", headers=admin(served)
+    )
+    assert nothing_exposed.status_code == 200, nothing_exposed.text
+    assert nothing_exposed.json()["retraining"] == {
+        "runs": [],
+        "router_run": None,
+        "fallback_release_id": None,
+        "restored": [],
+        "fallback_pending": None,
+    }
     with server.pool.connection() as conn, pytest.raises(TenantForgotten):
         create_key(conn, "acme", {"chat"})
 

@@ -1,11 +1,12 @@
 """Unlearning by replay, end to end on the tiny model, with real PostgreSQL, Redis and a Celery
 worker process: two tenants teach genui, ``macaron train`` makes genui@1 from both and it is
-promoted. ``macaron tenants forget learner --retrain`` then queues a successor of genui@0 on
-the same range without the learner's records; the worker trains it, the contract judges it
+promoted. ``DELETE /admin/tenants/learner?retrain=true`` then queues a successor of genui@0
+on the same range without the learner's records (the stream processors hand it to the worker,
+``UnlearningRequested``); the worker trains it, the contract judges it
 against the release it would fall back to, and it is promoted with a reason that names the
 forgetting. Its lineage holds no record of the forgotten tenant, whose words are in no table,
 file or log. Forgetting the other tenant too leaves genui@2 nothing to learn from: genui@0
-goes back in place."""
+goes back in place (``macaron tenants forget bystander --retrain``)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import httpx
 import redis
 
 from core.events import CandidateTrained, ReleasePromoted, TurnReceived
@@ -26,7 +28,7 @@ from learners.queue import configure as configure_celery
 from server.exposure import exposure
 from server.router import RouterService
 from tests.factories import run_macaron
-from tests.integration.test_forget import database_text
+from tests.integration.test_forget import admin, database_text
 from tests.integration.test_learning_loop import ANSWER, DATA, env_of
 from tests.serving import (
     Running,
@@ -77,9 +79,12 @@ def test_retraining_promotes_a_successor_that_never_saw_the_forgotten_tenant(
         assert exposure_of(served, "learner") == (["genui@1"], True)
         assert any(SECRET in str(e.payload) for e in served.events() if is_turn(e.payload))
 
-        forgot = run_macaron("tenants", "forget", "learner", "--yes", "--retrain", **env)
-        assert forgot.returncode == 0, forgot.stdout + forgot.stderr
-        assert "genui from genui@0 on" in forgot.stdout
+        forgot = httpx.delete(
+            f"{served.http}/admin/tenants/learner?retrain=true", headers=admin(served), timeout=60
+        )
+        assert forgot.status_code == 200, forgot.text
+        runs = forgot.json()["retraining"]["runs"]  # queued here, enqueued by the processors
+        assert [(r["specialist"], r["parent"]) for r in runs] == [("genui", "genui@0")]
         second = wait_for_promotion(served, log_path, worker, parent=first.release_id)
         assert_unlearned(served, second, log_path)
         assert_erased(served, "learner", ["genui@1"], refused=first.release_id)

@@ -64,6 +64,7 @@ def test_catalogue_names_every_event_of_the_data_flow() -> None:
         "RolloutScored",
         "TrainingRequested",
         "RouterTrainingRequested",
+        "UnlearningRequested",
         "RouterEvaluated",
         "CandidateTrained",
         "HarnessProposed",
