@@ -56,16 +56,24 @@ _STRUCTURAL_KEYS = frozenset(("type", "id", "action", "kind"))
 
 
 def _genui_passes(checker: GenUIChecker, output: str) -> bool:
-    """Words are looked for case-insensitively in the tree's text, not in its structure; a value
-    may be a number of the tree (a chart's, a table cell) or a number written in its text."""
+    return genui_credit(checker, output) == 1.0
+
+
+def genui_credit(checker: GenUIChecker, output: str) -> float:
+    """The share of what a GenUI task asks that ``output`` gives: a valid tree counts as one
+    thing asked, and so does each word and value to show; 0.0 for no valid tree, 1.0 exactly
+    when the checker passes. Words are looked for case-insensitively in the tree's text, not
+    in its structure; a value may be a number of the tree (a chart's, a table cell) or a
+    number written in its text."""
     result = parse_genui_output(output)
     if not result.valid or result.tree is None:
-        return False
+        return 0.0
     texts = [text.casefold() for text in _leaves(result.tree, str)]
-    if not all(any(word.casefold() in text for text in texts) for word in checker.must_contain):
-        return False
+    words = sum(any(word.casefold() in text for text in texts) for word in checker.must_contain)
     shown = [*_leaves(result.tree, int | float), *(n for t in texts for n in _numbers_in(t))]
-    return all(any(_same_number(value, n) for n in shown) for value in checker.values)
+    values = sum(any(_same_number(value, n) for n in shown) for value in checker.values)
+    asked = 1 + len(checker.must_contain) + len(checker.values)
+    return (1 + words + values) / asked
 
 
 def _leaves(value: JsonValue, kind: type | types.UnionType) -> Iterator[Any]:

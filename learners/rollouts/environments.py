@@ -4,7 +4,8 @@ An environment wraps one task of the training bank: its prompt, the action subst
 tool state per episode: the model calls a tool, sees the result, and calls again or answers)
 and a verifier. The verifier here is the contract's checkers (tool call executed and right,
 GenUI tree valid and containing what was asked, Python tests in the sandbox, exact or regex),
-turned into a reward in [0, 1].
+turned into a reward in [0, 1]: graded for GenUI (the share of what was asked that the tree
+gives), 0 or 1 otherwise; an episode passes when the checker does.
 
 A group none of whose samples passed may get a second look (``HintMode``), STaR-style:
 - ``tools``: a tool-call environment's group is decoded again, greedily, once per kind of call
@@ -32,7 +33,7 @@ from typing import Literal, Protocol
 from core.contract import Contract
 from core.events import RolloutStep
 from core.tasks import GenUIChecker, Task, ToolCallChecker
-from learners.evaluation.checkers import check
+from learners.evaluation.checkers import check, genui_credit
 from learners.evaluation.contract_runner import load_training_bank
 from learners.tasks import DEFAULT_BANK
 
@@ -41,8 +42,11 @@ HintMode = Literal["none", "tools", "checker"]
 of call of the harness's tools in turn forced as the first step, where a tool call is judged) or
 ``checker`` (the ablation: what the checker expects, said plainly after the prompt)."""
 
-VERIFIER_VERSION = "verifier-1"
-"""The contract's checkers as rewards: 1.0 when the first step passes its checker, else 0.0."""
+VERIFIER_VERSION = "verifier-2"
+"""The contract's checkers as rewards: 1.0 when the first step passes its checker, else 0.0;
+but a GenUI task's reward is graded (``genui_credit``: a valid tree and each word and value
+asked, in equal shares), so a group of trees that all fail the checker still scores apart
+when some show more of what was asked. ``verifier-1`` gave GenUI 0.0 or 1.0 too."""
 
 
 @dataclass(frozen=True)
@@ -66,12 +70,15 @@ class Verifier(Protocol):
 
 class CheckerVerifier:
     """The task's contract checker on the episode's first step (the answer, or the tool call
-    the model made first: what a record teaches)."""
+    the model made first: what a record teaches), GenUI graded (``VERIFIER_VERSION``). It
+    passes exactly when the checker does (a reward of 1.0)."""
 
     name = "checker"
     version = VERIFIER_VERSION
 
     def reward(self, task: Task, steps: Sequence[RolloutStep]) -> float:
+        if isinstance(task.checker, GenUIChecker):
+            return genui_credit(task.checker, steps[0].output)
         return 1.0 if check(task, steps[0].output) else 0.0
 
 

@@ -43,6 +43,7 @@ from learners.files import load_yaml_model
 from learners.queue import app as celery_app
 from learners.queue import configure as configure_celery
 from learners.queue import enqueue_rollouts
+from learners.rollouts.environments import VERIFIER_VERSION
 from learners.rollouts.job import RolloutJob, RolloutSummary, rollout_key, run_rollouts
 from learners.runtime import Runtime
 from learners.tasks import TaskBank
@@ -140,7 +141,7 @@ def test_the_self_mode_demo_trains_a_successor_without_any_reference_answer(
     scored = [e.payload for e in stored.events() if isinstance(e.payload, RolloutScored)]
     rolled = first.rollouts["genui"]
     assert len(sampled) == len(scored) == rolled["samples"] + rolled["hinted_samples"]
-    assert {s.verifier_version for s in scored} == {"verifier-1"}
+    assert {s.verifier_version for s in scored} == {VERIFIER_VERSION}
     assert 0 < rolled["passed"] < rolled["samples"]
     assert 0 < rolled["pass_at_1"] <= rolled["pass_at_k"] <= 1
     assert 0 < rolled["signal_groups"] <= rolled["groups"]
@@ -222,6 +223,7 @@ def assert_only_own_samples(
     and no reference answer and no user's edit is anywhere in the log."""
     answers = {s.rollout_id: s.steps[0].output for s in sampled}
     verdict = {s.rollout_id: s.passed for s in scored}
+    reward = {s.rollout_id: s.reward for s in scored}
     scored_events = {
         e.envelope.event_id for e in stored.events() if isinstance(e.payload, RolloutScored)
     }
@@ -239,7 +241,7 @@ def assert_only_own_samples(
             for entry in entries:
                 rollout = uuid.UUID(entry["rollout_id"])
                 assert entry["answer"] == answers[rollout]
-                assert entry["reward"] == float(verdict[rollout])
+                assert entry["reward"] == reward[rollout]
         else:
             chosen = uuid.UUID(str(body["chosen_rollout_id"]))
             rejected = uuid.UUID(str(body["rejected_rollout_id"]))

@@ -32,6 +32,7 @@ from core.log import LogPosition, RecordedEvent
 from core.mapper import Mapper
 from core.tasks import GenUIChecker, Task, ToolCallChecker
 from infra.postgres.rollout_joins import ScoredSample
+from learners.evaluation.checkers import check
 from learners.evaluation.contract_runner import (
     CONTRACT_V1,
     DEFAULT_CONTRACT,
@@ -181,6 +182,31 @@ def test_verdicts_keep_rewards_in_range_and_turn_crashes_into_failures() -> None
     for bad in (1.5, -0.1, float("nan")):
         verdict = judge(Fixed(bad), TASK, STEPS)
         assert verdict.reward is None and str(verdict.failure).startswith("reward_out_of_range")
+
+
+def test_a_genui_tree_is_rewarded_the_share_of_what_was_asked_that_it_shows() -> None:
+    """A valid tree and each word and value asked count alike; it passes (1.0) only when the
+    contract's checker does, and a tree that does not parse earns nothing."""
+    task = Task(
+        id="t-genui",
+        specialist="genui",
+        prompt="Show Acme's revenue of 1,250.",
+        checker=GenUIChecker(kind="genui", must_contain=["Acme", "revenue"], values=[1250]),
+        reference='{"type": "Text", "text": "Acme revenue 1,250"}',
+    )
+
+    def scored(output: str) -> tuple[float | None, bool]:
+        verdict = judge(CheckerVerifier(), task, [RolloutStep(output=output)])
+        return verdict.reward, verdict.passed
+
+    assert scored('{"type": "Text", "text": "acme REVENUE: 1,250"}') == (1.0, True)
+    assert scored('{"type": "Text", "text": "Acme revenue"}') == (0.75, False)
+    assert scored('{"type": "Text", "text": "Acme"}') == (0.5, False)
+    assert scored('{"type": "Text", "text": "nothing asked"}') == (0.25, False)
+    assert scored('{"type": "Text", "text": ') == (0.0, False)  # no tree
+    assert scored("Acme revenue 1,250") == (0.0, False)  # the words, but no tree
+    for output in ('{"type": "Text", "text": "Acme revenue 1250"}', "Acme"):
+        assert scored(output)[1] == check(task, output)  # the contract's verdict
 
 
 def test_a_verdict_has_a_reward_in_range_or_a_failure() -> None:
