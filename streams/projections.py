@@ -1,4 +1,5 @@
-"""Projections: conversations and turns as tables, for history and tenant queries."""
+"""Projections: conversations and turns as tables, for tenant queries: each turn's facts, never
+its words (``infra.postgres.projections``)."""
 
 from __future__ import annotations
 
@@ -45,16 +46,12 @@ class Projections:
                 tables.set_turn(conn, p.turn_id, genui_valid=p.valid)
             case ModelResponded():
                 tables.set_turn(
-                    conn,
-                    p.turn_id,
-                    answer=p.text,
-                    finish_reason=p.finish_reason,
-                    release_id=p.release_id,
+                    conn, p.turn_id, finish_reason=p.finish_reason, release_id=p.release_id
                 )
             case TurnCompleted():
                 tables.set_turn(conn, p.turn_id, completed=True, latency_ms=p.latency_ms)
             case FeedbackGiven():
-                tables.record_feedback(conn, p.turn_id, p.kind, p.edited_text)
+                tables.record_feedback(conn, p.turn_id, p.kind)
             case TenantForgotten():
                 erase_projection_rows(conn, p.tenant)
         return []

@@ -1,4 +1,6 @@
-"""The projection tables ``conversations`` and ``turns``: history and tenant queries."""
+"""The projection tables ``conversations`` and ``turns``: per tenant, its conversations and
+each turn's facts (times, route, release, finish, latency, actions, feedback kinds), never
+what was said: the log holds that, sealed under the tenant's data key."""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ TURN_COLUMNS = frozenset(
         "specialist",
         "adapter_version",
         "genui_valid",
-        "answer",
         "finish_reason",
         "release_id",
         "completed",
@@ -42,14 +43,13 @@ def record_turn(conn: DictConnection, envelope: Envelope, turn: TurnReceived) ->
     redelivered turn changes nothing)."""
     inserted = conn.execute(
         "INSERT INTO turns (turn_id, conversation_id, tenant_id, received_at, "
-        "content, input_kind, release_id) VALUES (%s, %s, %s, %s, %s, %s, %s) "
+        "input_kind, release_id) VALUES (%s, %s, %s, %s, %s, %s) "
         "ON CONFLICT DO NOTHING",
         (
             turn.turn_id,
             turn.conversation_id,
             envelope.tenant_id,
             envelope.occurred_at,
-            turn.content,
             turn.input_kind,
             turn.release_id,
         ),
@@ -77,12 +77,8 @@ def count_action(conn: DictConnection, turn_id: UUID) -> None:
     conn.execute("UPDATE turns SET actions = actions + 1 WHERE turn_id = %s", (turn_id,))
 
 
-def record_feedback(
-    conn: DictConnection, turn_id: UUID, kind: str, edited_text: str | None
-) -> None:
-    """Append the feedback kind; an edit replaces the answer."""
+def record_feedback(conn: DictConnection, turn_id: UUID, kind: str) -> None:
+    """Append the feedback kind."""
     conn.execute(
-        "UPDATE turns SET feedback = feedback || %s::text, "
-        "answer = COALESCE(%s, answer) WHERE turn_id = %s",
-        (kind, edited_text, turn_id),
+        "UPDATE turns SET feedback = feedback || %s::text WHERE turn_id = %s", (kind, turn_id)
     )

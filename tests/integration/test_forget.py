@@ -118,7 +118,15 @@ def test_a_forgotten_tenant_leaves_no_words_and_the_rest_verifies(served: Runnin
         for host in hosts:
             catch_up(host)
     before = database_text(served)
-    assert SECRETS["acme"] in before and SECRETS["globex"] in before  # in the projections
+    assert SECRETS["acme"] in before and SECRETS["globex"] in before  # the builder's join state
+    with server.pool.connection() as conn:
+        projected = [
+            str(r["row"])
+            for r in conn.execute("SELECT row_to_json(t)::text AS row FROM turns t").fetchall()
+        ]
+    assert len(projected) == 6 and not any(
+        secret in row for row in projected for secret in SECRETS.values()
+    )  # the turns projection keeps no words
     with server.pool.connection() as conn:
         raw_log = "\n".join(
             r["payload"] for r in conn.execute("SELECT payload::text AS payload FROM events")
