@@ -5,12 +5,13 @@ For a pending request it loads the release's harness from the registry (checked 
 address, and its tools, GenUI catalogue and HCP version against what this server serves) and
 the release's adapters (each checked against its content address), sends a canary request
 through every adapter that is new, and flips the active release in one transaction with the
-promotion record; then it appends ``ReleasePromoted`` (or ``ReleaseRolledBack``) and swaps the
-release, its harness and its router version (loaded from the registry, checked against its
-content hash) in one step: turns in flight finish on the release and harness they
-began with, and the chat service unloads the adapters no longer served when the last of those
-turns ends. The adapters the flip replaced that learned from a forgotten tenant then leave the
-artifact store, and a release naming one is refused (``server.unlearning``). Any failure
+promotion record; then it swaps the release, its harness and its router version (loaded from
+the registry, checked against its content hash) in one step, and appends ``ReleasePromoted``
+(or ``ReleaseRolledBack``; a log that is away gets it at a later poll, under the same id).
+Turns in flight finish on the release and harness they began with, and the chat service
+unloads the adapters no longer served when the last of those turns ends. The adapters the
+flip replaced that learned from a forgotten tenant then leave the artifact store, and a
+release naming one is refused (``server.erasure``). Any failure
 before the flip unloads what was loaded, keeps the old release active and records why. A
 server that sees another replica's flip follows it.
 """
@@ -65,6 +66,8 @@ class PromotionListener:
         self.store = store
         self.log = log
         self._files_left = True  # a start looks once for what a removal cut short left
+        self._unannounced: list[NewEvent] = []
+        """Flips done whose event the log has not taken yet (it was away)."""
 
     async def run(self) -> None:
         """Poll for requests and for flips made elsewhere, until cancelled."""
@@ -85,6 +88,8 @@ class PromotionListener:
             if active.release_id != self.chat.release.release_id:
                 await asyncio.to_thread(load_release, self.chat.engine, self.store, active)
                 self.chat.serve(ServedRelease(release=active, harness=harness), router)
+            if self._unannounced:
+                await asyncio.to_thread(self._announce)
             if request is not None:
                 await self._carry_out(request)
             if self._files_left:
@@ -162,12 +167,23 @@ class PromotionListener:
                 self.chat.engine.unload_adapter(name)
             await asyncio.to_thread(self._refuse, request, old, exc.message)
             return "refused"
-        # The swap comes first after the commit: whoever saw the request done finds the new
-        # release served a moment later, and a log that fails now cannot undo a done flip.
+        # The swap first: whoever saw the request done finds it served a moment later.
         self.chat.serve(ServedRelease(release=release, harness=harness), router)
-        await asyncio.to_thread(self.log.append, [event])
+        self._unannounced.append(event)
+        await asyncio.to_thread(self._announce)
         await asyncio.to_thread(self._erase_replaced)
         return "done"
+
+    def _announce(self) -> None:
+        """Append the events of done flips, oldest first; a log that is away keeps the rest
+        for the next poll (each event's id derives from its request: a repeat is a no-op)."""
+        while self._unannounced:
+            try:
+                self.log.append(self._unannounced[:1])
+            except MacaronError as exc:
+                log.warning("the log did not take a promotion's event, tried again: %s", exc)
+                return
+            self._unannounced.pop(0)
 
     def _erase_replaced(self) -> None:
         """The adapters that learned from a forgotten tenant and that the flip replaced are

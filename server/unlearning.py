@@ -85,14 +85,17 @@ class Unlearning:
     them, for the caller to append before enqueueing it; ``None`` when it never saw them."""
 
 
-def retrain_forgotten(pool: Pool, log: EventLog) -> Unlearning:
+def retrain_forgotten(pool: Pool, log: EventLog, *, dispatch: bool = False) -> Unlearning:
     """Queue the successors that unlearn every forgotten tenant (``queue_retraining``) and
-    append their requests; the caller hands the runs to the workers and asks for the fallback's
-    promotion (``promote_fallback``)."""
+    append their requests, with ``dispatch`` (a server, which cannot enqueue) in one append
+    with the ``UnlearningRequested`` that has the processors enqueue them; else the caller
+    enqueues them. The caller asks for the fallback's promotion (``promote_fallback``)."""
     with pool.connection() as conn, conn.transaction():
         unlearning = queue_retraining(conn, log, forgotten_tenants(conn))
     router = unlearning.router_run
-    log.append([run.event for run in unlearning.runs] + ([] if router is None else [router]))
+    events = [run.event for run in unlearning.runs] + ([] if router is None else [router])
+    asked = unlearning_requested(unlearning) if dispatch else None
+    log.append(events + ([] if asked is None else [asked]))
     return unlearning
 
 

@@ -39,8 +39,8 @@ def streams_run(
     ),
     once: Annotated[bool, typer.Option(help="Catch up, then stop (log host).")] = False,
 ) -> None:
-    """Run the stream processors (projections, experience, live scores, training trigger)
-    from their saved positions; /metrics on MACARON_METRICS_PORT when set."""
+    """Run the stream processors (projections, experience, live scores, training trigger,
+    unlearning dispatch) from their saved positions; /metrics on MACARON_METRICS_PORT when set."""
     cfg = settings(ctx)
     configure_telemetry(cfg, "macaron-streams")
     configure_celery(cfg)

@@ -108,7 +108,7 @@ def tenants_forget(
         log = wiring.event_log(cfg, pool, keys)
         try:
             done = forget_tenant(pool, log, keys, tenant)
-            unlearning = _retrain(cfg, pool, log) if retrain else Unlearning([], None)
+            unlearning, pending = _retrain(cfg, pool, log) if retrain else (NOTHING, None)
         finally:
             log.close()
     erased = ", ".join(f"{n} {table}" for table, n in done.rows_erased.items() if n) or "none"
@@ -126,7 +126,9 @@ def tenants_forget(
         )
     if unlearning.router_run is not None:
         console.print(f"queued router run {unlearning.router_run.event_id}: refitted without them")
-    if unlearning.fallback is not None:
+    if pending is not None:
+        console.print(pending)
+    elif unlearning.fallback is not None:
         console.print(
             f"asked the server to promote {unlearning.fallback.release_id}: "
             f"{', '.join(unlearning.restored)} back in place (they learned from no one else)"
@@ -135,9 +137,13 @@ def tenants_forget(
         console.print("nothing the active release serves learned from forgotten tenants")
 
 
-def _retrain(cfg: Settings, pool: Pool, log: EventLog) -> Unlearning:
+NOTHING = Unlearning([], None)
+
+
+def _retrain(cfg: Settings, pool: Pool, log: EventLog) -> tuple[Unlearning, str | None]:
     """Queue the successors that unlearn every forgotten tenant and append their requests,
-    then hand them to the workers; ask the server to promote the fallback release, if any."""
+    then hand them to the workers; ask the server to promote the fallback release, if any
+    (what to do instead, when another promotion is pending)."""
     unlearning = retrain_forgotten(pool, log)
     configure_celery(cfg)
     for run in unlearning.runs:
@@ -149,11 +155,9 @@ def _retrain(cfg: Settings, pool: Pool, log: EventLog) -> Unlearning:
             by = "tenants forget --retrain"
             promote_fallback(pool, unlearning.fallback, unlearning.restored, by)
         except PromotionInProgress as exc:
-            console.print(
-                f"{exc.message}: once it is done, run "
-                f"`macaron promote {unlearning.fallback.release_id}`"
-            )
-    return unlearning
+            release = unlearning.fallback.release_id
+            return unlearning, f"{exc.message}: once it is done, run `macaron promote {release}`"
+    return unlearning, None
 
 
 @tenants_app.command("exposure")

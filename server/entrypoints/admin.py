@@ -28,6 +28,7 @@ from infra.postgres.db import Pool
 from infra.postgres.exposure import forgotten_tenants
 from infra.postgres.lineage import audit, lineage, releases
 from infra.postgres.promotions import request_promotion, wait_for_request
+from infra.postgres.registry import active_release
 from infra.postgres.runs import contract_scores
 from infra.postgres.scores import live_scores
 from infra.postgres.turn_audit import Shown, audit_turn
@@ -35,7 +36,7 @@ from server.entrypoints.bodies import read_json, read_query
 from server.entrypoints.gate import Gate
 from server.exposure import exposure
 from server.forgetting import forget_tenant
-from server.unlearning import promote_fallback, retrain_forgotten, unlearning_requested
+from server.unlearning import promote_fallback, retrain_forgotten
 
 PROMOTION_TIMEOUT_S = 120.0
 _log = logging.getLogger(__name__)
@@ -182,18 +183,15 @@ async def forget_endpoint(request: Request) -> Response:
 def _retrain(pool: Pool, log: EventLog, tenant: str) -> dict[str, Any]:
     """Queue and record the unlearning of every forgotten tenant; ask for the fallback."""
     try:
-        unlearning = retrain_forgotten(pool, log)
+        unlearning = retrain_forgotten(pool, log, dispatch=True)
     except TrainingInFlight as exc:
         raise TrainingInFlight(
             f"tenant {tenant} is forgotten, but {exc.message}: ask again with ?retrain=true "
             "once it is done"
         ) from exc
-    asked = unlearning_requested(unlearning)
-    if asked is not None:
-        log.append([asked])
     fallback, pending = unlearning.fallback, None
     if fallback is not None:
-        by = f"DELETE /admin/tenants/{tenant}?retrain=true"
+        by = "DELETE /admin/tenants/{id}?retrain=true"
         try:
             promote_fallback(pool, fallback, unlearning.restored, by)
         except PromotionInProgress as exc:
@@ -238,8 +236,16 @@ async def promote_endpoint(request: Request) -> Response:
 
 
 async def rollback_endpoint(request: Request) -> Response:
+    """``POST /admin/rollback``: to the parent of the registry's active release (not of the
+    one this server serves, which follows a flip a moment later)."""
     principal = await _admin(request)
-    parent = request.app.state.chat.release.parent_release_id
+    pool = request.app.state.gate.pool
+
+    def active_parent() -> str | None:
+        with pool.connection() as conn:
+            return active_release(conn).parent_release_id
+
+    parent = await asyncio.to_thread(active_parent)
     if parent is None:
         raise ReleaseNotFound("the active release is the root: there is nothing to roll back to")
     return await _carry_out(request, parent, "rollback", principal)
