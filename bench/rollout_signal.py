@@ -92,6 +92,7 @@ def _rows(groups: list[Group], seconds: float) -> list[Row]:
     ]  # the graded verifier passes exactly what the checker passes
     with_signal = sum(_signal(r) for r in graded)
     before = sum(_signal(r) for r in passed)
+    pass_share = sum(map(sum, passed)) / samples
     n = len(groups)
     return [
         row(
@@ -104,20 +105,8 @@ def _rows(groups: list[Group], seconds: float) -> list[Row]:
             100 * before / n,
             "report",
         ),
-        row(
-            "mean reward, verifier-2",
-            sum(map(sum, graded)) / samples,
-            "",
-            sum(map(sum, passed)) / samples,
-            "report",
-        ),
-        row(
-            "pass@1 (both verifiers)",
-            100 * sum(map(sum, passed)) / samples,
-            "%",
-            100 * sum(map(sum, passed)) / samples,
-            "report",
-        ),
+        row("mean reward, verifier-2", sum(map(sum, graded)) / samples, "", pass_share, "report"),
+        row("pass@1 (both verifiers)", 100 * pass_share, "%", 100 * pass_share, "report"),
         row(f"sampling time ({samples} episodes)", seconds, "s", seconds, "report"),
     ]
 

@@ -94,12 +94,12 @@ def retrain_forgotten(pool: Pool, log: EventLog, *, dispatch: bool = False) -> U
         unlearning = queue_retraining(conn, log, forgotten_tenants(conn))
     router = unlearning.router_run
     events = [run.event for run in unlearning.runs] + ([] if router is None else [router])
-    asked = unlearning_requested(unlearning) if dispatch else None
+    asked = _unlearning_requested(unlearning) if dispatch else None
     log.append(events + ([] if asked is None else [asked]))
     return unlearning
 
 
-def unlearning_requested(unlearning: Unlearning) -> NewEvent | None:
+def _unlearning_requested(unlearning: Unlearning) -> NewEvent | None:
     """The ``UnlearningRequested`` that records a server's retraining for the stream processors
     to hand its runs to the workers (``streams.unlearning_dispatch``); ``None`` when nothing
     was queued or filed. Its id derives from what it names: asked again unchanged, the append

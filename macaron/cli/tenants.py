@@ -108,7 +108,9 @@ def tenants_forget(
         log = wiring.event_log(cfg, pool, keys)
         try:
             done = forget_tenant(pool, log, keys, tenant)
-            unlearning, pending = _retrain(cfg, pool, log) if retrain else (NOTHING, None)
+            unlearning, pending = (
+                _retrain(cfg, pool, log) if retrain else (Unlearning([], None), None)
+            )
         finally:
             log.close()
     erased = ", ".join(f"{n} {table}" for table, n in done.rows_erased.items() if n) or "none"
@@ -135,9 +137,6 @@ def tenants_forget(
         )
     if retrain and not (unlearning.runs or unlearning.fallback or unlearning.router_run):
         console.print("nothing the active release serves learned from forgotten tenants")
-
-
-NOTHING = Unlearning([], None)
 
 
 def _retrain(cfg: Settings, pool: Pool, log: EventLog) -> tuple[Unlearning, str | None]:
