@@ -285,7 +285,7 @@ def processor_hosts(settings: Settings, log: EventLog, pool: Pool) -> list[Proce
     """The stream processors, each in its host; the trigger enqueues training runs."""
     processors: list[Processor] = [
         Projections(),
-        ExperienceBuilder(settings.experience_filter),
+        ExperienceBuilder(data_keys(settings, pool), settings.experience_filter),
         LiveScores(),
         TrainingTrigger(settings.train_threshold, enqueue_training, log),
         UnlearningDispatcher(enqueue_training, enqueue_router_training),

@@ -22,7 +22,7 @@ from uuid import UUID
 
 from core.errors import RangeOutsideLog
 from core.events import ExperienceRecorded, NewEvent
-from core.events.privacy import Forgotten
+from core.events.privacy import DataKeys, Forgotten
 from core.experience import known_filter
 from core.ids import derived_id
 from core.log import EventLog, Positions, RecordedEvent
@@ -96,12 +96,16 @@ class _Derivation:
 
 
 def backfill(
-    log: EventLog, pool: Pool, request: BackfillRequest, progress: Progress | None = None
+    log: EventLog,
+    pool: Pool,
+    keys: DataKeys,
+    request: BackfillRequest,
+    progress: Progress | None = None,
 ) -> Backfill:
-    """Derive the request's experience into the log; resumes a backfill of the same range and
-    version that was stopped."""
+    """Derive the request's experience into the log (its join state sealed with ``keys``, the
+    tenants' data keys); resumes a backfill of the same range and version that was stopped."""
     filter_version, start, end = request.filter_version, request.start, request.end
-    builder = ExperienceBuilder(known_filter(filter_version), routing=False)
+    builder = ExperienceBuilder(keys, known_filter(filter_version), routing=False)
     if end is None:  # the stopped backfill from the same place, if any (the log has grown)
         with pool.connection() as conn:
             end = store.running_end(conn, filter_version, start or {})

@@ -36,6 +36,9 @@ import logging
 from collections.abc import Sequence
 from uuid import UUID
 
+from pydantic import JsonValue
+
+from core import errors
 from core.errors import HarnessNotFound
 from core.events import (
     ChatMessage,
@@ -56,6 +59,7 @@ from core.events import (
     TurnCompleted,
     TurnReceived,
 )
+from core.events.privacy import Cells, DataKeys
 from core.experience import (
     FILTER_VERSION,
     ExperienceRecord,
@@ -88,30 +92,41 @@ class ExperienceBuilder:
         "experience_tenants",
     )
 
-    def __init__(self, filter_version: str = FILTER_VERSION, *, routing: bool = True) -> None:
+    def __init__(
+        self, keys: DataKeys, filter_version: str = FILTER_VERSION, *, routing: bool = True
+    ) -> None:
+        self.cells = Cells(keys)
+        """Seals the words the join state keeps under each tenant's data key."""
         self.filter_version = known_filter(filter_version)
         self.routing = routing
         """Whether it derives routing labels too (a backfill derives experience only)."""
 
     def handle(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
         """Store the turn's facts as they arrive; on its completion and on feedback, apply the
-        rules to the joined turn."""
-        p, env = event.payload, event.envelope
+        rules to the joined turn. A tenant forgotten since the event was read keeps nothing
+        (its ``TenantForgotten`` erases what is stored)."""
+        try:
+            return self._handle(conn, event)
+        except errors.TenantForgotten:
+            return []
+
+    def _handle(self, conn: DictConnection, event: RecordedEvent) -> list[NewEvent]:
+        p, env, cells = event.payload, event.envelope, self.cells
         match p:
             case ConversationStarted():
-                history = [m.model_dump() for m in p.history]
-                store.record_conversation(conn, p.conversation_id, env.tenant_id, history)
+                history: list[JsonValue] = [m.model_dump(mode="json") for m in p.history]
+                store.record_conversation(conn, cells, p.conversation_id, env.tenant_id, history)
             case TurnReceived():
-                store.record_turn(conn, env, p)
+                store.record_turn(conn, cells, env, p)
             case RouterDecided():
                 store.record_route(conn, p.turn_id, p.specialist, p.adapter_version)
             case HarnessActionExecuted():
                 action = {"name": p.name, "args": p.args, "result": p.result, "ok": p.ok}
-                store.record_action(conn, p.turn_id, action)
+                store.record_action(conn, cells, env.tenant_id, p.turn_id, action)
             case GenUIRendered():
                 store.record_genui(conn, p.turn_id, p.valid)
             case ModelResponded():
-                store.record_response(conn, p.turn_id, p.text, p.release_id)
+                store.record_response(conn, cells, env.tenant_id, p.turn_id, p.text, p.release_id)
             case TurnCompleted():
                 store.record_completion(conn, p.turn_id)
                 return self._derive(conn, event, p.turn_id)
@@ -129,10 +144,10 @@ class ExperienceBuilder:
 
     def _derive(self, conn: DictConnection, event: RecordedEvent, turn_id: UUID) -> list[NewEvent]:
         try:
-            turn = store.joined_turn(conn, turn_id, HISTORY_TURNS)
+            turn = store.joined_turn(conn, self.cells, turn_id, HISTORY_TURNS)
             replaced = None
             if turn is not None and turn.regenerates is not None:
-                replaced = store.joined_turn(conn, turn.regenerates, HISTORY_TURNS)
+                replaced = store.joined_turn(conn, self.cells, turn.regenerates, HISTORY_TURNS)
         except HarnessNotFound as exc:  # its context cannot be rebuilt: nothing to learn from
             _log.warning("turn %s gives no experience: %s", turn_id, exc.message)
             return []

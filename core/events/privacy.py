@@ -10,6 +10,10 @@ event of a tenant whose key is destroyed reads as ``Forgotten``.
 
 An event's content digest (what makes a repeated append idempotent) is an HMAC under the data
 key over the sealed fields and the others, so the digest of a forgotten event says nothing.
+
+Derived state that must hold a tenant's words (the experience builder's join state) stores them
+as ``Cells``: each value sealed alone under the same key, so no readable copy of them reaches a
+table, its dead tuples or the write-ahead log, and destroying the key forgets them there too.
 """
 
 from __future__ import annotations
@@ -38,6 +42,8 @@ PRIVATE = "$private"
 KEY_BYTES = 32
 NONCE_BYTES = 12
 _DIGEST_LABEL = b"macaron content digest"
+_NONCE_LABEL = b"macaron cell nonce"
+_KEY_ID_BYTES = 16
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,16 @@ class DataKey:
     def digest(self, plaintext: bytes) -> str:
         """HMAC-SHA256 of ``plaintext`` under a subkey of this key."""
         return hmac.digest(self._digest_key, plaintext, hashlib.sha256).hex()
+
+    @cached_property
+    def _nonce_key(self) -> bytes:
+        return hmac.digest(self.secret, _NONCE_LABEL, hashlib.sha256)
+
+    def synthetic_nonce(self, aad: bytes, plaintext: bytes) -> bytes:
+        """A nonce derived from what it seals (a keyed digest of both): the same value in the
+        same place seals to the same bytes, and two different ones never share a nonce."""
+        digest = hmac.digest(self._nonce_key, aad + b"\x1e" + plaintext, hashlib.sha256)
+        return digest[:NONCE_BYTES]
 
 
 class DataKeys(Protocol):
@@ -187,3 +203,47 @@ def _json_object(data: bytes) -> dict[str, JsonValue]:
     if not isinstance(value, dict):
         raise InvalidEvent(f"the {PRIVATE} part is not a JSON object")
     return value
+
+
+@dataclass(frozen=True)
+class Cells:
+    """Tenants' words in derived tables, each value sealed alone under its tenant's data key
+    (AES-256-GCM, the tenant and the cell's place as associated data: a value moved to another
+    row or tenant does not open). Sealing is deterministic (``DataKey.synthetic_nonce``), so a
+    replay's tables hash as the live ones. Stored as base64 text: the key id, the nonce, the
+    ciphertext."""
+
+    keys: DataKeys
+
+    def seal(self, tenant_id: str, place: str, value: JsonValue) -> str:
+        """``value`` sealed for the cell ``place`` (a table, a column and a row's id); raises
+        ``TenantForgotten`` for a forgotten tenant."""
+        key = self.keys.writing_key(tenant_id)
+        plaintext, aad = canonical_json(value), _cell_aad(tenant_id, place)
+        nonce = key.synthetic_nonce(aad, plaintext)
+        sealed = key.key_id.bytes + nonce + key.aead.encrypt(nonce, plaintext, aad)
+        return base64.b64encode(sealed).decode()
+
+    def open(self, tenant_id: str, place: str, stored: str) -> JsonValue | None:
+        """The value sealed in ``stored``, or ``None`` once the tenant's key is destroyed; a
+        cell that does not open here (changed, moved or malformed) is ``InvalidEvent``: the
+        derived state no longer matches the log it was derived from."""
+        try:
+            raw = base64.b64decode(stored, validate=True)
+            key_id = UUID(bytes=raw[:_KEY_ID_BYTES])
+        except ValueError as exc:
+            raise InvalidEvent(f"a sealed cell of {place} is malformed: {exc}") from exc
+        key = self.keys.reading_key(tenant_id, key_id)
+        if key is None:
+            return None
+        nonce, sealed = raw[_KEY_ID_BYTES:][:NONCE_BYTES], raw[_KEY_ID_BYTES + NONCE_BYTES :]
+        try:
+            plaintext = key.aead.decrypt(nonce, sealed, _cell_aad(tenant_id, place))
+        except (InvalidTag, ValueError) as exc:
+            raise InvalidEvent(f"a sealed cell of {place} does not open for its row") from exc
+        value: JsonValue = json.loads(plaintext)
+        return value
+
+
+def _cell_aad(tenant_id: str, place: str) -> bytes:
+    return f"cell\x1f{tenant_id}\x1f{place}".encode()

@@ -1,6 +1,9 @@
 """The experience builder's join state (``experience_turns``, ``experience_conversations``):
 each turn's decision, response and actions as they arrive, read back joined once the turn is
-complete."""
+complete. What was said (a turn's message, its answer and actions, a conversation's opening
+history) is stored sealed under the tenant's data key (``core.events.privacy.Cells``, migration
+0022): every write and read of it takes the ``Cells``. A tenant's key destroyed, its turns no
+longer join."""
 
 from __future__ import annotations
 
@@ -8,10 +11,10 @@ from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
 
-from psycopg.types.json import Jsonb
 from pydantic import JsonValue
 
 from core.events import ChatMessage, Envelope, TurnReceived
+from core.events.privacy import Cells
 from core.harness.artifact import HarnessVersion, harness_number, root_version
 from infra.postgres.db import DictConnection
 from infra.postgres.registry import harness_by_name
@@ -51,28 +54,42 @@ class JoinedTurn:
     """Where its words came in (``TurnReceived.front_end``; ``None``: not recorded)."""
 
 
+def _place(column: str, row: UUID) -> str:
+    """Where a sealed value lives: its associated data, so that it opens only there."""
+    return f"{column}:{row}"
+
+
 def record_conversation(
-    conn: DictConnection, conversation_id: UUID, tenant_id: str, history: list[dict[str, Any]]
+    conn: DictConnection,
+    cells: Cells,
+    conversation_id: UUID,
+    tenant_id: str,
+    history: list[JsonValue],
 ) -> None:
+    place = _place("experience_conversations.history", conversation_id)
     conn.execute(
-        "INSERT INTO experience_conversations (conversation_id, history, tenant_id) "
+        "INSERT INTO experience_conversations (conversation_id, sealed_history, tenant_id) "
         "VALUES (%s, %s, %s) ON CONFLICT DO NOTHING",
-        (conversation_id, Jsonb(history), tenant_id),
+        (conversation_id, cells.seal(tenant_id, place, history), tenant_id),
     )
 
 
-def record_turn(conn: DictConnection, envelope: Envelope, turn: TurnReceived) -> None:
+def record_turn(conn: DictConnection, cells: Cells, envelope: Envelope, turn: TurnReceived) -> None:
     """The turn ``envelope`` holds (its payload, ``turn``), at its place in its conversation."""
+    content = cells.seal(
+        envelope.tenant_id, _place("experience_turns.content", turn.turn_id), turn.content
+    )
     conn.execute(
-        "INSERT INTO experience_turns (turn_id, conversation_id, tenant_id, position, content, "
-        "harness_version, regenerates, specialist_hint, input_kind, client_decoding, front_end) "
+        "INSERT INTO experience_turns (turn_id, conversation_id, tenant_id, position, "
+        "sealed_content, harness_version, regenerates, specialist_hint, input_kind, "
+        "client_decoding, front_end) "
         "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT DO NOTHING",
         (
             turn.turn_id,
             turn.conversation_id,
             envelope.tenant_id,
             envelope.sequence,
-            turn.content,
+            content,
             None if turn.harness is None else turn.harness.harness_version,
             turn.regenerates,
             turn.specialist_hint,
@@ -92,17 +109,33 @@ def record_route(
     )
 
 
-def record_action(conn: DictConnection, turn_id: UUID, action: dict[str, JsonValue]) -> None:
+def record_action(
+    conn: DictConnection,
+    cells: Cells,
+    tenant_id: str,
+    turn_id: UUID,
+    action: dict[str, JsonValue],
+) -> None:
+    sealed = cells.seal(tenant_id, _place("experience_turns.actions", turn_id), action)
     conn.execute(
-        "UPDATE experience_turns SET actions = actions || %s WHERE turn_id = %s",
-        (Jsonb([action]), turn_id),
+        "UPDATE experience_turns SET sealed_actions = array_append(sealed_actions, %s) "
+        "WHERE turn_id = %s",
+        (sealed, turn_id),
     )
 
 
-def record_response(conn: DictConnection, turn_id: UUID, text: str, release_id: str | None) -> None:
+def record_response(
+    conn: DictConnection,
+    cells: Cells,
+    tenant_id: str,
+    turn_id: UUID,
+    text: str,
+    release_id: str | None,
+) -> None:
+    sealed = cells.seal(tenant_id, _place("experience_turns.response", turn_id), text)
     conn.execute(
-        "UPDATE experience_turns SET response = %s, release_id = %s WHERE turn_id = %s",
-        (text, release_id, turn_id),
+        "UPDATE experience_turns SET sealed_response = %s, release_id = %s WHERE turn_id = %s",
+        (sealed, release_id, turn_id),
     )
 
 
@@ -155,23 +188,34 @@ def record_completion(conn: DictConnection, turn_id: UUID) -> None:
     conn.execute("UPDATE experience_turns SET completed = true WHERE turn_id = %s", (turn_id,))
 
 
-def joined_turn(conn: DictConnection, turn_id: UUID, history_turns: int) -> JoinedTurn | None:
+def joined_turn(
+    conn: DictConnection, cells: Cells, turn_id: UUID, history_turns: int
+) -> JoinedTurn | None:
     """The turn joined with its history window of ``history_turns`` completed turns, or
-    ``None`` while it is not complete or not routed."""
+    ``None`` while it is not complete or not routed, and once its words no longer open (its
+    tenant forgotten, or recorded before the join state was sealed)."""
     row = conn.execute(
-        "SELECT t.*, c.history AS seed_history, "
-        "  (SELECT COALESCE(jsonb_agg(jsonb_build_array(e.content, e.response) "
+        "SELECT t.*, c.sealed_history, "
+        "  (SELECT COALESCE(jsonb_agg(jsonb_build_array(e.turn_id, e.sealed_content, "
+        "                                               e.sealed_response) "
         "                             ORDER BY e.position), '[]') "
-        "   FROM (SELECT content, response, position FROM experience_turns "
+        "   FROM (SELECT turn_id, sealed_content, sealed_response, position "
+        "         FROM experience_turns "
         "         WHERE conversation_id = t.conversation_id AND position < t.position "
-        "         AND completed ORDER BY position DESC LIMIT %s) AS e) AS earlier "
+        "         AND completed AND sealed_content IS NOT NULL "
+        "         ORDER BY position DESC LIMIT %s) AS e) AS earlier "
         "FROM experience_turns t "
         "LEFT JOIN experience_conversations c USING (conversation_id) "
-        "WHERE t.turn_id = %s AND t.completed AND t.specialist IS NOT NULL",
+        "WHERE t.turn_id = %s AND t.completed AND t.specialist IS NOT NULL "
+        "AND t.sealed_content IS NOT NULL",
         (history_turns, turn_id),
     ).fetchone()
     if row is None:
         return None
+    words = _opened_words(cells, row)
+    if words is None:
+        return None
+    content, response, actions, history, earlier = words
     return JoinedTurn(
         turn_id=row["turn_id"],
         conversation_id=row["conversation_id"],
@@ -179,11 +223,11 @@ def joined_turn(conn: DictConnection, turn_id: UUID, history_turns: int) -> Join
         specialist=row["specialist"],
         adapter_version=row["adapter_version"],
         release_id=row["release_id"],
-        content=row["content"],
-        response=row["response"],
-        actions=tuple(row["actions"]),
-        seed_history=tuple(ChatMessage.model_validate(m) for m in row["seed_history"] or []),
-        earlier=tuple((content, response) for content, response in row["earlier"]),
+        content=content,
+        response=response,
+        actions=actions,
+        seed_history=history,
+        earlier=earlier,
         harness=_harness(conn, row["harness_version"]),
         regenerates=row["regenerates"],
         specialist_hint=row["specialist_hint"],
@@ -192,6 +236,52 @@ def joined_turn(conn: DictConnection, turn_id: UUID, history_turns: int) -> Join
         client_decoding=row["client_decoding"],
         front_end=row["front_end"],
     )
+
+
+_Words = tuple[
+    str,
+    str | None,
+    tuple[dict[str, Any], ...],
+    tuple[ChatMessage, ...],
+    tuple[tuple[str, str | None], ...],
+]
+
+
+def _opened_words(cells: Cells, row: dict[str, Any]) -> _Words | None:
+    """A joined row's words, opened: its message, answer, actions, the conversation's opening
+    history and the earlier turns' (message, answer); ``None`` once its tenant's key is gone."""
+    tenant, turn = row["tenant_id"], row["turn_id"]
+
+    def opened(column: str, row_id: UUID, stored: str | None) -> Any:
+        if stored is None:
+            return None
+        value = cells.open(tenant, _place(column, row_id), stored)
+        if value is None:
+            raise _KeyDestroyed
+        return value
+
+    try:
+        content = opened("experience_turns.content", turn, row["sealed_content"])
+        response = opened("experience_turns.response", turn, row["sealed_response"])
+        actions = tuple(opened("experience_turns.actions", turn, a) for a in row["sealed_actions"])
+        history = opened(
+            "experience_conversations.history", row["conversation_id"], row["sealed_history"]
+        )
+        earlier = tuple(
+            (
+                opened("experience_turns.content", UUID(e_turn), e_content),
+                opened("experience_turns.response", UUID(e_turn), e_response),
+            )
+            for e_turn, e_content, e_response in row["earlier"]
+        )
+    except _KeyDestroyed:
+        return None
+    seed = tuple(ChatMessage.model_validate(m) for m in history or [])
+    return content, response, actions, seed, earlier
+
+
+class _KeyDestroyed(Exception):
+    """A sealed cell whose tenant's key is destroyed: the row reads as gone."""
 
 
 def _harness(conn: DictConnection, name: str | None) -> HarnessVersion:

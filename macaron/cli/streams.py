@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from core.errors import ConfigError
+from core.events.privacy import DataKeys
 from core.log import EventLog
 from infra.postgres.db import Pool
 from infra.telemetry import configure_telemetry, serve_metrics
@@ -87,7 +88,8 @@ def replay(
     (idempotent: a second run appends nothing; a stopped one resumes)."""
     cfg = settings(ctx)
     with wiring.pool(cfg) as pool:
-        log = wiring.event_log(cfg, pool)
+        keys = wiring.data_keys(cfg, pool)
+        log = wiring.event_log(cfg, pool, keys)
         hosts = {h.processor.name: h for h in wiring.processor_hosts(cfg, log, pool)}
         if list_ or not processor:
             console.print("\n".join(hosts))
@@ -100,7 +102,7 @@ def replay(
         if filter_version is not None:
             if processor != ExperienceBuilder.name:
                 raise ConfigError(f"--filter-version backfills {ExperienceBuilder.name!r} only")
-            _backfill(log, pool, filter_version, first, last, output_json)
+            _backfill(log, pool, keys, filter_version, first, last, output_json)
             return
         chosen = hosts[processor].processor
         rebuilt = replay_processor(chosen, log, pool, start=first, end=last)
@@ -115,6 +117,7 @@ def replay(
 def _backfill(
     log: EventLog,
     pool: Pool,
+    keys: DataKeys,
     filter_version: str,
     start: dict[int, int] | None,
     end: dict[int, int] | None,
@@ -125,6 +128,7 @@ def _backfill(
         outcome = backfill(
             log,
             pool,
+            keys,
             BackfillRequest(filter_version, start=start, end=end),
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )

@@ -28,7 +28,7 @@ from learners.runtime import SnapshotMismatch
 from learners.training.snapshots import materialize
 from macaron import wiring
 from server.releases import ensure_root_release
-from streams.backfill import BackfillRequest, backfill
+from streams.backfill import Backfill, BackfillRequest, Progress, backfill
 from streams.host import ProcessorHost
 from streams.runner import catch_up
 from streams.trigger import train_now
@@ -48,6 +48,10 @@ class Served:
     pool: Pool
     log: PostgresEventLog
     hosts: list[ProcessorHost]
+
+    def backfill(self, request: BackfillRequest, progress: Progress | None = None) -> Backfill:
+        keys = wiring.data_keys(self.settings, self.pool)
+        return backfill(self.log, self.pool, keys, request, progress)
 
     def catch_up(self) -> None:
         for _ in range(2):  # a second pass takes the derived events
@@ -118,7 +122,7 @@ def test_a_backfill_derives_past_traffic_under_a_new_filter(served: Served) -> N
     assert not rewarded_v1 & ups  # under experience-1 a thumbs up rewards nothing
     end = served.log.end_positions()
 
-    outcome = backfill(served.log, served.pool, BackfillRequest("experience-2"))
+    outcome = served.backfill(BackfillRequest("experience-2"))
 
     v2 = served.records("experience-2")
     assert outcome.records == len(v2) > len(v1)
@@ -140,10 +144,8 @@ def test_a_backfill_derives_past_traffic_under_a_new_filter(served: Served) -> N
         assert pending and all(r["backfills"] == [outcome.backfill_id] for r in pending)
 
     later = served.log.end_positions()
-    assert backfill(served.log, served.pool, BackfillRequest("experience-2", end=end)).already_done
-    overlapping = backfill(
-        served.log, served.pool, BackfillRequest("experience-2", start={0: 5}, end=end)
-    )
+    assert served.backfill(BackfillRequest("experience-2", end=end)).already_done
+    overlapping = served.backfill(BackfillRequest("experience-2", start={0: 5}, end=end))
     assert overlapping.records == 0 and not overlapping.already_done
     assert served.log.end_positions() == later  # idempotent: nothing appended
 
@@ -175,7 +177,7 @@ def test_a_stopped_backfill_resumes_without_duplicates(
     tmp_path: Path,
 ) -> None:
     with served_v1(stack, conversation_events, tmp_path / "clean", tiny_model) as clean:
-        whole = backfill(clean.log, clean.pool, BackfillRequest("experience-2"))
+        whole = clean.backfill(BackfillRequest("experience-2"))
         expected = [e.payload.experience_id for e in clean.records("experience-2")]  # type: ignore[attr-defined]
     with served_v1(stack, conversation_events, tmp_path / "stopped", tiny_model) as served:
         batches = 0
@@ -187,9 +189,7 @@ def test_a_stopped_backfill_resumes_without_duplicates(
                 raise KeyboardInterrupt  # a kill between two batches
 
         with pytest.raises(KeyboardInterrupt):
-            backfill(
-                served.log,
-                served.pool,
+            served.backfill(
                 BackfillRequest("experience-2", batch=7),
                 progress=stop_after_two,
             )
@@ -198,7 +198,7 @@ def test_a_stopped_backfill_resumes_without_duplicates(
             [row] = conn.execute("SELECT status, schema_name FROM experience_backfills").fetchall()
         assert row["status"] == "running"
 
-        resumed = backfill(served.log, served.pool, BackfillRequest("experience-2", batch=7))
+        resumed = served.backfill(BackfillRequest("experience-2", batch=7))
         assert resumed.resumed and resumed.backfill_id == whole.backfill_id
         found = [e.payload.experience_id for e in served.records("experience-2")]  # type: ignore[attr-defined]
         assert sorted(found) == sorted(expected) and len(set(found)) == len(found)
@@ -222,18 +222,22 @@ def test_a_tenant_that_does_not_teach_now_gives_no_backfilled_record(served: Ser
         [NewEvent(payload=TenantTrainingSet(training=False), tenant_id=tenant, key="tenants")]
     )
     served.catch_up()
-    outcome = backfill(served.log, served.pool, BackfillRequest("experience-2"))
+    outcome = served.backfill(BackfillRequest("experience-2"))
     assert outcome.records == 0 and served.records("experience-2") == []
 
 
 def test_bad_backfills_write_nothing(served: Served) -> None:
     end = served.log.end_positions()
     with pytest.raises(UnknownFilterVersion):
-        backfill(served.log, served.pool, BackfillRequest("experience-9"))
+        served.backfill(BackfillRequest("experience-9"))
     with pytest.raises(RangeOutsideLog):
-        backfill(served.log, served.pool, BackfillRequest("experience-2", end={0: end[0] + 1}))
+        served.backfill(
+            BackfillRequest("experience-2", end={0: end[0] + 1}),
+        )
     with pytest.raises(RangeOutsideLog):
-        backfill(served.log, served.pool, BackfillRequest("experience-2", start={0: 9}, end={0: 3}))
+        served.backfill(
+            BackfillRequest("experience-2", start={0: 9}, end={0: 3}),
+        )
     env = served.env()  # the command line: typed errors, exit status 1
     for args, code in [
         (["--filter-version", "experience-9"], "unknown_filter_version"),

@@ -161,7 +161,8 @@ def backfill_and_train(served: Running) -> Backfill:
     """Backfill the users' feedback under ``experience-2`` (live: ``experience-1``) and queue
     the run by hand as an operator would: ``macaron train`` waits for the trigger to count the
     backfill's records (4 edits: 4 SFT examples and 4 pairs, short of the threshold)."""
-    outcome = backfill(served.server.log, served.server.pool, BackfillRequest("experience-2"))
+    server, request = served.server, BackfillRequest("experience-2")
+    outcome = backfill(server.log, server.pool, server.app.state.data_keys, request)
     assert outcome.records > 0
     queued = run_macaron("train", "genui", "--filter-version", "experience-2", **env_of(served))
     assert queued.returncode == 0, queued.stdout + queued.stderr

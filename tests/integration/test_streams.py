@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from core.events import ExperienceRecorded, HarnessStamp, NewEvent, TurnReceived
+from core.events.privacy import Cells
 from core.harness.artifact import root_harness
 from core.log import RecordedEvent
 from core.mapper import Mapper
@@ -24,6 +25,7 @@ from engines.instant import InstantEngine
 from infra.kafka.eventlog import KafkaEventLog
 from infra.kafka.topics import create_topics, event_topics
 from infra.local_stack import LocalStack
+from infra.memory import InMemoryDataKeys
 from infra.postgres.db import Pool, open_pool
 from infra.postgres.eventlog import PostgresEventLog
 from infra.postgres.experience_joins import (
@@ -120,6 +122,7 @@ def test_both_hosts_give_the_same_outputs(
             assert [catch_up(h) for h in hosts] == [0] * len(hosts)
             with pool.connection() as conn:
                 by_runner = outputs(conn, hosts)
+                keys = conn.execute("SELECT * FROM tenant_data_keys").fetchall()
             derived = [e for e in log.read() if isinstance(e.payload, ExperienceRecorded)]
         kinds = sorted(e.payload.kind for e in derived)  # type: ignore[attr-defined]
         assert kinds == ["preference", "sft", "sft", "sft", *["trajectory"] * 6]  # 2 ups rewarded
@@ -130,9 +133,17 @@ def test_both_hosts_give_the_same_outputs(
         with open_pool(kafka_url) as pool:
             kafka_log = KafkaEventLog(stack.kafka.bootstrap(), topic, pool)
             kafka_log.append(copy(conversation_events))
+            with pool.connection() as conn:  # the same tenants' data keys, by the same master
+                # key: the join state's sealed cells are equal under equal keys only
+                for row in keys:
+                    conn.execute(
+                        "INSERT INTO tenant_data_keys VALUES (%(tenant_id)s, %(key_id)s, "
+                        "%(master_key_id)s, %(wrapped)s, %(created_at)s, %(forgotten_at)s)",
+                        row,
+                    )
             env = {
                 **{k: v for k, v in os.environ.items() if not k.startswith("MACARON_")},
-                "MACARON_HOME": str(tmp_path / "kafka"),
+                "MACARON_HOME": str(tmp_path / "pg"),
                 "MACARON_DATABASE_URL": kafka_url,
                 "MACARON_EVENT_LOG": "kafka",
                 "MACARON_KAFKA_BOOTSTRAP": stack.kafka.bootstrap(),
@@ -199,6 +210,7 @@ def test_experience_is_built_with_the_harness_the_turn_ran_under(pool: Pool) -> 
         spec = root.spec.model_copy(update={"specialists": {**root.spec.specialists, "chat": chat}})
         brief = register_harness(conn, spec, parent=root)
     turns = {name: uuid.uuid4() for name in ("brief", "unstamped")}
+    cells = Cells(InMemoryDataKeys())
     with pool.connection() as conn, conn.transaction():
         for position, (name, turn_id) in enumerate(turns.items(), start=1):
             stamp = HarnessStamp(harness_version=brief.name, hcp_version="hcp-1")
@@ -211,11 +223,11 @@ def test_experience_is_built_with_the_harness_the_turn_ran_under(pool: Pool) -> 
                 harness=stamp if name == "brief" else None,
             )
             event = NewEvent(payload=turn, tenant_id="acme", key=str(turn.conversation_id))
-            record_turn(conn, Mapper().seal(event, position, None).envelope, turn)
+            record_turn(conn, cells, Mapper().seal(event, position, None).envelope, turn)
             record_route(conn, turn_id, "chat", "chat@0")
-            record_response(conn, turn_id, "Hi.", None)
+            record_response(conn, cells, "acme", turn_id, "Hi.", None)
             record_completion(conn, turn_id)
-        joined = {name: joined_turn(conn, turn_id, 8) for name, turn_id in turns.items()}
+        joined = {name: joined_turn(conn, cells, turn_id, 8) for name, turn_id in turns.items()}
     assert joined["brief"] is not None and joined["brief"].harness == brief
     assert context_messages(joined["brief"])[0] == {"role": "system", "content": "Be brief."}
     assert joined["unstamped"] is not None and joined["unstamped"].harness.name == "harness@0"

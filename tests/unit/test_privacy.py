@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from core.canonical import canonical_json, sha256_hex
-from core.errors import MasterKeyInvalid
+from core.errors import InvalidEvent, MasterKeyInvalid, TenantForgotten
 from core.events import CATALOGUE, Envelope, FeedbackGiven, NewEvent, chain_hash
-from core.events.privacy import PRIVATE, Cipher, Forgotten
+from core.events.privacy import PRIVATE, Cells, Cipher, Forgotten
 from core.ids import uuid7
 from core.log import DeadLetter, LogPosition, RecordedEvent
 from core.mapper import Mapper
@@ -122,6 +122,7 @@ def test_every_private_field_is_a_field_of_its_event() -> None:
         ("m1 AAAA\n", "32 bytes"),
         (new_master_key_line("m1") + new_master_key_line("m1"), "repeated"),
     ],
+    ids=["empty", "comment only", "no key", "not base64", "short key", "repeated id"],
 )
 def test_a_bad_master_key_file_is_refused(text: str, problem: str) -> None:
     with pytest.raises(MasterKeyInvalid, match=problem) as refused:
@@ -176,3 +177,29 @@ def test_the_stored_bytes_are_the_canonical_form_of_the_stored_payload() -> None
         assert Mapper(cipher).content_digest(sealed.envelope) == sealed.content_digest
         record = Mapper(cipher).decode(AT, sealed.envelope)
         assert isinstance(record, RecordedEvent) and record.payload == event.payload
+
+
+def test_a_sealed_cell_opens_in_its_place_only_and_not_once_forgotten() -> None:
+    keys = InMemoryDataKeys()
+    cells = Cells(keys)
+    value = {"role": "user", "content": "my secret plan"}
+    stored = cells.seal("acme", "experience_turns.content:t1", value)
+    assert (
+        "secret" not in stored
+        and cells.open("acme", "experience_turns.content:t1", stored) == value
+    )
+    assert cells.seal("acme", "experience_turns.content:t1", value) == stored  # a replay's cell
+    assert cells.seal("acme", "experience_turns.content:t2", value) != stored
+    for tenant, place in [("acme", "experience_turns.content:t2"), ("acme", "other:t1")]:
+        with pytest.raises(InvalidEvent, match="does not open"):
+            cells.open(tenant, place, stored)
+    cells.seal("globex", "experience_turns.content:t1", value)  # globex has a key of its own
+    with pytest.raises(InvalidEvent):
+        cells.open("globex", "experience_turns.content:t1", stored)
+    for malformed in ["not base64!", "AAAA"]:
+        with pytest.raises(InvalidEvent, match="malformed"):
+            cells.open("acme", "experience_turns.content:t1", malformed)
+    keys.forget("acme")
+    assert cells.open("acme", "experience_turns.content:t1", stored) is None
+    with pytest.raises(TenantForgotten):
+        cells.seal("acme", "experience_turns.content:t1", value)
