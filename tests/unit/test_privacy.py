@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from pydantic import JsonValue
 
 from core.canonical import canonical_json, sha256_hex
 from core.errors import InvalidEvent, MasterKeyInvalid, TenantForgotten
@@ -182,7 +183,7 @@ def test_the_stored_bytes_are_the_canonical_form_of_the_stored_payload() -> None
 def test_a_sealed_cell_opens_in_its_place_only_and_not_once_forgotten() -> None:
     keys = InMemoryDataKeys()
     cells = Cells(keys)
-    value = {"role": "user", "content": "my secret plan"}
+    value: JsonValue = {"role": "user", "content": "my secret plan"}
     stored = cells.seal("acme", "experience_turns.content:t1", value)
     assert (
         "secret" not in stored
