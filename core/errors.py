@@ -122,6 +122,14 @@ class AdapterErased(MacaronError):
     code = "adapter_erased"
 
 
+class RouterErased(MacaronError):
+    """A release names a router version whose weights were erased because it was fitted on a
+    forgotten tenant's routing labels (``server.erasure.erase_replaced``): it can be neither
+    loaded, promoted nor rolled back to."""
+
+    code = "router_erased"
+
+
 class AdapterRankTooLarge(AdapterInvalid):
     """An adapter's rank is above the engine's maximum."""
 

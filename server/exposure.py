@@ -30,6 +30,7 @@ from infra.postgres.exposure import (
     trained_adapters,
     trained_routers,
 )
+from infra.postgres.routers import erased_routers
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,8 @@ class Exposure:
     adapters: tuple[str, ...]
     """Exposed adapter versions, as ``specialist@version``."""
     erased: tuple[str, ...]
-    """Those of them whose weights were erased (``server.erasure.erase_replaced``)."""
+    """The exposed adapter and router versions whose weights were erased
+    (``server.erasure.erase_replaced``)."""
     routers: tuple[str, ...]
     """Exposed router versions."""
     releases: tuple[str, ...]
@@ -58,10 +60,12 @@ def exposure(conn: DictConnection, log: EventLog, tenants: Collection[str]) -> E
         if set(r.adapter_ids) & exposed.keys() or r.router_version in routers
     ]
     erased = erased_adapters(conn)
+    routers_erased = erased_routers(conn)
     return Exposure(
         records=sum(len(spots) for spots in found.values()),
         adapters=tuple(exposed.values()),
-        erased=tuple(name for i, name in exposed.items() if i in erased),
+        erased=tuple(name for i, name in exposed.items() if i in erased)
+        + tuple(r for r in routers if r in routers_erased),
         routers=tuple(routers),
         releases=tuple(r.release_id for r in releases),
         active=any(r.active for r in releases),

@@ -1,16 +1,18 @@
 """Router versions in the registry (``router_versions``): each classifier a release can name,
 stored whole (``core.routing.RouterModel``) under its content hash, with the version it was
-retrained from; router runs (``router_runs``) and the router trigger's count of new labels."""
+retrained from, until its weights are erased (migration 0023); router runs (``router_runs``)
+and the router trigger's count of new labels."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 from uuid import UUID
 
 from psycopg.types.json import Jsonb
 from pydantic import ValidationError
 
+from core.errors import RouterErased
 from core.registry import RouterRun, RouterRunEnd
 from core.routing import RouterInvalid, RouterModel, RouterNotFound
 from infra.postgres.db import DictConnection
@@ -34,12 +36,15 @@ def router_parent(conn: DictConnection, version: str) -> str | None:
 
 
 def router_model(conn: DictConnection, version: str) -> RouterModel:
-    """The stored classifier of ``version``, checked against its content hash."""
+    """The stored classifier of ``version``, checked against its content hash; ``RouterErased``
+    once its weights were erased."""
     row = conn.execute(
-        "SELECT model FROM router_versions WHERE router_version = %s", (version,)
+        "SELECT model, erased_reason FROM router_versions WHERE router_version = %s", (version,)
     ).fetchone()
     if row is None:
         raise RouterNotFound(f"no router version {version!r} in the registry")
+    if row["model"] is None:
+        raise RouterErased(f"router version {version!r} was erased: {row['erased_reason']}")
     try:
         model = RouterModel.model_validate(row["model"])
     except ValidationError as exc:
@@ -47,6 +52,24 @@ def router_model(conn: DictConnection, version: str) -> RouterModel:
     if model.version != version:
         raise RouterInvalid(f"the model stored as {version!r} is {model.version!r}")
     return model
+
+
+def erase_routers(conn: DictConnection, versions: Collection[str], reason: str) -> list[str]:
+    """Erase the weights of ``versions`` (their rows stay); returns those erased now."""
+    rows = conn.execute(
+        "UPDATE router_versions SET model = NULL, erased_at = now(), erased_reason = %s "
+        "WHERE router_version = ANY(%s) AND model IS NOT NULL RETURNING router_version",
+        (reason, list(versions)),
+    ).fetchall()
+    return sorted(row["router_version"] for row in rows)
+
+
+def erased_routers(conn: DictConnection) -> dict[str, str]:
+    """Every router version whose weights were erased, with why."""
+    rows = conn.execute(
+        "SELECT router_version, erased_reason FROM router_versions WHERE model IS NULL"
+    ).fetchall()
+    return {row["router_version"]: row["erased_reason"] for row in rows}
 
 
 def add_pending_label(conn: DictConnection) -> int:

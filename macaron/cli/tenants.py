@@ -180,8 +180,9 @@ def tenants_exposure(
     who = tenant or f"{len(tenants)} forgotten tenant(s)"
     console.print(f"{who}: {found.records} experience record(s) and routing label(s) in the log")
     adapters = [f"{a} (weights erased)" if a in found.erased else a for a in found.adapters]
+    routers = [f"{r} (weights erased)" if r in found.erased else r for r in found.routers]
     console.print(f"adapters that learned from them: {', '.join(adapters) or 'none'}")
-    console.print(f"routers fitted on them: {', '.join(found.routers) or 'none'}")
+    console.print(f"routers fitted on them: {', '.join(routers) or 'none'}")
     active = " (the active release among them)" if found.active else ""
     console.print(f"releases with those adapters: {', '.join(found.releases) or 'none'}{active}")
 

@@ -13,9 +13,10 @@ from pathlib import Path
 from subprocess import Popen
 from uuid import uuid4
 
+import pytest
 from websockets.sync.client import ClientConnection
 
-from core.errors import ContractInvalid
+from core.errors import ContractInvalid, RouterErased
 from core.events import (
     NewEvent,
     ReleasePromoted,
@@ -29,6 +30,7 @@ from core.routing_labels import LabelledTurn
 from core.settings import Settings
 from core.tasks import Task
 from infra.jsonl import load_jsonl
+from infra.postgres.promotions import request_promotion, wait_for_request
 from infra.postgres.routers import queue_router_run, router_model, router_parent, router_run
 from learners.queue import configure as configure_celery
 from learners.routing.run import train_router_run
@@ -185,6 +187,33 @@ def assert_router_unlearns(
     # Judged against the router it would fall back to, not the exposed one it replaces.
     assert judged is not None and judged.evaluation is not None and fallback is not None
     assert judged.judged_against == judged.evaluation["judged_against"] == fallback
+    assert_exposed_router_erased(served, exposed)
+
+
+def assert_exposed_router_erased(served: Running, exposed: str) -> None:
+    """The exposed router's weights leave the registry once the successor routes (its row
+    stays: releases name it); a rollback to the release that routed with it is refused."""
+    pool = served.server.pool
+    deadline = time.monotonic() + 60
+    while True:  # erased after the flip
+        with pool.connection() as conn:
+            found = exposure(conn, served.server.log, ["router-user"])
+        if found.erased == (exposed,):
+            break
+        assert time.monotonic() < deadline, found
+        time.sleep(0.2)
+    with pool.connection() as conn:
+        with pytest.raises(RouterErased, match="learned from a forgotten tenant"):
+            router_model(conn, exposed)
+        row = conn.execute(
+            "SELECT release_id FROM releases WHERE router_version = %s "
+            "ORDER BY created_at DESC LIMIT 1",
+            (exposed,),
+        ).fetchone()
+    assert row is not None
+    back = request_promotion(pool, row["release_id"], kind="rollback", requested_by="t")
+    final = wait_for_request(pool, back, 60)
+    assert final.status == "failed" and f"routes with {exposed}" in (final.reason or "")
 
 
 def test_a_router_taught_wrong_is_refused_and_the_active_one_routes_on(
