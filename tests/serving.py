@@ -275,21 +275,32 @@ def wait_for_promotion(
     timeout_s: float = 600,
     parent: str | None = None,
 ) -> ReleasePromoted:
-    """The latest promotion of a child release (of ``parent`` when given); fails on a
-    rejection, a dead worker or the timeout, with the runs, the evaluations and the end of the
-    worker's log."""
+    """The latest promotion of a child release (of ``parent`` when given) but a harness
+    proposal's; fails on a rejection but a harness proposal's (judging a proposal is the
+    contract's job, and any verdict is fine here), a dead worker or the timeout, with the runs,
+    the evaluations and the end of the worker's log."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        with served.server.pool.connection() as conn:
+            proposals = {
+                row["run_id"]
+                for row in conn.execute("SELECT run_id FROM training_runs WHERE kind = 'harness'")
+            }
         found = [
             e.payload
             for e in served.events("releases")
             if isinstance(e.payload, ReleasePromoted)
+            and e.payload.run_id not in proposals
             and e.payload.parent_release_id is not None
             and parent in (None, e.payload.parent_release_id)
         ]
         if found:
             return found[-1]
-        rejected = [e for e in served.events() if isinstance(e.payload, PromotionRejected)]
+        rejected = [
+            e
+            for e in served.events()
+            if isinstance(e.payload, PromotionRejected) and e.payload.run_id not in proposals
+        ]
         if rejected or worker.poll() is not None:
             break
         time.sleep(1)

@@ -56,7 +56,7 @@ def test_retraining_promotes_a_successor_that_never_saw_the_forgotten_tenant(
         model_dir=tiny_model,
         redis_url=celery_redis_url,
         train_threshold=1000,  # trained by hand
-        harness_proposals=False,
+        harness_proposals=True,  # a proposal follows each run: its exemplars must hold no words
         contract_path=DATA / "contract-e2e.yaml",
         training_config=DATA / "training-e2e.yaml",
         task_visibility_timeout=120,
@@ -97,6 +97,13 @@ def test_retraining_promotes_a_successor_that_never_saw_the_forgotten_tenant(
             assert active_release(conn).adapters["genui"].name == "genui@0"
         assert exposure_of(served, "bystander") == (["genui@1", "genui@2"], False)
         assert_erased(served, "bystander", ["genui@1", "genui@2"], refused=second.release_id)
+        with served.server.pool.connection() as conn:  # proposals followed the runs, wordless
+            proposed = conn.execute(
+                "SELECT count(*) AS n FROM training_runs WHERE kind = 'harness'"
+            ).fetchone()
+            specs = [str(r["spec"]) for r in conn.execute("SELECT spec FROM harness_versions")]
+        assert proposed is not None and proposed["n"] >= 1
+        assert not any(SECRET in spec for spec in specs)
 
 
 def teach(served: Running, tenant: str) -> None:
