@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from datetime import datetime
 from uuid import UUID
 
@@ -26,6 +27,14 @@ def run_ids_oldest_first(conn: DictConnection) -> list[UUID]:
     """Every training run, in the order it was queued."""
     rows = conn.execute("SELECT run_id FROM training_runs ORDER BY created_at").fetchall()
     return [row["run_id"] for row in rows]
+
+
+def run_specialists(conn: DictConnection, run_ids: Collection[UUID]) -> set[str]:
+    """The specialists the training runs ``run_ids`` train."""
+    rows = conn.execute(
+        "SELECT DISTINCT specialist FROM training_runs WHERE run_id = ANY(%s)", (list(run_ids),)
+    ).fetchall()
+    return {row["specialist"] for row in rows}
 
 
 def run_verdicts(conn: DictConnection, run_id: UUID) -> RunVerdicts | None:

@@ -212,7 +212,9 @@ def demo(
     turns_per_generation: Annotated[
         int,
         typer.Option(
-            min=1, help="Most simulated turns (oracle) or rolled-out prompts (self) per generation."
+            min=1,
+            help="Most simulated turns (oracle) per generation, or rolled-out prompts of each "
+            "specialist (self).",
         ),
     ] = 120,
     concurrency: Annotated[int, typer.Option(min=1, help="Simulated users at once.")] = 8,
@@ -237,7 +239,8 @@ def demo(
     (PostgreSQL and Redis must be up: `macaron up`). Scores the contract on the active release
     first (generation 0); each generation sends traffic until the trigger queues a run (simulated
     users in --mode oracle; in --mode self, rollout jobs of --samples samples per bank prompt, at
-    most --turns-per-generation prompts, kept when the verifier passes them), waits for its
+    most --turns-per-generation prompts of each specialist, each until a run of its own is
+    queued, kept when the verifier passes them), waits for its
     training, evaluation and promotion or rejection, and scores the contract again. Unless
     set, MACARON_MAX_NEW_TOKENS is 96, MACARON_TURNS_PER_MINUTE does not limit the simulated
     users (their answers only need to be long enough to be judged) and MACARON_TRAINING_CONFIG

@@ -1,5 +1,7 @@
 """A demo's generations: measure the active release, then for each generation play simulated
-users until a run is queued, wait until every new run is decided, and measure again."""
+users until a run is queued (or, in self mode, roll out each specialist's prompts until a run
+of its own is queued or its budget is spent), wait until every new run is decided, and measure
+again."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from core.ids import derived_id
 from core.settings import Settings
 from core.tasks import Task
 from infra.postgres.keys import create_key
-from infra.postgres.lookups import run_ids_oldest_first, run_times
+from infra.postgres.lookups import run_ids_oldest_first, run_specialists, run_times
 from infra.postgres.registry import active_release
 from learners.evaluation.contract_runner import DEFAULT_CONTRACT, load_contract, load_training_bank
 from learners.evaluation.evaluate import release_outcomes
@@ -114,7 +116,11 @@ def run_demo(
         )
     bank = load_training_bank(settings.task_bank_path or DEFAULT_BANK, contract)
     tasks = bank_tasks(bank.tasks, o.specialists)
-    plays = Curriculum(tasks, o.seed) if o.mode == "self" else task_stream(tasks, o.seed)
+    plays = task_stream(tasks, o.seed)
+    curricula = {  # self mode: each specialist's own play order (and budget: ``roll``)
+        s: Curriculum([t for t in tasks if t.specialist == s], o.seed)
+        for s in (o.specialists if o.mode == "self" else ())
+    }
     o.out_dir.mkdir(parents=True, exist_ok=True)
     report = DemoReport(contract.version, [], "single" if contract.development is None else "test")
 
@@ -126,7 +132,7 @@ def run_demo(
 
     with running_loop(settings, o.out_dir, step, router=router, rollouts=o.rollouts) as stage:
         traffic = Traffic(o.mode, o.samples, o.seed, o.hints)
-        demo = _Demo(stage, contract, plays, step, settings.train_threshold, traffic)
+        demo = _Demo(stage, contract, (plays, curricula), step, settings.train_threshold, traffic)
         step("generation 0: measuring the contract on the active release")
         keep(demo.measure())
         for n in range(1, o.generations + 1):
@@ -161,14 +167,15 @@ class _Demo:
         self,
         stage: Stage,
         contract: Contract,
-        plays: Curriculum | Iterator[Task],
+        plays: tuple[Iterator[Task], dict[str, Curriculum]],
         step: Step,
         threshold: int,
         traffic: Traffic,
     ) -> None:
         self.stage = stage
         self.contract = contract
-        self.plays = plays
+        self.plays, self.curricula = plays
+        """The simulated users' play order (oracle), and each specialist's rollouts' (self)."""
         self.step = step
         self.threshold = threshold
         self.traffic = traffic
@@ -228,40 +235,49 @@ class _Demo:
         return SimulationReport(played, time.monotonic() - started)
 
     def roll(self, n: int, prompts: int, timeout_s: float) -> dict[str, dict[str, float]]:
-        """Roll out prompts (a job per specialist in each round) until the trigger has queued
-        a run, at most ``prompts``; what the rollouts gave, per specialist. No job starts once
-        a run is queued: the run trains now, and a job beside it would only slow both (the
-        prompts of a round left so are drawn again by a later round)."""
+        """Roll out up to ``prompts`` prompts of each specialist, each from its own play order,
+        ``ROLLOUT_CHUNK`` at a time in a job of its own, the specialists in turn. A specialist
+        stops once the trigger has queued a run of its own (that run trains it now); the
+        others go on, since another's run takes nothing from their budgets. What the rollouts
+        gave, per specialist."""
+        left = dict.fromkeys(self.curricula, prompts)
         summaries: list[RolloutSummary] = []
         specialists: list[str] = []
-        drawn = sampled = 0
-        while drawn < prompts and not self._queued_within(SETTLE_S if summaries else 0.0):
-            chunk = [next(self.plays) for _ in range(min(ROLLOUT_CHUNK, prompts - drawn))]
-            drawn += len(chunk)
-            for index, specialist in enumerate(sorted({task.specialist for task in chunk})):
-                if index and self._queued_within(SETTLE_S):  # the round's first was just asked
-                    break
+        while open_ := sorted(s for s, count in left.items() if count):
+            for specialist in open_:
+                if self._queued(specialist, SETTLE_S if specialist in specialists else 0.0):
+                    left[specialist] = 0
+                    continue
+                curriculum = self.curricula[specialist]
+                chunk = [next(curriculum) for _ in range(min(ROLLOUT_CHUNK, left[specialist]))]
                 job = RolloutJob(
                     job_id=derived_id(
-                        "demo-rollouts", self.origin, self.traffic.seed, n, drawn, specialist
+                        "demo-rollouts",
+                        self.origin,
+                        self.traffic.seed,
+                        n,
+                        specialist,
+                        prompts - left[specialist],
                     ),
                     specialist=specialist,
-                    environments=list(
-                        dict.fromkeys(t.id for t in chunk if t.specialist == specialist)
-                    ),  # a chunk across two rounds of the play order may hold a task twice
+                    environments=list(dict.fromkeys(t.id for t in chunk)),
+                    # a chunk across two rounds of the play order may hold a task twice
                     samples=self.traffic.samples,
                     seed=self.traffic.seed,
                     hints=self.traffic.hints,
                 )
                 enqueue_rollouts(job)
                 summary = self._await_job(job, n, timeout_s)
-                if isinstance(self.plays, Curriculum):
-                    self.plays.record(summary.by_task)
+                curriculum.record(summary.by_task)
                 summaries.append(summary)
                 specialists.append(specialist)
-                sampled += len(job.environments)
-            self.step(f"generation {n}: {sampled} prompts rolled out")
-        self.await_trigger(f"rollouts of {sampled} prompts")
+                left[specialist] -= len(chunk)
+            rolled = rollout_stats(specialists, summaries)
+            self.step(
+                f"generation {n}: prompts rolled out: "
+                + ", ".join(f"{s} {rolled[s]['groups']:.0f}" for s in sorted(rolled))
+            )
+        self.await_trigger(f"rollouts of {len(summaries)} jobs")
         return rollout_stats(specialists, summaries)
 
     def _await_job(self, job: RolloutJob, n: int, timeout_s: float) -> RolloutSummary:
@@ -350,6 +366,18 @@ class _Demo:
     def _run_ids(self) -> list[UUID]:
         with self.stage.server.pool.connection() as conn:
             return run_ids_oldest_first(conn)
+
+    def _queued(self, specialist: str, wait_s: float) -> bool:
+        """Whether a new run of ``specialist`` is queued, given the processors up to ``wait_s``
+        to queue one."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            with self.stage.server.pool.connection() as conn:
+                if specialist in run_specialists(conn, self._new_runs()):
+                    return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(POLL_S / 4)
 
     def _queued_within(self, wait_s: float) -> bool:
         """Whether a new run is queued, given the processors up to ``wait_s`` to queue one."""
