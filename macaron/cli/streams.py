@@ -102,7 +102,8 @@ def replay(
         if filter_version is not None:
             if processor != ExperienceBuilder.name:
                 raise ConfigError(f"--filter-version backfills {ExperienceBuilder.name!r} only")
-            _backfill(log, pool, keys, filter_version, first, last, output_json)
+            request = BackfillRequest(filter_version, start=first, end=last)
+            _backfill(log, pool, keys, request, output_json)
             return
         chosen = hosts[processor].processor
         rebuilt = replay_processor(chosen, log, pool, start=first, end=last)
@@ -115,21 +116,16 @@ def replay(
 
 
 def _backfill(
-    log: EventLog,
-    pool: Pool,
-    keys: DataKeys,
-    filter_version: str,
-    start: dict[int, int] | None,
-    end: dict[int, int] | None,
-    output_json: bool,
+    log: EventLog, pool: Pool, keys: DataKeys, request: BackfillRequest, output_json: bool
 ) -> None:
+    filter_version = request.filter_version
     with progress_bar() as bar:
         task = bar.add_task(f"backfilling {filter_version}", total=None)
         outcome = backfill(
             log,
             pool,
             keys,
-            BackfillRequest(filter_version, start=start, end=end),
+            request,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
         )
     log.close()

@@ -22,20 +22,33 @@ def worker_threads(engine: LocalEngine) -> int:
     return engine.stats["threads"]
 
 
-def test_an_engine_borrows_its_builders_threads_and_gives_them_back(
-    tiny_model: Path, two_torch_threads: None
-) -> None:
-    first = LocalEngine(tiny_model)
-    try:
-        assert torch.get_num_threads() == 1
-        assert worker_threads(first) == 2
-        second = LocalEngine(tiny_model)  # the count lent, not this thread's one
-        assert worker_threads(second) == 2
-        second.close()
-        assert torch.get_num_threads() == 1  # the first engine is still open
-    finally:
-        first.close()
-    assert torch.get_num_threads() == 2
+def test_an_engine_borrows_its_builders_threads_and_gives_them_back(tiny_model: Path) -> None:
+    seen: list[tuple[str, int]] = []
+
+    def build() -> None:  # on a thread of its own: no engine another test built is open on it
+        torch.set_num_threads(2)
+        first = LocalEngine(tiny_model)
+        try:
+            seen.append(("builder, first open", torch.get_num_threads()))
+            seen.append(("first's worker", worker_threads(first)))
+            second = LocalEngine(tiny_model)  # the count lent, not this thread's one
+            seen.append(("second's worker", worker_threads(second)))
+            second.close()
+            seen.append(("builder, first still open", torch.get_num_threads()))
+        finally:
+            first.close()
+        seen.append(("builder, all closed", torch.get_num_threads()))
+
+    builder = threading.Thread(target=build)
+    builder.start()
+    builder.join()
+    assert seen == [
+        ("builder, first open", 1),
+        ("first's worker", 2),
+        ("second's worker", 2),
+        ("builder, first still open", 1),
+        ("builder, all closed", 2),
+    ]
 
 
 def test_take_back_leaves_a_thread_that_built_no_engine_alone(two_torch_threads: None) -> None:
