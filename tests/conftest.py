@@ -117,6 +117,20 @@ def two_torch_threads() -> Iterator[None]:
     torch.set_num_threads(before)
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The slow files first: those of the vLLM fleet, then the other integration tests, then
+    the quick unit, contract and browser files. ``scripts/test.sh`` hands whole files to two
+    processes in this order, so the quick files fill the end and both finish together (in
+    path order the vLLM files came last, and one process ran them alone for minutes)."""
+
+    def weight(item: pytest.Item) -> int:
+        if item.get_closest_marker("vllm"):
+            return 0
+        return 1 if "integration" in item.path.parts else 2
+
+    items.sort(key=weight)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """A skipped test is a failure here: every server the tests need is started by them."""
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
