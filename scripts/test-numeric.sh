@@ -27,7 +27,7 @@ run() {  # run NAME [VAR=VALUE ...]: the numeric tests with those variables set
     echo "== numeric tests, $name"
     set +e
     env "$@" .venv/bin/python -m pytest -q -m "numeric and not vllm" -p no:cacheprovider \
-        -n "${MACARON_TEST_WORKERS:-2}" --dist loadfile -o addopts="-ra --strict-markers"
+        -n "${MACARON_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder -o addopts="-ra --strict-markers"
     local status=$?
     set -e
     if [ "$status" -ne 0 ]; then

@@ -30,7 +30,7 @@ echo "== mypy --strict"
 workers=${MACARON_TEST_WORKERS:-2}
 echo "== pytest ($workers processes)"
 set +e
-.venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"
+.venv/bin/python -m pytest -n "$workers" --dist loadfile --no-loadscope-reorder "$@"
 status=$?
 set -e
 if [ "$status" -eq 5 ]; then

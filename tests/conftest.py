@@ -120,8 +120,9 @@ def two_torch_threads() -> Iterator[None]:
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The slow files first: those of the vLLM fleet, then the other integration tests, then
     the quick unit, contract and browser files. ``scripts/test.sh`` hands whole files to two
-    processes in this order, so the quick files fill the end and both finish together (in
-    path order the vLLM files came last, and one process ran them alone for minutes)."""
+    processes in this order (``--no-loadscope-reorder``: xdist would put the files with most
+    tests first), so the quick files fill the end and both finish together; in path order, or
+    most tests first, the slow files came last and one process ran them alone for minutes."""
 
     def weight(item: pytest.Item) -> int:
         if item.get_closest_marker("vllm"):
