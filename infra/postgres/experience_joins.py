@@ -192,22 +192,21 @@ def joined_turn(
     conn: DictConnection, cells: Cells, turn_id: UUID, history_turns: int
 ) -> JoinedTurn | None:
     """The turn joined with its history window of ``history_turns`` completed turns, or
-    ``None`` while it is not complete or not routed, and once its words no longer open (its
-    tenant forgotten, or recorded before the join state was sealed)."""
+    ``None`` while it is not complete or not routed, and once its words or its context's no
+    longer open (its tenant forgotten, or recorded before the join state was sealed: migration
+    0022 dropped those words, and a context without them is not the one the model saw)."""
     row = conn.execute(
-        "SELECT t.*, c.sealed_history, "
+        "SELECT t.*, c.sealed_history, c.conversation_id IS NOT NULL AS recorded_start, "
         "  (SELECT COALESCE(jsonb_agg(jsonb_build_array(e.turn_id, e.sealed_content, "
         "                                               e.sealed_response) "
         "                             ORDER BY e.position), '[]') "
         "   FROM (SELECT turn_id, sealed_content, sealed_response, position "
         "         FROM experience_turns "
         "         WHERE conversation_id = t.conversation_id AND position < t.position "
-        "         AND completed AND sealed_content IS NOT NULL "
-        "         ORDER BY position DESC LIMIT %s) AS e) AS earlier "
+        "         AND completed ORDER BY position DESC LIMIT %s) AS e) AS earlier "
         "FROM experience_turns t "
         "LEFT JOIN experience_conversations c USING (conversation_id) "
-        "WHERE t.turn_id = %s AND t.completed AND t.specialist IS NOT NULL "
-        "AND t.sealed_content IS NOT NULL",
+        "WHERE t.turn_id = %s AND t.completed AND t.specialist IS NOT NULL",
         (history_turns, turn_id),
     ).fetchone()
     if row is None:
@@ -252,36 +251,45 @@ def _opened_words(cells: Cells, row: dict[str, Any]) -> _Words | None:
     history and the earlier turns' (message, answer); ``None`` once its tenant's key is gone."""
     tenant, turn = row["tenant_id"], row["turn_id"]
 
-    def opened(column: str, row_id: UUID, stored: str | None) -> Any:
+    def opened(column: str, row_id: UUID, stored: str | None, *, kept: bool = False) -> Any:
+        """The cell opened; ``None`` where nothing was stored, unless the words were ``kept``
+        there (then they were dropped by migration 0022)."""
         if stored is None:
+            if kept:
+                raise _Unreadable
             return None
         value = cells.open(tenant, _place(column, row_id), stored)
         if value is None:
-            raise _KeyDestroyed
+            raise _Unreadable
         return value
 
+    conversation = row["conversation_id"]
     try:
-        content = opened("experience_turns.content", turn, row["sealed_content"])
+        content = opened("experience_turns.content", turn, row["sealed_content"], kept=True)
         response = opened("experience_turns.response", turn, row["sealed_response"])
         actions = tuple(opened("experience_turns.actions", turn, a) for a in row["sealed_actions"])
         history = opened(
-            "experience_conversations.history", row["conversation_id"], row["sealed_history"]
+            "experience_conversations.history",
+            conversation,
+            row["sealed_history"],
+            kept=row["recorded_start"],
         )
         earlier = tuple(
             (
-                opened("experience_turns.content", UUID(e_turn), e_content),
+                opened("experience_turns.content", UUID(e_turn), e_content, kept=True),
                 opened("experience_turns.response", UUID(e_turn), e_response),
             )
             for e_turn, e_content, e_response in row["earlier"]
         )
-    except _KeyDestroyed:
+    except _Unreadable:
         return None
     seed = tuple(ChatMessage.model_validate(m) for m in history or [])
     return content, response, actions, seed, earlier
 
 
-class _KeyDestroyed(Exception):
-    """A sealed cell whose tenant's key is destroyed: the row reads as gone."""
+class _Unreadable(Exception):
+    """A cell whose tenant's key is destroyed, or whose words migration 0022 dropped: the
+    turn cannot be joined."""
 
 
 def _harness(conn: DictConnection, name: str | None) -> HarnessVersion:

@@ -231,3 +231,39 @@ def test_experience_is_built_with_the_harness_the_turn_ran_under(pool: Pool) -> 
     assert joined["brief"] is not None and joined["brief"].harness == brief
     assert context_messages(joined["brief"])[0] == {"role": "system", "content": "Be brief."}
     assert joined["unstamped"] is not None and joined["unstamped"].harness.name == "harness@0"
+
+
+def test_a_turn_whose_context_lost_its_words_to_migration_0022_is_not_joined(pool: Pool) -> None:
+    """Migration 0022 dropped the join state's plaintext words: a turn recorded after it, in a
+    conversation begun before it, has an earlier turn (or an opening history) without words.
+    Its context is not the one the model saw, so it is not joined; a conversation begun after
+    it joins whole."""
+    cells = Cells(InMemoryDataKeys())
+    before, after, fresh = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    old_conversation = uuid.uuid4()
+    with pool.connection() as conn, conn.transaction():
+        conn.execute(  # as 0022 left a row of an earlier turn: its words dropped
+            "INSERT INTO experience_turns (turn_id, conversation_id, tenant_id, position, "
+            "specialist, completed) VALUES (%s, %s, 'acme', 1, 'chat', true)",
+            (before, old_conversation),
+        )
+        for position, (turn_id, conversation) in enumerate(
+            [(after, old_conversation), (fresh, uuid.uuid4())], start=2
+        ):
+            turn = TurnReceived(
+                conversation_id=conversation,
+                turn_id=turn_id,
+                client_msg_id=str(turn_id),
+                content="hello again",
+                release_id=None,
+                harness=None,
+            )
+            event = NewEvent(payload=turn, tenant_id="acme", key=str(conversation))
+            record_turn(conn, cells, Mapper().seal(event, position, None).envelope, turn)
+            record_route(conn, turn_id, "chat", "chat@0")
+            record_response(conn, cells, "acme", turn_id, "Hi.", None)
+            record_completion(conn, turn_id)
+        assert joined_turn(conn, cells, before, 8) is None
+        assert joined_turn(conn, cells, after, 8) is None
+        joined = joined_turn(conn, cells, fresh, 8)
+    assert joined is not None and (joined.content, joined.response) == ("hello again", "Hi.")
