@@ -43,6 +43,9 @@ class Group:
     temperature: float
     episodes: list[list[RolloutStep]]
     verdicts: list[Verdict]
+    round: int = 0
+    """The round of adaptive sampling it was drawn in: 0, or later when the rounds before it
+    had no signal and no pass (``RolloutJob.budget``)."""
 
     @property
     def any_passed(self) -> bool:

@@ -7,12 +7,17 @@ group, sampled concurrently through the ``Engine`` port (the engine batches them
 prompt's prefill through its prefix cache), each with its own seed, in the specialist's context
 under the release's harness, its output grammar always enforced (so the reward measures
 content) and, where the verifier judges a tool call, a tool call required as the first step
-(otherwise the base model of an agent answers in prose and no sample can pass). A job with
-``hints: tools`` sweeps each tool-call group none of whose samples passed: it decodes, greedily,
-one episode per kind of call of the harness's tools (a tool, or each op of a tool with ops:
-``notes.set``, ``notes.get``, ...), the first step held to that kind; with
-``hints: checker`` (an ablation; ``learners.rollouts.environments``), K more with the checker's hint
-after the prompt, for each group none of whose samples passed (STaR-style rationalization).
+(otherwise the base model of an agent answers in prose and no sample can pass).
+
+Adaptive sampling: a job with a ``budget`` above K samples K more of each environment whose
+groups so far are flat (verified rewards all alike, none passed: nothing for a policy gradient
+to learn, no answer to imitate), as a group of its own, round after round until one carries
+signal or the budget is spent. A job with ``hints: tools`` then sweeps each tool-call
+environment none of whose samples passed: it decodes, greedily, one episode per kind of call of
+the harness's tools (a tool, or each op of a tool with ops: ``notes.set``, ``notes.get``, ...),
+the first step held to that kind; with ``hints: checker`` (an ablation;
+``learners.rollouts.environments``), K more with the checker's hint after the prompt, for each
+environment none of whose samples passed (STaR-style rationalization).
 The experience builder trains on what verifies, in the context without the hint.
 
 Ids derive from the job, the environment and the sample, and a group's events are appended in
@@ -29,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from core.engine import Engine
 from core.errors import EventIdConflict, MacaronError
@@ -83,6 +88,22 @@ class RolloutJob(BaseModel):
     hints: HintMode = "none"
     """``tools``: resample unsolved tool-call groups with each kind of call in turn forced;
     ``checker``: resample unsolved groups with the checker's hint (an ablation)."""
+    budget: int | None = Field(default=None, ge=1, le=64)
+    """Samples per environment at most (adaptive sampling; ``None``: ``samples``, no more). A
+    group with no signal (its verified rewards all alike) and no pass is sampled again, K more
+    at a time and recorded as a group of its own, until one carries signal or the budget is
+    spent; only then is the environment given up (or swept, with ``hints``)."""
+
+    @model_validator(mode="after")
+    def _budget_holds_a_group(self) -> RolloutJob:
+        if self.budget is not None and self.budget < self.samples:
+            raise ValueError(f"budget {self.budget} is less than one group of {self.samples}")
+        return self
+
+    @property
+    def rounds(self) -> int:
+        """Groups of K an environment may be sampled in, the budget spent."""
+        return (self.budget or self.samples) // self.samples
 
     @field_validator("environments")
     @classmethod
@@ -95,9 +116,11 @@ class RolloutJob(BaseModel):
 
 class RolloutSummary(BaseModel):
     """What a job sampled: groups and samples (hinted ones apart), how many passed, how many the
-    verifier could not judge, pass@1 and pass@K over the unhinted groups, the groups with
-    signal (verified rewards not all equal: the only ones a policy gradient learns from) and,
-    per bank task, its samples passed and judged (what a curriculum weighs)."""
+    verifier could not judge, pass@1 and pass@K over the first groups, the groups with signal
+    (verified rewards not all equal: the only ones a policy gradient learns from), the groups
+    sampled again for want of signal (``resampled_*``: groups, samples, passes, and those with
+    signal) and, per bank task, its samples passed and judged in all (what a curriculum
+    weighs)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -109,6 +132,10 @@ class RolloutSummary(BaseModel):
     pass_at_1: float
     pass_at_k: float
     signal_groups: int
+    resampled_groups: int
+    resampled_samples: int
+    resampled_passed: int
+    resampled_signal: int
     hinted_groups: int
     hinted_samples: int
     hinted_passed: int
@@ -121,8 +148,12 @@ def rollout_key(job_id: UUID) -> str:
     return f"rollouts.{job_id}"
 
 
-def group_id_of(job_id: UUID, environment: Environment, hinted: bool) -> UUID:
-    return derived_id("rollout-group", job_id, environment.id, hinted)
+def group_id_of(job_id: UUID, environment: Environment, hinted: bool, round_: int = 0) -> UUID:
+    """A group's id: of the job, the environment, whether it was sampled with help, and (after
+    the first) the round of adaptive sampling it was drawn in."""
+    if round_ == 0:
+        return derived_id("rollout-group", job_id, environment.id, hinted)
+    return derived_id("rollout-group", job_id, environment.id, hinted, round_)
 
 
 # --- sampling ---------------------------------------------------------------------------------
@@ -140,7 +171,8 @@ def swept_calls(sampler: Sampler, job: RolloutJob, hinted: bool) -> list[str | N
 
 def sample_seed(job: RolloutJob, environment: Environment, hinted: bool, sample: int) -> int:
     """A sample's seed: derived from the job (its id and seed), so a redelivered job samples
-    alike and another job on the same prompt explores anew."""
+    alike and another job on the same prompt explores anew; ``sample`` counts on across the
+    rounds of adaptive sampling (round r's k-th is r*K + k), so each round draws anew."""
     parts = ("rollout-seed", job.job_id, job.seed, environment.id, hinted, sample)
     return derived_id(*parts).int % 2**31
 
@@ -153,10 +185,12 @@ async def sample_groups(
     record: Callable[[Group], None],
     *,
     hinted: bool,
+    round_: int = 0,
 ) -> list[Group]:
     """Every environment's K episodes at once (the engine batches them, at most ``CONCURRENCY``
-    requests in flight); as each group is sampled, its verdicts and ``record`` (both may
-    block: they run in a thread, one group at a time), so what a job did survives a crash."""
+    requests in flight), of adaptive sampling's round ``round_``; as each group is sampled,
+    its verdicts and ``record`` (both may block: they run in a thread, one group at a time),
+    so what a job did survives a crash."""
     slots, recording = asyncio.Semaphore(CONCURRENCY), asyncio.Lock()
 
     first_calls = swept_calls(sampler, job, hinted)
@@ -165,7 +199,8 @@ async def sample_groups(
 
     async def group(environment: Environment) -> Group:
         hint = environment.hint(job.hints) if hinted else None
-        seeds = [sample_seed(job, environment, hinted, k) for k in range(len(first_calls))]
+        first = round_ * len(first_calls)
+        seeds = [sample_seed(job, environment, hinted, first + k) for k in range(len(first_calls))]
         episodes = await asyncio.gather(
             *(
                 sampler.episode(environment, hint, seed, slots, call)
@@ -177,7 +212,9 @@ async def sample_groups(
                 lambda: [judge(verifier, environment.task, steps) for steps in episodes]
             )
             temperature = sampler.temperature
-            done = Group(environment, hinted, hint, first_calls, temperature, episodes, verdicts)
+            done = Group(
+                environment, hinted, hint, first_calls, temperature, episodes, verdicts, round_
+            )
             await asyncio.to_thread(record, done)
         return done
 
@@ -192,7 +229,8 @@ def group_events(
 ) -> list[NewEvent]:
     """A group's ``RolloutSampled`` events, then its ``RolloutScored`` events."""
     env, hinted = group.environment, group.second_look
-    group_id = group_id_of(job.job_id, env, hinted)
+    group_id = group_id_of(job.job_id, env, hinted, group.round)
+    first_sample = group.round * len(group.episodes)
     adapter = release.adapter_for(job.specialist)
     messages = build_context(harness, job.specialist, [], env.task.prompt).messages()
     sampled, scored = [], []
@@ -214,7 +252,7 @@ def group_events(
                 messages=[ChatMessage.model_validate(m) for m in messages],
                 hint=group.hint,
                 first_call=first_call,
-                seed=sample_seed(job, env, hinted, k),
+                seed=sample_seed(job, env, hinted, first_sample + k),
                 temperature=group.temperature,
                 steps=steps,
             )
@@ -243,14 +281,22 @@ def group_events(
     ]
 
 
-def recorded_groups(log: EventLog, job_id: UUID) -> dict[UUID, bool]:
-    """The groups of ``job_id`` the log holds, each with whether any of its samples passed."""
-    passed: dict[UUID, bool] = {}
+def recorded_verdicts(log: EventLog, job_id: UUID) -> dict[UUID, list[RolloutScored]]:
+    """The groups of ``job_id`` the log holds, each with its verdicts."""
+    verdicts: dict[UUID, list[RolloutScored]] = {}
     for event in log.read(key=rollout_key(job_id), types=["RolloutScored"]):
         verdict = event.payload
         if isinstance(verdict, RolloutScored):
-            passed[verdict.group_id] = passed.get(verdict.group_id, False) or verdict.passed
-    return passed
+            verdicts.setdefault(verdict.group_id, []).append(verdict)
+    return verdicts
+
+
+def flat(verdicts: Sequence[RolloutScored]) -> bool:
+    """Whether a group teaches a policy gradient nothing and found no answer: its verified
+    rewards all alike and none passed (a group the verifier could not judge at all is not
+    flat: sampling it again would fail alike)."""
+    rewards = {v.reward for v in verdicts if v.reward is not None}
+    return len(rewards) == 1 and not any(v.passed for v in verdicts)
 
 
 # --- the job ----------------------------------------------------------------------------------
@@ -258,7 +304,9 @@ def recorded_groups(log: EventLog, job_id: UUID) -> dict[UUID, bool]:
 
 def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None) -> RolloutSummary:
     """Sample, verify and record the job's groups on a fresh engine with the active release's
-    adapter for the specialist loaded; groups the log already holds are not sampled again."""
+    adapter for the specialist loaded: a group of K per environment, more for those whose
+    groups so far are flat (up to the budget), then, with hints, a second look at those no
+    sample solved. Groups the log already holds are not sampled again."""
     started = time.monotonic()
     verifier = verifier or CheckerVerifier()
     environments = _environments(rt, job)
@@ -275,26 +323,36 @@ def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None)
                 "group %s of job %s was recorded meanwhile", group.environment.id, job.job_id
             )
 
-    def roll(sampler: Sampler, todo: Sequence[Environment], hinted: bool) -> list[Group]:
+    def roll(
+        sampler: Sampler, todo: Sequence[Environment], hinted: bool, round_: int = 0
+    ) -> list[Group]:
         """Sample and record the groups of ``todo`` the log does not hold yet."""
-        recorded = recorded_groups(rt.log, job.job_id)
-        todo = [e for e in todo if group_id_of(job.job_id, e, hinted) not in recorded]
-        return asyncio.run(sample_groups(sampler, job, todo, verifier, record, hinted=hinted))
+        recorded = recorded_verdicts(rt.log, job.job_id)
+        todo = [e for e in todo if group_id_of(job.job_id, e, hinted, round_) not in recorded]
+        groups = sample_groups(sampler, job, todo, verifier, record, hinted=hinted, round_=round_)
+        return asyncio.run(groups)
+
+    def rounds_of(env: Environment, upto: int) -> list[list[RolloutScored]]:
+        recorded = recorded_verdicts(rt.log, job.job_id)
+        return [recorded.get(group_id_of(job.job_id, env, False, r), []) for r in range(upto)]
 
     try:
         sampler = _sampler(rt, engine, release, harness, job)
         groups = roll(sampler, environments, False)
-        recorded = recorded_groups(rt.log, job.job_id)
+        resampled: list[Group] = []
+        for round_ in range(1, job.rounds):
+            todo = [env for env in environments if all(map(flat, rounds_of(env, round_)))]
+            resampled += roll(sampler, todo, False, round_)
         unsolved = [
             env
             for env in environments
             if env.resampled(job.hints)
-            and not recorded.get(group_id_of(job.job_id, env, False), True)
+            and not any(v.passed for group in rounds_of(env, job.rounds) for v in group)
         ]
         hinted = roll(sampler, unsolved, True)
     finally:
         engine.close()
-    return _summary(job, groups, hinted, time.monotonic() - started)
+    return _summary(job, groups, resampled, hinted, time.monotonic() - started)
 
 
 def _environments(rt: Runtime, job: RolloutJob) -> list[Environment]:
@@ -333,9 +391,20 @@ def _sampler(
 
 
 def _summary(
-    job: RolloutJob, groups: list[Group], hinted: list[Group], seconds: float
+    job: RolloutJob,
+    groups: list[Group],
+    resampled: list[Group],
+    hinted: list[Group],
+    seconds: float,
 ) -> RolloutSummary:
     verdicts = [v for g in groups for v in g.verdicts]
+    by_task: dict[str, tuple[int, int]] = {}
+    for g in groups + resampled:
+        passed, judged = by_task.get(g.environment.task.id, (0, 0))
+        by_task[g.environment.task.id] = (
+            passed + sum(v.passed for v in g.verdicts),
+            judged + sum(v.reward is not None for v in g.verdicts),
+        )
     return RolloutSummary(
         job_id=job.job_id,
         groups=len(groups),
@@ -345,15 +414,13 @@ def _summary(
         pass_at_1=sum(v.passed for v in verdicts) / len(verdicts) if verdicts else 0.0,
         pass_at_k=sum(g.any_passed for g in groups) / len(groups) if groups else 0.0,
         signal_groups=sum(g.has_signal for g in groups),
+        resampled_groups=len(resampled),
+        resampled_samples=sum(len(g.verdicts) for g in resampled),
+        resampled_passed=sum(v.passed for g in resampled for v in g.verdicts),
+        resampled_signal=sum(g.has_signal for g in resampled),
         hinted_groups=len(hinted),
         hinted_samples=sum(len(g.verdicts) for g in hinted),
         hinted_passed=sum(v.passed for g in hinted for v in g.verdicts),
         seconds=seconds,
-        by_task={
-            g.environment.task.id: (
-                sum(v.passed for v in g.verdicts),
-                sum(v.reward is not None for v in g.verdicts),
-            )
-            for g in groups
-        },
+        by_task=by_task,
     )

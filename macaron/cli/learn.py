@@ -194,6 +194,14 @@ HINTS_HELP = (
 )
 
 
+BUDGET_HELP = (
+    "Self mode: samples per prompt at most (adaptive sampling; default twice --samples). A "
+    "prompt whose samples all scored alike and none passed is sampled again, --samples more at "
+    "a time, until its rewards differ or the budget is spent; --budget equal to --samples "
+    "turns it off."
+)
+
+
 class DemoRollouts(StrEnum):
     worker = "worker"
     server = "server"
@@ -230,6 +238,7 @@ def demo(
     seed: Annotated[int, typer.Option(help="Seed of the play order and of the rollouts.")] = 0,
     mode: Annotated[DemoMode, typer.Option(help=MODE_HELP)] = DemoMode.oracle,
     samples: Annotated[int, typer.Option(min=1, max=16, help="Self mode: samples per prompt.")] = 8,
+    budget: Annotated[int | None, typer.Option(min=1, max=64, help=BUDGET_HELP)] = None,
     hints: Annotated[DemoHints, typer.Option(help=HINTS_HELP)] = DemoHints.none,
     rollouts: Annotated[DemoRollouts, typer.Option(help=ROLLOUTS_HELP)] = DemoRollouts.worker,
 ) -> None:
@@ -238,13 +247,14 @@ def demo(
     Starts the chat server, the stream processors and a Celery worker on the configured model
     (PostgreSQL and Redis must be up: `macaron up`). Scores the contract on the active release
     first (generation 0); each generation sends traffic until the trigger queues a run (simulated
-    users in --mode oracle; in --mode self, rollout jobs of --samples samples per bank prompt, at
-    most --turns-per-generation prompts of each specialist, each until a run of its own is
-    queued, kept when the verifier passes them), waits for its
-    training, evaluation and promotion or rejection, and scores the contract again. Unless
-    set, MACARON_MAX_NEW_TOKENS is 96, MACARON_TURNS_PER_MINUTE does not limit the simulated
-    users (their answers only need to be long enough to be judged) and MACARON_TRAINING_CONFIG
-    is the CPU recipe learners/recipes/lora-cpu.yaml (lora-rloo.yaml in --mode self)."""
+    users in --mode oracle; in --mode self, rollout jobs of --samples samples per bank prompt (up
+    to --budget for a prompt whose samples all scored alike), at most --turns-per-generation
+    prompts of each specialist, each until a run of its own is queued, kept when the verifier
+    passes them), waits for its training, evaluation and promotion or rejection, and scores the
+    contract again. Unless set, MACARON_MAX_NEW_TOKENS is 96, MACARON_TURNS_PER_MINUTE does not
+    limit the simulated users (their answers only need to be long enough to be judged) and
+    MACARON_TRAINING_CONFIG is the CPU recipe learners/recipes/lora-cpu.yaml (lora-rloo.yaml in
+    --mode self)."""
     from macaron.demo import DemoOptions, demo_table, generation_table, run_demo  # torch, peft
 
     cfg = settings(ctx)
@@ -258,6 +268,7 @@ def demo(
         seed=seed,
         mode="self" if mode is DemoMode.self_ else "oracle",
         samples=samples,
+        budget=budget,
         hints=hints.value,
         rollouts=rollouts.value,
     )

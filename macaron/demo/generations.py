@@ -98,13 +98,16 @@ def run_demo(
     """Measure the active release, then run the options' generations of the loop; writes
     ``demo.json`` and ``demo.png`` into its ``out_dir`` after each generation. The traffic of a
     generation is simulated users whose oracle corrects wrong answers with the reference
-    (``oracle``) or rollout jobs judged by the verifiers (``self``), groups with no passing
-    sample resampled as ``hints`` says (``tools``: a tool sweep; ``checker``: the checker's
+    (``oracle``) or rollout jobs judged by the verifiers (``self``; a prompt whose groups are
+    flat sampled again up to the budget), groups with no passing sample resampled as ``hints``
+    says (``tools``: a tool sweep; ``checker``: the checker's
     hint, an ablation), sampled by the worker or the chat server's rollout lane, as
     ``rollouts`` says."""
     o = options
     if min(o.generations, o.turns_per_generation, o.concurrency) < 1:
         raise ConfigError("generations, turns per generation and concurrency must be at least 1")
+    if o.budget is not None and not o.samples <= o.budget <= 64:
+        raise ConfigError(f"budget {o.budget} must be from --samples ({o.samples}) to 64")
     _check_traffic(o.mode, o.hints, o.rollouts)
     settings = demo_settings(settings, o.mode)
     contract = load_contract(settings.contract_path or DEFAULT_CONTRACT)
@@ -131,7 +134,8 @@ def run_demo(
             on_generation(record)
 
     with running_loop(settings, o.out_dir, step, router=router, rollouts=o.rollouts) as stage:
-        traffic = Traffic(o.mode, o.samples, o.seed, o.hints)
+        budget = 2 * o.samples if o.budget is None else o.budget
+        traffic = Traffic(o.mode, o.samples, budget, o.seed, o.hints)
         demo = _Demo(stage, contract, (plays, curricula), step, settings.train_threshold, traffic)
         step("generation 0: measuring the contract on the active release")
         keep(demo.measure())
@@ -152,10 +156,12 @@ def _check_traffic(mode: Mode, hints: HintMode, rollouts: RolloutPlace) -> None:
 @dataclass(frozen=True)
 class Traffic:
     """A generation's traffic: simulated users (``oracle``), or rollouts (``self``) of
-    ``samples`` samples per prompt seeded from ``seed``, hinted as ``hints`` says."""
+    ``samples`` samples per prompt (up to ``budget`` where they are flat: adaptive sampling)
+    seeded from ``seed``, hinted as ``hints`` says."""
 
     mode: Mode
     samples: int
+    budget: int
     seed: int
     hints: HintMode
 
@@ -263,6 +269,7 @@ class _Demo:
                     environments=list(dict.fromkeys(t.id for t in chunk)),
                     # a chunk across two rounds of the play order may hold a task twice
                     samples=self.traffic.samples,
+                    budget=self.traffic.budget,
                     seed=self.traffic.seed,
                     hints=self.traffic.hints,
                 )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -83,7 +84,7 @@ def generation_table(record: GenerationRecord) -> Table:
         caption += (
             f"\n{specialist} rollouts: {r['groups']:.0f} prompts, {r['samples']:.0f} samples"
             f", pass@1 {r['pass_at_1']:.2f}, pass@K {r['pass_at_k']:.2f}, groups with signal "
-            f"{r['signal_groups']:.0f} ({r['signal_share']:.0%}), hinted "
+            f"{r['signal_groups']:.0f} ({r['signal_share']:.0%}), {_resampled_text(r)}, hinted "
             f"{r['hinted_groups']:.0f} groups, {r['hinted_samples']:.0f} samples "
             f"({r['hinted_passed']:.0f} passed), verifier failures "
             f"{r['failed']:.0f}, {r['seconds']:.0f} s"
@@ -148,3 +149,13 @@ def demo_table(report: DemoReport) -> Table:
 def _score_cell(g: GenerationRecord, suite: str) -> str:
     score = f"{g.scores[suite]:.2f}" if suite in g.scores else "-"
     return f"{score} / {g.formats[suite]:.2f}" if suite in g.formats else score
+
+
+def _resampled_text(rollouts: Mapping[str, float]) -> str:
+    """The flat groups sampled again (none in a record from before adaptive sampling)."""
+    r = {name: rollouts.get(f"resampled_{name}", 0.0) for name in ("groups", "samples", "passed")}
+    signal = rollouts.get("resampled_signal", 0.0)
+    return (
+        f"resampled {r['groups']:.0f} flat groups, {r['samples']:.0f} samples "
+        f"({r['passed']:.0f} passed, {signal:.0f} with signal)"
+    )

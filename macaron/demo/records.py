@@ -120,7 +120,8 @@ def rollout_stats(
     specialists: Sequence[str], summaries: Sequence[RolloutSummary]
 ) -> dict[str, dict[str, float]]:
     """Per specialist: groups and samples rolled out, samples passed, pass@1 and pass@K, the
-    groups with signal and their share, the hinted groups, their samples and their passes,
+    groups with signal and their share, the groups sampled again for want of signal (their
+    samples, passes, and those with signal), the hinted groups, their samples and their passes,
     samples the verifier failed on, and seconds."""
     stats: dict[str, dict[str, float]] = {}
     for specialist, summary in zip(specialists, summaries, strict=True):
@@ -141,6 +142,10 @@ _SUMMED = (
     "passed",
     "failed",
     "signal_groups",
+    "resampled_groups",
+    "resampled_samples",
+    "resampled_passed",
+    "resampled_signal",
     "hinted_groups",
     "hinted_samples",
     "hinted_passed",

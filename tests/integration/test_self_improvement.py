@@ -299,13 +299,18 @@ def test_a_crashing_verifier_fails_its_samples_and_a_rerun_appends_nothing(
     runtime: Runtime,
 ) -> None:
     job = RolloutJob(
-        job_id=uuid.uuid4(), specialist="genui", environments=["self-genui-1"], samples=4
+        job_id=uuid.uuid4(),
+        specialist="genui",
+        environments=["self-genui-1"],
+        samples=4,
+        budget=8,
     )
     first = run_rollouts(runtime, job, HalfCrashing())
     stored = list(runtime.log.read(key=rollout_key(job.job_id)))
     again = run_rollouts(runtime, job, HalfCrashing())
     assert list(runtime.log.read(key=rollout_key(job.job_id))) == stored
     assert (first.samples, first.failed, first.passed, first.hinted_groups) == (4, 2, 2, 0)
+    assert first.resampled_groups == 0  # solved: a budget would not sample it again
     assert (again.groups, again.samples) == (0, 0)
     verdicts = [e.payload for e in stored if isinstance(e.payload, RolloutScored)]
     failures = [v for v in verdicts if v.failure is not None]
@@ -358,10 +363,12 @@ tasks:
 def test_an_unsolved_tool_call_environment_is_swept_call_by_call(
     runtime: Runtime, tmp_path: Path
 ) -> None:
-    """The tiny model never writes the value this task's checker wants. With ``hints: tools``
-    its group is decoded again, greedily, once per kind of call, the first step held to it; no
-    hint is said, each sample records the call it was held to, and the stream marks the swept
-    samples as sampled with help (no policy-gradient group is built from them)."""
+    """The tiny model never writes the value this task's checker wants, so its groups are
+    flat: under a budget of two groups it is sampled once more, anew (other seeds, a group of
+    its own), and then, with ``hints: tools``, decoded again, greedily, once per kind of call,
+    the first step held to it; no hint is said, each sample records the call it was held to,
+    and the stream marks the swept samples as sampled with help (no policy-gradient group is
+    built from them) and the adaptive round's as not."""
     bank = tmp_path / "bank-sweep.yaml"
     bank.write_text(SWEEP_BANK)
     update = {"task_bank_path": bank, "max_new_tokens": 256}
@@ -374,32 +381,44 @@ def test_an_unsolved_tool_call_environment_is_swept_call_by_call(
         specialist="agent",
         environments=["sweep-agent-1"],
         samples=2,
+        budget=5,
         hints="tools",
     )
     summary = run_rollouts(swept, job)
     assert (summary.groups, summary.passed, summary.hinted_groups) == (1, 0, 1)
+    assert (summary.resampled_groups, summary.resampled_samples) == (1, 2)
+    assert (summary.resampled_passed, summary.resampled_signal) == (0, 0)
+    assert summary.by_task == {"sweep-agent-1": (0, 4)}  # both rounds, for the curriculum
     assert summary.hinted_samples == len(kinds)  # one greedy sample per kind of call
     stored = list(runtime.log.read(key=rollout_key(job.job_id)))
-    again = run_rollouts(swept, job)  # redelivered: both groups are in the log
-    assert (again.groups, again.hinted_groups) == (0, 0)
+    again = run_rollouts(swept, job)  # redelivered: all three groups are in the log
+    assert (again.groups, again.resampled_groups, again.hinted_groups) == (0, 0, 0)
     assert list(runtime.log.read(key=rollout_key(job.job_id))) == stored
     sampled = [
         e.payload
         for e in runtime.log.read(key=rollout_key(job.job_id))
         if isinstance(e.payload, RolloutSampled)
     ]
-    plain, sweep = sampled[: job.samples], sampled[job.samples :]
-    assert [s.first_call for s in plain] == [None] * job.samples
+    plain, sweep = sampled[: 2 * job.samples], sampled[2 * job.samples :]
+    first, more = plain[: job.samples], plain[job.samples :]
+    assert len({s.group_id for s in first}) == len({s.group_id for s in more}) == 1
+    assert first[0].group_id != more[0].group_id
+    assert not {s.seed for s in first} & {s.seed for s in more}  # the next round draws anew
+    assert [s.sample for s in plain] == [0, 1, 0, 1]
+    assert [s.first_call for s in plain] == [None] * 2 * job.samples
     assert [s.first_call for s in sweep] == kinds  # each kind once, greedily
-    assert [s.temperature for s in sampled] == [job.temperature] * job.samples + [0.0] * len(kinds)
+    temperatures = [job.temperature] * 2 * job.samples + [0.0] * len(kinds)
+    assert [s.temperature for s in sampled] == temperatures
     assert [kind_made(s.steps[0].action) for s in sweep] == kinds
     assert all(s.hint is None and s.messages == plain[0].messages for s in sweep)
     hosts = wiring.processor_hosts(swept.settings, runtime.log, runtime.pool)
     [host] = [h for h in hosts if isinstance(h.processor, ExperienceBuilder)]
     catch_up(host)
     with runtime.pool.connection() as conn:
-        rows = [scored_group(conn, group_id) for group_id in (plain[0].group_id, sweep[0].group_id)]
+        groups = (first[0].group_id, more[0].group_id, sweep[0].group_id)
+        rows = [scored_group(conn, group_id) for group_id in groups]
     assert [[r.hinted for r in group or ()] for group in rows] == [
+        [False] * job.samples,
         [False] * job.samples,
         [True] * len(kinds),
     ]

@@ -1,7 +1,7 @@
 """The demo's options are checked before anything starts: an unknown hint mode, hints in oracle
 mode, a place for rollouts other than the worker or the server, and a self mode whose training
 config would take edits are each a ``ConfigError`` (and the command line refuses an unknown
-``--hints`` or ``--rollouts`` by name)."""
+``--hints`` or ``--rollouts`` by name), and so is a rollout budget smaller than one group."""
 
 from __future__ import annotations
 
@@ -66,3 +66,11 @@ def test_the_command_line_names_the_hint_modes() -> None:
     result = CliRunner().invoke(app, ["demo", "--mode", "self", "--hints", "reference"])
     assert result.exit_code == 2
     assert "--hints" in result.output and "none" in result.output and "checker" in result.output
+
+
+def test_a_budget_below_one_group_of_samples_is_a_config_error(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"budget 4 must be from --samples \(8\) to 64"):
+        demo(tmp_path, mode="self", samples=8, budget=4)
+    assert not (tmp_path / "demo").exists()
+    result = CliRunner().invoke(app, ["demo", "--mode", "self", "--budget", "65"])
+    assert result.exit_code == 2 and "--budget" in result.output

@@ -40,6 +40,7 @@ from learners.evaluation.contract_runner import (
     load_training_bank,
 )
 from learners.rollouts.environments import CheckerVerifier, judge, load_environments
+from learners.rollouts.job import RolloutJob, flat
 from learners.tasks import BANK_V1, BANK_V2, DEFAULT_BANK, load_bank
 from streams.rollout_records import group_records
 from tests.factories import raw_envelope
@@ -368,3 +369,43 @@ def test_a_bank_holding_a_task_of_any_contract_version_is_refused(tmp_path: Path
         load_environments(load_contract(DEFAULT_CONTRACT), path)
     with pytest.raises(TaskBankInvalid, match=f"contract task '{held_out.id}'"):
         load_training_bank(path)
+
+
+def scored(*verdicts: tuple[float | None, bool]) -> list[RolloutScored]:
+    group = uuid.uuid4()
+    return [
+        RolloutScored(
+            rollout_id=uuid.uuid4(),
+            group_id=group,
+            verifier="checker",
+            verifier_version="verifier-2",
+            reward=reward,
+            passed=passed,
+            failure=None if reward is not None else "verifier_error: crashed",
+        )
+        for reward, passed in verdicts
+    ]
+
+
+@pytest.mark.parametrize(
+    ("verdicts", "is_flat"),
+    [
+        (((0.0, False), (0.0, False)), True),  # nothing passed, nothing to tell apart
+        (((0.5, False), (0.5, False), (None, False)), True),  # GenUI partial credit, all alike
+        (((0.0, False), (0.5, False)), False),  # signal: a policy gradient learns from it
+        (((1.0, True), (1.0, True)), False),  # solved: its answer is an SFT example
+        (((None, False), (None, False)), False),  # the verifier failed: sampling again fails
+    ],
+)
+def test_a_group_is_flat_when_its_rewards_are_alike_and_none_passed(
+    verdicts: tuple[tuple[float | None, bool], ...], is_flat: bool
+) -> None:
+    assert flat(scored(*verdicts)) is is_flat
+
+
+def test_a_rollout_budget_holds_whole_groups_of_k() -> None:
+    job = {"job_id": uuid.uuid4(), "specialist": "genui", "environments": ["a"], "samples": 4}
+    assert RolloutJob.model_validate(job).rounds == 1  # no budget: one group
+    assert RolloutJob.model_validate({**job, "budget": 11}).rounds == 2  # whole groups only
+    with pytest.raises(ValidationError, match="budget 3 is less than one group of 4"):
+        RolloutJob.model_validate({**job, "budget": 3})
