@@ -9,7 +9,7 @@ in ``learners.evaluation.contract_runner``.
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -112,6 +112,25 @@ class Contract(_Frozen):
 
     def answer_budget(self, specialist: str) -> int:
         return self.answer_tokens.get(specialist, DEFAULT_ANSWER_TOKENS)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _added(cls, data: Any) -> Any:
+        """A contract that ``extends`` another may list ``adds``: per suite, tasks after the
+        other contract's."""
+        if isinstance(data, dict) and "adds" in data:
+            data = dict(data)
+            added, suites = data.pop("adds"), data.get("suites")
+            if not (
+                isinstance(added, dict)
+                and isinstance(suites, dict)
+                and all(isinstance(tasks, list) for tasks in added.values())
+            ):
+                raise ValueError("adds lists, per suite, tasks added to an extended contract's")
+            data["suites"] = {
+                name: [*suites.get(name, []), *added.get(name, [])] for name in suites | added
+            }
+        return data
 
     @model_validator(mode="after")
     def _consistent(self) -> Contract:

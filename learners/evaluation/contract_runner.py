@@ -34,12 +34,22 @@ CONTRACT_V2 = DATA / "contract-v2.yaml"
 CONTRACT_V2S = DATA / "contract-v2s.yaml"
 CONTRACT_V3 = DATA / "contract-v3.yaml"
 CONTRACT_V4 = DATA / "contract-v4.yaml"
+CONTRACT_V4_NOCALL = DATA / "contract-v4-nocall.yaml"
 CONTRACT_V5 = DATA / "contract-v5.yaml"
-CONTRACTS = (CONTRACT_V1, CONTRACT_V2, CONTRACT_V2S, CONTRACT_V3, CONTRACT_V4, CONTRACT_V5)
+CONTRACTS = (
+    CONTRACT_V1,
+    CONTRACT_V2,
+    CONTRACT_V2S,
+    CONTRACT_V3,
+    CONTRACT_V4,
+    CONTRACT_V4_NOCALL,
+    CONTRACT_V5,
+)
 """Every contract version, oldest first: a bank is held out from all of them."""
 DEFAULT_CONTRACT = CONTRACT_V5
 """The contract the loop judges by unless `MACARON_CONTRACT_PATH` names another: the sealed
-test split; its development split is contract 4's suites."""
+test split; its development split is contract 4's suites with tasks that want no call
+(``CONTRACT_V4_NOCALL``)."""
 CALL_RATES = {"calls": "tool calls right", "no_call": "no call where none is asked"}
 """What ``ContractRun.call_rates`` reports, as tables name it."""
 Split = Literal["development", "test"]

@@ -1,8 +1,9 @@
 """Development and test splits: contract 5's suites and routing files are its sealed test split,
-written apart from everything trained on or chosen on (the leak test); contract 4's are its
-development split; a shipped version whose content changes without a new version is refused;
-the test split's calculator tasks check the call's operands and operation, and its agent suite
-asks for text with no call where no tool serves."""
+written apart from everything trained on or chosen on (the leak test); contract 4's, with tasks
+that want no call, are its development split; a shipped version whose content changes without a
+new version is refused; the test split's calculator tasks check the call's operands and
+operation, and the agent suites of both splits ask for text with no call where no tool
+serves."""
 
 from __future__ import annotations
 
@@ -27,10 +28,12 @@ from core.tasks import word_overlap as overlap
 from learners.evaluation.checkers import check, well_formed
 from learners.evaluation.contract_runner import (
     CONTRACT_V4,
+    CONTRACT_V4_NOCALL,
     CONTRACT_V5,
     CONTRACTS,
     DEFAULT_CONTRACT,
     ContractRun,
+    Split,
     load_contract,
     load_split,
 )
@@ -121,10 +124,18 @@ def test_a_planted_leak_is_found() -> None:
     assert overlap(prompt_words(reworded), prompt_words(bank_prompt)) >= NEAR_DUPLICATE
 
 
-def test_contract_5_is_the_default_and_its_development_split_is_contract_4() -> None:
+def test_contract_5_is_the_default_and_its_development_split_is_contract_4_with_no_calls() -> None:
+    """The development split is contract 4's tasks and, after them, tasks that want no call."""
     assert DEFAULT_CONTRACT == CONTRACT_V5 and V5.version == "contract-5"
     development = load_split(CONTRACT_V5, "development")
-    assert development == load_contract(CONTRACT_V4) and load_split(CONTRACT_V5, "test") == V5
+    assert development == load_contract(CONTRACT_V4_NOCALL)
+    assert load_split(CONTRACT_V5, "test") == V5
+    v4 = load_contract(CONTRACT_V4)
+    assert development.routing == v4.routing and development.rule == v4.rule
+    for suite, tasks in v4.suites.items():
+        added = development.suites[suite][len(tasks) :]
+        assert development.suites[suite][: len(tasks)] == tasks
+        assert all(isinstance(task.checker, NoCallChecker) for task in added), suite
     assert set(V5.suites) == set(development.suites)
     assert not {t.id for t in TEST_TASKS} & {
         t.id for tasks in development.suites.values() for t in tasks
@@ -156,14 +167,44 @@ def test_the_test_splits_calculator_tasks_check_the_calls_operands_and_operation
         assert not check(task, worked_out), task.id
 
 
-def test_the_agent_suites_no_call_tasks_fail_any_call() -> None:
-    """Where no offered tool serves, the right answer is text: a call of any tool fails it."""
-    no_calls = [task for task in V5.suites["agent"] if isinstance(task.checker, NoCallChecker)]
+@pytest.mark.parametrize("split", ["development", "test"])
+def test_the_agent_suites_no_call_tasks_fail_any_call(split: Split) -> None:
+    """Where no offered tool serves, the right answer is text: a call of any tool fails it. Both
+    splits ask for it (the development split, so that "always call" shows where choices are
+    made)."""
+    contract = load_split(CONTRACT_V5, split)
+    no_calls = [t for t in contract.suites["agent"] if isinstance(t.checker, NoCallChecker)]
     assert len(no_calls) >= 10
     for task in no_calls:
         for tool in ('{"tool": "clock", "args": {}}', '{"tool": "notes", "args": {"op": "list"}}'):
             assert not check(task, tool), task.id
         assert check(task, task.reference), task.id
+
+
+def test_a_contract_that_extends_another_adds_tasks_per_suite(tmp_path: Path) -> None:
+    """``adds`` puts tasks after the extended contract's, suite by suite; anything but a list
+    of tasks per suite is refused."""
+    shutil.copy(DATA / "contract-v3.yaml", tmp_path / "contract-v3.yaml")
+    task = {
+        "id": "x-agent-1",
+        "specialist": "agent",
+        "prompt": "What is a kilometre?",
+        "checker": {"kind": "no_call", "pattern": "metres"},
+        "reference": "A thousand metres.",
+    }
+    path = tmp_path / "contract-x.yaml"
+    document = {"extends": "contract-v3.yaml", "version": "contract-x", "adds": {"agent": [task]}}
+    path.write_text(yaml.safe_dump(document))
+    v3 = load_contract(DATA / "contract-v3.yaml")
+    added = load_contract(path)
+    assert added.suites["agent"][:-1] == v3.suites["agent"]
+    assert added.suites["agent"][-1].id == "x-agent-1"
+    assert {s: len(t) for s, t in added.suites.items() if s != "agent"} == {
+        s: len(t) for s, t in v3.suites.items() if s != "agent"
+    }
+    path.write_text(yaml.safe_dump({**document, "adds": [task]}))
+    with pytest.raises(ContractInvalid, match="adds lists, per suite, tasks added"):
+        load_contract(path)
 
 
 def test_every_shipped_contract_is_sealed_as_it_stands() -> None:
@@ -180,7 +221,7 @@ def test_every_shipped_contract_is_sealed_as_it_stands() -> None:
 
 def _copy(tmp_path: Path) -> Path:
     """Contract 5 and the files it names, copied where a test may change them."""
-    for name in (CONTRACT_V5.name, "contract-v4.yaml", "contract-v3.yaml"):
+    for name in (CONTRACT_V5.name, CONTRACT_V4_NOCALL.name, "contract-v3.yaml"):
         shutil.copy(DATA / name, tmp_path / name)
     assert V5.routing is not None and V5.routing.follow_ups is not None
     for name in (V5.routing.suite, V5.routing.follow_ups):
