@@ -30,8 +30,10 @@ from core.events.learning import (
     RouterTrainingRequested,
     RoutingLabelled,
     RoutingSource,
+    TasksWritten,
     TrainingRequested,
     UnlearningRequested,
+    WrittenProposal,
 )
 from core.events.releases import (
     PromotionRejected,
@@ -94,6 +96,7 @@ __all__ = [
     "RoutingReason",
     "RoutingSource",
     "SpecialistAdded",
+    "TasksWritten",
     "TenantForgotten",
     "TenantTrainingSet",
     "TrainingRequested",
@@ -101,6 +104,7 @@ __all__ = [
     "TurnReceived",
     "UnlearningRequested",
     "UtcTime",
+    "WrittenProposal",
     "chain_hash",
     "content_digest",
     "decode_payload",

@@ -17,6 +17,7 @@ from core.events.learning import (
     RouterEvaluated,
     RouterTrainingRequested,
     RoutingLabelled,
+    TasksWritten,
     TrainingRequested,
     UnlearningRequested,
 )
@@ -59,6 +60,7 @@ CATALOGUE: dict[str, type[EventPayload]] = {
         SpecialistAdded,
         RolloutSampled,
         RolloutScored,
+        TasksWritten,
         TrainingRequested,
         RouterTrainingRequested,
         UnlearningRequested,

@@ -102,6 +102,39 @@ class RolloutSampled(EventPayload):
     steps: list[RolloutStep] = Field(min_length=1)
 
 
+class WrittenProposal(BaseModel):
+    """One prompt a rollout job's writer proposed: kept as ``task`` (a ``core.tasks.Task``,
+    its checker derived from the prompt by its family's rule), or dropped, and why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    family: str = Field(min_length=1, max_length=100)
+    prompt: str = Field(max_length=2000)
+    task: dict[str, JsonValue] | None
+    dropped: str | None = Field(max_length=100)
+
+    @model_validator(mode="after")
+    def _kept_or_dropped(self) -> WrittenProposal:
+        if (self.task is None) == (self.dropped is None):
+            raise ValueError("a proposal is either kept as a task or dropped with a reason")
+        return self
+
+
+class TasksWritten(EventPayload):
+    """The tasks a rollout job wrote itself (``learners.rollouts.writing``), before it sampled
+    any: each proposal of the writer (the release's ``adapter_version``, or the base model),
+    kept or dropped, under ``writer_version``'s rules. The job rolls out the kept tasks beside
+    the bank's; a redelivered job reads them back from here instead of writing anew."""
+
+    event_type = "TasksWritten"
+    job_id: UUID
+    specialist: str
+    release_id: str
+    adapter_version: str | None
+    writer_version: str
+    proposals: list[WrittenProposal] = Field(max_length=256)
+
+
 class RolloutScored(EventPayload):
     """The verifier's verdict on one sampled episode: ``reward`` in [0, 1] and ``passed``, or,
     when the verifier crashed or its reward was out of range, ``failure`` and no reward (a

@@ -94,16 +94,21 @@ def load_training_bank(path: Path = DEFAULT_BANK, contract: Contract | None = No
     (``TaskBankInvalid``) when it holds (nearly) a task of any contract version or of
     ``contract``, the one in use: a task trained on cannot tell held-out progress."""
     bank = load_yaml_model(path, TaskBank, TaskBankInvalid)
-    held_out = [*_known_held_out(), *([] if contract is None else _tasks(contract))]
-    for task in held_out:
+    for task in held_out_tasks(contract):
         conflict = bank_conflict(task, bank.tasks)
         if conflict is not None:
             raise TaskBankInvalid(f"{path}: contract task {task.id!r} {conflict}")
     return bank
 
 
+def held_out_tasks(contract: Contract | None = None) -> tuple[Task, ...]:
+    """Every task of every contract version, and of ``contract`` (the one in use): what
+    nothing trained on may ask, nearly or exactly."""
+    return (*_shipped_tasks(), *([] if contract is None else _tasks(contract)))
+
+
 @functools.cache
-def _known_held_out() -> tuple[Task, ...]:
+def _shipped_tasks() -> tuple[Task, ...]:
     return tuple(task for path in CONTRACTS for task in _tasks(load_contract(path)))
 
 

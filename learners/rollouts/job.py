@@ -12,7 +12,9 @@ content) and, where the verifier judges a tool call, a tool call required as the
 Adaptive sampling: a job with a ``budget`` above K samples K more of each environment whose
 groups so far are flat (verified rewards all alike, none passed: nothing for a policy gradient
 to learn, no answer to imitate), as a group of its own, round after round until one carries
-signal or the budget is spent. A job with ``hints: tools`` then sweeps each tool-call
+signal or the budget is spent. A job may first write tasks of its own (``written``;
+``learners.rollouts.writing``), recorded in one ``TasksWritten`` event and rolled out beside the
+bank's. A job with ``hints: tools`` then sweeps each tool-call
 environment none of whose samples passed: it decodes, greedily, one episode per kind of call of
 the harness's tools (a tool, or each op of a tool with ops: ``notes.set``, ``notes.get``, ...),
 the first step held to that kind; with ``hints: checker`` (an ablation;
@@ -32,13 +34,28 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import cast, get_args
 from uuid import UUID
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from core.engine import Engine
-from core.errors import EventIdConflict, MacaronError
-from core.events import ChatMessage, NewEvent, RolloutSampled, RolloutScored
+from core.errors import EventIdConflict, InvalidEvent, MacaronError
+from core.events import (
+    ChatMessage,
+    NewEvent,
+    RolloutSampled,
+    RolloutScored,
+    TasksWritten,
+    WrittenProposal,
+)
 from core.harness.artifact import HarnessVersion
 from core.harness.grammars import call_kinds
 from core.harness.hcp import build_context
@@ -46,18 +63,31 @@ from core.ids import derived_id
 from core.log import EventLog
 from core.release import Release
 from core.routing import SpecialistName
+from core.tasks import Task
 from infra.artifacts import load_release
 from infra.postgres.registry import active_release, harness_by_name
-from learners.evaluation.contract_runner import CONCURRENCY, load_contract
+from learners.evaluation.contract_runner import (
+    CONCURRENCY,
+    held_out_tasks,
+    load_contract,
+    load_training_bank,
+)
 from learners.rollouts.environments import (
     CheckerVerifier,
     Environment,
     HintMode,
     Verifier,
     judge,
-    load_environments,
 )
 from learners.rollouts.episodes import Group, Sampler
+from learners.rollouts.writing import (
+    FAMILIES,
+    WRITER_VERSION,
+    DropReason,
+    Written,
+    family_examples,
+    propose_tasks,
+)
 from learners.runtime import Runtime
 from learners.tasks import DEFAULT_BANK
 
@@ -88,6 +118,10 @@ class RolloutJob(BaseModel):
     hints: HintMode = "none"
     """``tools``: resample unsolved tool-call groups with each kind of call in turn forced;
     ``checker``: resample unsolved groups with the checker's hint (an ablation)."""
+    written: int = Field(default=0, ge=0, le=32)
+    """Tasks the loop writes itself before sampling (``learners.rollouts.writing``): prompts
+    the writer proposes in the specialist's family, kept when a rule derives their checker,
+    and rolled out beside the bank's environments (genui and agent have a family)."""
     budget: int | None = Field(default=None, ge=1, le=64)
     """Samples per environment at most (adaptive sampling; ``None``: ``samples``, no more). A
     group with no signal (its verified rewards all alike) and no pass is sampled again, K more
@@ -119,7 +153,8 @@ class RolloutSummary(BaseModel):
     verifier could not judge, pass@1 and pass@K over the first groups, the groups with signal
     (verified rewards not all equal: the only ones a policy gradient learns from), the groups
     sampled again for want of signal (``resampled_*``: groups, samples, passes, and those with
-    signal) and, per bank task, its samples passed and judged in all (what a curriculum
+    signal), the tasks the job wrote (``written_*``: proposed, kept, solved by some sample, and
+    dropped per reason) and, per task, its samples passed and judged in all (what a curriculum
     weighs)."""
 
     model_config = ConfigDict(frozen=True)
@@ -136,6 +171,10 @@ class RolloutSummary(BaseModel):
     resampled_samples: int
     resampled_passed: int
     resampled_signal: int
+    written: int
+    written_kept: int
+    written_solved: int
+    written_dropped: dict[str, int]
     hinted_groups: int
     hinted_samples: int
     hinted_passed: int
@@ -309,7 +348,10 @@ def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None)
     sample solved. Groups the log already holds are not sampled again."""
     started = time.monotonic()
     verifier = verifier or CheckerVerifier()
-    environments = _environments(rt, job)
+    contract = load_contract(rt.contract_path)
+    bank = load_training_bank(rt.settings.task_bank_path or DEFAULT_BANK, contract)
+    known = {task.id: Environment(bank.version, task) for task in bank.tasks}
+    environments = _environments(job, known)
     with rt.pool.connection() as conn:
         release = active_release(conn)
         harness = harness_by_name(conn, release.harness_version)
@@ -338,6 +380,8 @@ def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None)
 
     try:
         sampler = _sampler(rt, engine, release, harness, job)
+        written = write_tasks(rt, job, engine, release, bank.tasks, held_out_tasks(contract))
+        environments += [Environment(WRITTEN, w.task) for w in written if w.task is not None]
         groups = roll(sampler, environments, False)
         resampled: list[Group] = []
         for round_ in range(1, job.rounds):
@@ -352,12 +396,10 @@ def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None)
         hinted = roll(sampler, unsolved, True)
     finally:
         engine.close()
-    return _summary(job, groups, resampled, hinted, time.monotonic() - started)
+    return _summary(job, groups, resampled, hinted, written, time.monotonic() - started)
 
 
-def _environments(rt: Runtime, job: RolloutJob) -> list[Environment]:
-    bank = rt.settings.task_bank_path or DEFAULT_BANK
-    known = load_environments(load_contract(rt.contract_path), bank)
+def _environments(job: RolloutJob, known: dict[str, Environment]) -> list[Environment]:
     chosen = []
     for task_id in job.environments:
         env = known.get(task_id)
@@ -369,6 +411,95 @@ def _environments(rt: Runtime, job: RolloutJob) -> list[Environment]:
             )
         chosen.append(env)
     return chosen
+
+
+# --- tasks the job writes itself ---------------------------------------------------------------
+
+WRITTEN = "written"
+"""The ``bank_version`` of a written task's environment (its id: ``written/written-<hash>``)."""
+
+
+def write_tasks(
+    rt: Runtime,
+    job: RolloutJob,
+    engine: Engine,
+    release: Release,
+    bank: Sequence[Task],
+    held_out: Sequence[Task],
+) -> list[Written]:
+    """The job's ``written`` proposals, each kept as a task or dropped (recorded in one
+    ``TasksWritten`` event before any is sampled; a redelivered job reads them back). The
+    release's chat adapter writes where it has one (a chat specialist writes requests; one
+    trained to answer in trees or calls writes those), else the job's specialist's."""
+    if not job.written:
+        return []
+    recorded = [
+        e.payload
+        for e in rt.log.read(key=rollout_key(job.job_id), types=["TasksWritten"])
+        if isinstance(e.payload, TasksWritten)
+    ]
+    if recorded:
+        return [_from_proposal(p) for p in recorded[0].proposals]
+    family = next((f for f, s in FAMILIES.items() if s == job.specialist), None)
+    if family is None:
+        raise RolloutInvalid(
+            f"the loop writes no {job.specialist} tasks: it writes "
+            + ", ".join(f"{s} ({f})" for f, s in FAMILIES.items())
+        )
+    if not family_examples(family, bank):
+        raise RolloutInvalid(f"the task bank has no {family} task to show the writer")
+    writer = release.adapter_for("chat") or release.adapter_for(job.specialist)
+    if writer is not None:
+        load_release(engine, rt.store, release, [writer.specialist])
+    seeds = [
+        derived_id("writer-seed", job.job_id, job.seed, n).int % 2**31 for n in range(job.written)
+    ]
+    name = None if writer is None else writer.name
+    written = asyncio.run(propose_tasks(engine, name, family, bank, held_out, seeds))
+    event = TasksWritten(
+        job_id=job.job_id,
+        specialist=job.specialist,
+        release_id=release.release_id,
+        adapter_version=None if writer is None else writer.name,
+        writer_version=WRITER_VERSION,
+        proposals=[
+            WrittenProposal(
+                family=w.family,
+                prompt=w.prompt,
+                task=None if w.task is None else w.task.model_dump(mode="json"),
+                dropped=w.dropped,
+            )
+            for w in written
+        ],
+    )
+    try:
+        rt.log.append(
+            [
+                NewEvent(
+                    payload=event,
+                    tenant_id=ROLLOUT_TENANT,
+                    key=rollout_key(job.job_id),
+                    event_id=derived_id("tasks-written", job.job_id),
+                )
+            ]
+        )
+    except EventIdConflict:  # a redelivered job wrote beside the first: the first's stand
+        return write_tasks(rt, job, engine, release, bank, held_out)
+    return written
+
+
+def _from_proposal(proposal: WrittenProposal) -> Written:
+    """A recorded proposal read back; ``InvalidEvent`` for one no writer of this version
+    could have made."""
+    if proposal.family not in FAMILIES or proposal.dropped not in (None, *get_args(DropReason)):
+        raise InvalidEvent(f"a written task of unknown family or reason: {proposal!r}"[:500])
+    try:
+        task = None if proposal.task is None else Task.model_validate(proposal.task)
+    except ValidationError as exc:
+        raise InvalidEvent(f"a written task that is no task: {exc}"[:500]) from exc
+    return Written(
+        proposal.family, proposal.prompt, task, cast(DropReason | None, proposal.dropped)
+    )
 
 
 def _sampler(
@@ -395,6 +526,7 @@ def _summary(
     groups: list[Group],
     resampled: list[Group],
     hinted: list[Group],
+    written: list[Written],
     seconds: float,
 ) -> RolloutSummary:
     verdicts = [v for g in groups for v in g.verdicts]
@@ -405,6 +537,11 @@ def _summary(
             passed + sum(v.passed for v in g.verdicts),
             judged + sum(v.reward is not None for v in g.verdicts),
         )
+    solved = {g.environment.task.id for g in groups + resampled if g.any_passed}
+    dropped: dict[str, int] = {}
+    for w in written:
+        if w.dropped is not None:
+            dropped[w.dropped] = dropped.get(w.dropped, 0) + 1
     return RolloutSummary(
         job_id=job.job_id,
         groups=len(groups),
@@ -418,6 +555,10 @@ def _summary(
         resampled_samples=sum(len(g.verdicts) for g in resampled),
         resampled_passed=sum(v.passed for g in resampled for v in g.verdicts),
         resampled_signal=sum(g.has_signal for g in resampled),
+        written=len(written),
+        written_kept=sum(w.task is not None for w in written),
+        written_solved=sum(w.task is not None and w.task.id in solved for w in written),
+        written_dropped=dropped,
         hinted_groups=len(hinted),
         hinted_samples=sum(len(g.verdicts) for g in hinted),
         hinted_passed=sum(v.passed for g in hinted for v in g.verdicts),

@@ -202,6 +202,14 @@ BUDGET_HELP = (
 )
 
 
+WRITE_HELP = (
+    "Self mode: tasks the loop writes itself per rollout job of genui or agent: the model "
+    "proposes new prompts of the bank's checkable families (GenUI requests that quote what to "
+    "show, two-number sums), kept only when a rule derives their checker from the prompt and "
+    "they are new (no contract task, no bank prompt); 0 writes none."
+)
+
+
 class DemoRollouts(StrEnum):
     worker = "worker"
     server = "server"
@@ -239,6 +247,7 @@ def demo(
     mode: Annotated[DemoMode, typer.Option(help=MODE_HELP)] = DemoMode.oracle,
     samples: Annotated[int, typer.Option(min=1, max=16, help="Self mode: samples per prompt.")] = 8,
     budget: Annotated[int | None, typer.Option(min=1, max=64, help=BUDGET_HELP)] = None,
+    write: Annotated[int, typer.Option(min=0, max=32, help=WRITE_HELP)] = 2,
     hints: Annotated[DemoHints, typer.Option(help=HINTS_HELP)] = DemoHints.none,
     rollouts: Annotated[DemoRollouts, typer.Option(help=ROLLOUTS_HELP)] = DemoRollouts.worker,
 ) -> None:
@@ -269,6 +278,7 @@ def demo(
         mode="self" if mode is DemoMode.self_ else "oracle",
         samples=samples,
         budget=budget,
+        written=write,
         hints=hints.value,
         rollouts=rollouts.value,
     )

@@ -29,6 +29,7 @@ from learners.recipes.config import CPU_CONFIG, DEFAULT_CONFIG, RLOO_CONFIG, loa
 from learners.rollouts.curriculum import Curriculum
 from learners.rollouts.environments import HintMode
 from learners.rollouts.job import RolloutJob, RolloutSummary
+from learners.rollouts.writing import FAMILIES, family_examples
 from learners.tasks import DEFAULT_BANK
 from macaron.demo.options import DemoOptions, Mode
 from macaron.demo.outcomes import run_outcome, run_progress
@@ -106,6 +107,8 @@ def run_demo(
     o = options
     if min(o.generations, o.turns_per_generation, o.concurrency) < 1:
         raise ConfigError("generations, turns per generation and concurrency must be at least 1")
+    if not 0 <= o.written <= 32:
+        raise ConfigError(f"written tasks per job must be from 0 to 32, not {o.written}")
     if o.budget is not None and not o.samples <= o.budget <= 64:
         raise ConfigError(f"budget {o.budget} must be from --samples ({o.samples}) to 64")
     _check_traffic(o.mode, o.hints, o.rollouts)
@@ -135,7 +138,8 @@ def run_demo(
 
     with running_loop(settings, o.out_dir, step, router=router, rollouts=o.rollouts) as stage:
         budget = 2 * o.samples if o.budget is None else o.budget
-        traffic = Traffic(o.mode, o.samples, budget, o.seed, o.hints)
+        writes = frozenset(s for f, s in FAMILIES.items() if family_examples(f, bank.tasks))
+        traffic = Traffic(o.mode, o.samples, budget, o.written, writes, o.seed, o.hints)
         demo = _Demo(stage, contract, (plays, curricula), step, settings.train_threshold, traffic)
         step("generation 0: measuring the contract on the active release")
         keep(demo.measure())
@@ -157,11 +161,15 @@ def _check_traffic(mode: Mode, hints: HintMode, rollouts: RolloutPlace) -> None:
 class Traffic:
     """A generation's traffic: simulated users (``oracle``), or rollouts (``self``) of
     ``samples`` samples per prompt (up to ``budget`` where they are flat: adaptive sampling)
+    and ``written`` tasks the loop writes itself per job of the specialists it ``writes`` for,
     seeded from ``seed``, hinted as ``hints`` says."""
 
     mode: Mode
     samples: int
     budget: int
+    written: int
+    writes: frozenset[str]
+    """The specialists the loop writes tasks for: those with a family the bank shows."""
     seed: int
     hints: HintMode
 
@@ -270,6 +278,7 @@ class _Demo:
                     # a chunk across two rounds of the play order may hold a task twice
                     samples=self.traffic.samples,
                     budget=self.traffic.budget,
+                    written=self.traffic.written if specialist in self.traffic.writes else 0,
                     seed=self.traffic.seed,
                     hints=self.traffic.hints,
                 )

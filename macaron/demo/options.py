@@ -22,7 +22,8 @@ class DemoOptions:
     """``generations`` generations after the measure of the active release, each of at most
     ``turns_per_generation`` simulated turns (``oracle``) or prompts rolled out with ``samples``
     samples each (``self``) and up to ``budget`` for a prompt whose groups are flat (``None``:
-    twice ``samples``), ``concurrency`` at once, on ``specialists``' tasks in an order
+    twice ``samples``), with ``written`` tasks the loop writes itself per rollout job of a
+    specialist it writes for, ``concurrency`` at once, on ``specialists``' tasks in an order
     seeded by ``seed``; groups with no passing sample resampled as ``hints`` says; rollouts
     sampled where ``rollouts`` says; a run that takes longer than ``run_timeout_s`` fails the
     demo. ``demo.json`` and ``demo.png`` go to ``out_dir``."""
@@ -36,6 +37,7 @@ class DemoOptions:
     mode: Mode = "oracle"
     samples: int = 8
     budget: int | None = None
+    written: int = 2
     hints: HintMode = "none"
     rollouts: RolloutPlace = "worker"
     run_timeout_s: float = RUN_TIMEOUT_S

@@ -84,7 +84,8 @@ def generation_table(record: GenerationRecord) -> Table:
         caption += (
             f"\n{specialist} rollouts: {r['groups']:.0f} prompts, {r['samples']:.0f} samples"
             f", pass@1 {r['pass_at_1']:.2f}, pass@K {r['pass_at_k']:.2f}, groups with signal "
-            f"{r['signal_groups']:.0f} ({r['signal_share']:.0%}), {_resampled_text(r)}, hinted "
+            f"{r['signal_groups']:.0f} ({r['signal_share']:.0%}), {_resampled_text(r)}, "
+            f"{_written_text(r)}, hinted "
             f"{r['hinted_groups']:.0f} groups, {r['hinted_samples']:.0f} samples "
             f"({r['hinted_passed']:.0f} passed), verifier failures "
             f"{r['failed']:.0f}, {r['seconds']:.0f} s"
@@ -159,3 +160,11 @@ def _resampled_text(rollouts: Mapping[str, float]) -> str:
         f"resampled {r['groups']:.0f} flat groups, {r['samples']:.0f} samples "
         f"({r['passed']:.0f} passed, {signal:.0f} with signal)"
     )
+
+
+def _written_text(rollouts: Mapping[str, float]) -> str:
+    """The tasks the loop wrote (none in a record from before it wrote any)."""
+    written, kept, solved = (
+        rollouts.get(n, 0.0) for n in ("written", "written_kept", "written_solved")
+    )
+    return f"tasks written {written:.0f}, kept {kept:.0f}, solved {solved:.0f}"

@@ -121,7 +121,8 @@ def rollout_stats(
 ) -> dict[str, dict[str, float]]:
     """Per specialist: groups and samples rolled out, samples passed, pass@1 and pass@K, the
     groups with signal and their share, the groups sampled again for want of signal (their
-    samples, passes, and those with signal), the hinted groups, their samples and their passes,
+    samples, passes, and those with signal), the tasks written, kept and solved, the hinted
+    groups, their samples and their passes,
     samples the verifier failed on, and seconds."""
     stats: dict[str, dict[str, float]] = {}
     for specialist, summary in zip(specialists, summaries, strict=True):
@@ -146,6 +147,9 @@ _SUMMED = (
     "resampled_samples",
     "resampled_passed",
     "resampled_signal",
+    "written",
+    "written_kept",
+    "written_solved",
     "hinted_groups",
     "hinted_samples",
     "hinted_passed",

@@ -29,6 +29,7 @@ from core.events import (
     RolloutSampled,
     RolloutScored,
     RolloutStep,
+    TasksWritten,
 )
 from core.experience import FILTER_VERSION, experience_key
 from core.harness.grammars import call_kinds
@@ -45,6 +46,7 @@ from learners.queue import configure as configure_celery
 from learners.queue import enqueue_rollouts
 from learners.rollouts.environments import VERIFIER_VERSION
 from learners.rollouts.job import RolloutJob, RolloutSummary, rollout_key, run_rollouts
+from learners.rollouts.writing import derive_checker
 from learners.runtime import Runtime
 from learners.tasks import TaskBank
 from macaron import wiring
@@ -454,6 +456,46 @@ def test_an_agent_episode_calls_a_tool_sees_the_result_and_goes_on(runtime: Runt
         assert tool_call_of(first.output) is not None and first.action is not None
         assert first.action["name"] == tool_call_of(first.output).tool  # type: ignore[union-attr]
         assert len(episode.steps) == 2  # it went on after seeing the result
+
+
+def test_a_job_writes_tasks_keeps_the_checkable_ones_and_a_redelivery_writes_nothing_new(
+    runtime: Runtime,
+) -> None:
+    """An agent job that writes two tasks records the writer's proposals once, before any
+    sample, each kept with the checker its rule derived or dropped with a reason; kept ones are
+    rolled out as environments of their own. A redelivered job reads them back and appends
+    nothing."""
+    roomy = replace(runtime, settings=runtime.settings.model_copy(update={"max_new_tokens": 256}))
+    job = RolloutJob(
+        job_id=uuid.uuid4(),
+        specialist="agent",
+        environments=["self-agent-1"],
+        samples=2,
+        written=2,
+    )
+    summary = run_rollouts(roomy, job)
+    stored = list(runtime.log.read(key=rollout_key(job.job_id)))
+    [written] = [e.payload for e in stored if isinstance(e.payload, TasksWritten)]
+    assert stored[0].payload == written  # written before any sample
+    assert len(written.proposals) == summary.written == 2
+    assert written.writer_version == "writer-1" and written.adapter_version is not None
+    assert written.adapter_version.startswith("chat@")  # the chat adapter writes requests
+    kept = [Task.model_validate(p.task) for p in written.proposals if p.task is not None]
+    assert summary.written_kept == len(kept)
+    assert sum(summary.written_dropped.values()) == 2 - len(kept)
+    for proposal in written.proposals:
+        checker = derive_checker("calculator", proposal.prompt)
+        if proposal.task is None:
+            assert proposal.dropped in ("no_checker", "copies_the_bank", "near_a_contract_task")
+            assert proposal.dropped != "no_checker" or checker is None
+        else:
+            assert Task.model_validate(proposal.task).checker == checker
+    sampled = {e.payload.environment for e in stored if isinstance(e.payload, RolloutSampled)}
+    assert sampled == {"bank-self-e2e/self-agent-1", *(f"written/{t.id}" for t in kept)}
+    assert summary.groups == 1 + len(kept)
+    again = run_rollouts(roomy, job)
+    assert list(runtime.log.read(key=rollout_key(job.job_id))) == stored
+    assert (again.written, again.written_kept, again.groups) == (2, len(kept), 0)
 
 
 def test_a_worker_killed_mid_rollout_is_redelivered_and_appends_nothing_twice(

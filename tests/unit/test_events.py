@@ -62,6 +62,7 @@ def test_catalogue_names_every_event_of_the_data_flow() -> None:
         "ExperienceRecorded",
         "RolloutSampled",
         "RolloutScored",
+        "TasksWritten",
         "TrainingRequested",
         "RouterTrainingRequested",
         "UnlearningRequested",
