@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
-from core.errors import TenantForgotten, TrainingInFlight
+from core.errors import ForgettingRaced, TrainingInFlight
 from core.events import (
     NewEvent,
     RouterTrainingRequested,
@@ -85,13 +85,25 @@ class Unlearning:
     them, for the caller to append before enqueueing it; ``None`` when it never saw them."""
 
 
+RACED_TRIES = 3
+"""How often a retraining is tried again when another tenant is forgotten while it reads."""
+
+
 def retrain_forgotten(pool: Pool, log: EventLog, *, dispatch: bool = False) -> Unlearning:
     """Queue the successors that unlearn every forgotten tenant (``queue_retraining``) and
     append their requests, with ``dispatch`` (a server, which cannot enqueue) in one append
     with the ``UnlearningRequested`` that has the processors enqueue them; else the caller
-    enqueues them. The caller asks for the fallback's promotion (``promote_fallback``)."""
-    with pool.connection() as conn, conn.transaction():
-        unlearning = queue_retraining(conn, log, forgotten_tenants(conn))
+    enqueues them. The caller asks for the fallback's promotion (``promote_fallback``). A
+    tenant forgotten while it reads (``ForgettingRaced``) has it read the forgotten tenants
+    again and start over, ``RACED_TRIES`` times at most (then ``ForgettingRaced``, retryable)."""
+    for tries in range(1, RACED_TRIES + 1):
+        try:
+            with pool.connection() as conn, conn.transaction():
+                unlearning = queue_retraining(conn, log, forgotten_tenants(conn))
+            break
+        except ForgettingRaced:
+            if tries == RACED_TRIES:
+                raise
     router = unlearning.router_run
     events = [run.event for run in unlearning.runs] + ([] if router is None else [router])
     asked = _unlearning_requested(unlearning) if dispatch else None
@@ -259,7 +271,7 @@ def _kept_snapshot(
     specialist = trained_on.specialist
     events = snapshot_events(log, replace(trained_on, left_out_tenants=tuple(forgotten)))
     if events.forgotten:
-        raise TenantForgotten(f"{specialist}: another tenant was forgotten meanwhile; run it again")
+        raise ForgettingRaced(f"{specialist}: another tenant was forgotten meanwhile; run it again")
     records: list[Any] = [event.payload for event in events.records]
     running = EMPTY_CHAIN
     for record in records:

@@ -60,6 +60,7 @@ STATUS: dict[type[errors.MacaronError], int] = {
     errors.RateLimitUnavailable: 503,
     errors.TenantNotFound: 404,
     errors.TenantForgotten: 410,
+    errors.ForgettingRaced: 409,
 }
 
 

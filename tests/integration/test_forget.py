@@ -17,7 +17,7 @@ import httpx
 import psycopg
 import pytest
 
-from core.errors import MasterKeyInvalid, TenantForgotten
+from core.errors import ForgettingRaced, MasterKeyInvalid, TenantForgotten
 from core.events import ModelResponded, TurnReceived
 from core.events.chain import verify_chain
 from core.events.privacy import Cells, Forgotten
@@ -44,6 +44,7 @@ from infra.postgres.runs import (
 from learners.runtime import SnapshotForgotten
 from learners.training.snapshots import materialize
 from macaron import wiring
+from server.entrypoints.app import status_of
 from server.exposure import exposure
 from server.forgetting import forget_tenant
 from server.router import RouterService
@@ -301,7 +302,8 @@ def test_retraining_starts_before_the_exposure_and_leaves_the_tenant_out(
 ) -> None:
     """An adapter trained on both tenants' agent records is active; once acme is forgotten,
     ``--retrain`` queues a successor of agent@0 on the same range whose snapshot opens without
-    acme's records (and the old snapshot never opens again)."""
+    acme's records (and the old snapshot never opens again); asked with a list of forgotten
+    tenants read before acme's forget, it is ``forgetting_raced`` (409), to be asked again."""
     server = served.server
     hosts = wiring.processor_hosts(served.settings, server.log, server.pool)
     for host in hosts:
@@ -355,6 +357,14 @@ def test_retraining_starts_before_the_exposure_and_leaves_the_tenant_out(
         )
         assert exposure(conn, server.log, ["acme"]).active
 
+    with server.pool.connection() as conn, conn.transaction():
+        # a list of forgotten tenants read before acme's forget (here naming globex as if it
+        # had been forgotten first) lacks acme: the retraining finds acme's records unreadable
+        # and says another tenant was forgotten meanwhile; its transaction queues nothing
+        with pytest.raises(ForgettingRaced) as raced:
+            queue_retraining(conn, server.log, ["globex"])
+        assert raced.value.code == "forgetting_raced" and raced.value.retryable
+        assert status_of(raced.value) == 409  # not 410: the request's own tenant is not gone
     with server.pool.connection() as conn, conn.transaction():
         unlearning = queue_retraining(conn, server.log, ["acme"])
     [queued] = unlearning.runs
