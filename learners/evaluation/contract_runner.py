@@ -35,6 +35,9 @@ CONTRACT_V2S = DATA / "contract-v2s.yaml"
 CONTRACT_V3 = DATA / "contract-v3.yaml"
 CONTRACT_V4 = DATA / "contract-v4.yaml"
 CONTRACT_V4_NOCALL = DATA / "contract-v4-nocall.yaml"
+OUTSIDE = DATA / "outside-bfcl-irrelevance.yaml"
+"""The outside measure: requests from BFCL (Apache 2.0) that none of the tools serves, written
+outside the project; reported, never chosen on or trained on."""
 CONTRACT_V5 = DATA / "contract-v5.yaml"
 CONTRACTS = (
     CONTRACT_V1,
@@ -44,15 +47,17 @@ CONTRACTS = (
     CONTRACT_V4,
     CONTRACT_V4_NOCALL,
     CONTRACT_V5,
+    OUTSIDE,
 )
-"""Every contract version, oldest first: a bank is held out from all of them."""
+"""Every contract version, oldest first, and the outside measure: a bank is held out from all
+of them, and each is sealed."""
 DEFAULT_CONTRACT = CONTRACT_V5
 """The contract the loop judges by unless `MACARON_CONTRACT_PATH` names another: the sealed
 test split; its development split is contract 4's suites with tasks that want no call
 (``CONTRACT_V4_NOCALL``)."""
 CALL_RATES = {"calls": "tool calls right", "no_call": "no call where none is asked"}
 """What ``ContractRun.call_rates`` reports, as tables name it."""
-Split = Literal["development", "test"]
+Split = Literal["development", "test", "outside"]
 CONCURRENCY = 16
 """Requests in flight at once per contract run (the local engine's batch): the engine batches
 concurrent requests, mixed adapters and all."""
@@ -79,9 +84,12 @@ def load_contract(path: Path) -> Contract:
 
 def load_split(path: Path, split: Split) -> Contract:
     """The contract at ``path`` (``test``: its own suites, the sealed test split), or the
-    contract its ``development`` names (``development``), whose suites choices are made on;
-    ``ContractInvalid`` when it names none."""
+    contract its ``development`` names (``development``), whose suites choices are made on
+    (``ContractInvalid`` when it names none), or the outside measure (``outside``: written
+    outside the project, whatever the contract)."""
     contract = load_contract(path)
+    if split == "outside":
+        return load_contract(OUTSIDE)
     if split == "test":
         return contract
     if contract.development is None:

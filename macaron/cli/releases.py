@@ -194,7 +194,9 @@ def contract_run(
         typer.Option(
             help="'test': the contract's own suites, its sealed test split (what promotions "
             "are decided on and numbers are reported on); 'development': the suites of the "
-            "contract its 'development' names (what choices are made on)."
+            "contract its 'development' names (what choices are made on); 'outside': 148 "
+            "requests from BFCL (Apache 2.0) that none of the tools serves, written outside the "
+            "project (the no-call rate is its score; never chosen or trained on)."
         ),
     ] = "test",
 ) -> None:
