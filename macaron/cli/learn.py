@@ -248,6 +248,13 @@ def demo(
     samples: Annotated[int, typer.Option(min=1, max=16, help="Self mode: samples per prompt.")] = 8,
     budget: Annotated[int | None, typer.Option(min=1, max=64, help=BUDGET_HELP)] = None,
     write: Annotated[int, typer.Option(min=0, max=32, help=WRITE_HELP)] = 2,
+    outside: Annotated[
+        bool,
+        typer.Option(
+            help="Measure each generation's release on the outside measure too: 148 BFCL "
+            "requests no tool serves (its no-call rate; about a minute more per generation)."
+        ),
+    ] = True,
     hints: Annotated[DemoHints, typer.Option(help=HINTS_HELP)] = DemoHints.none,
     rollouts: Annotated[DemoRollouts, typer.Option(help=ROLLOUTS_HELP)] = DemoRollouts.worker,
 ) -> None:
@@ -279,6 +286,7 @@ def demo(
         samples=samples,
         budget=budget,
         written=write,
+        outside=outside,
         hints=hints.value,
         rollouts=rollouts.value,
     )

@@ -21,7 +21,12 @@ from core.tasks import Task
 from infra.postgres.keys import create_key
 from infra.postgres.lookups import run_ids_oldest_first, run_specialists, run_times
 from infra.postgres.registry import active_release
-from learners.evaluation.contract_runner import DEFAULT_CONTRACT, load_contract, load_training_bank
+from learners.evaluation.contract_runner import (
+    DEFAULT_CONTRACT,
+    OUTSIDE,
+    load_contract,
+    load_training_bank,
+)
 from learners.evaluation.evaluate import release_outcomes
 from learners.queue import app as celery_app
 from learners.queue import enqueue_rollouts
@@ -141,6 +146,7 @@ def run_demo(
         writes = frozenset(s for f, s in FAMILIES.items() if family_examples(f, bank.tasks))
         traffic = Traffic(o.mode, o.samples, budget, o.written, writes, o.seed, o.hints)
         demo = _Demo(stage, contract, (plays, curricula), step, settings.train_threshold, traffic)
+        demo.outside = load_contract(OUTSIDE) if o.outside else None
         step("generation 0: measuring the contract on the active release")
         keep(demo.measure())
         for n in range(1, o.generations + 1):
@@ -195,6 +201,8 @@ class _Demo:
         self.traffic = traffic
         with stage.server.pool.connection() as conn:
             _, self.key = create_key(conn, SIMULATOR_TENANT, {"chat"})
+        self.outside: Contract | None = None
+        """The outside measure, run on each generation's release beside the contract."""
         self.seen = set(self._run_ids())
         """Runs of earlier generations (or from before the demo), never waited for again."""
         self.origin = sorted(stage.server.log.end_positions().items())
@@ -368,6 +376,13 @@ class _Demo:
             )
         except ValueError as exc:  # the release lacks a specialist the contract names
             raise DemoFailed(f"release {serving.release_id}: {exc}") from exc
+        outside = None
+        if self.outside is not None:
+            self.step("measuring the outside measure (BFCL) on the active release")
+            measured = release_outcomes(
+                server.pool, server.chat.engine, serving, server.chat.harness, self.outside
+            )
+            outside = measured.call_rates(self.outside).get("no_call")
         return GenerationRecord(
             0,
             serving.release_id,
@@ -377,6 +392,7 @@ class _Demo:
             outcomes.call_rates(self.contract),
             mode=self.traffic.mode,
             hints=self.traffic.hints,
+            outside=outside,
         )
 
     def _run_ids(self) -> list[UUID]:

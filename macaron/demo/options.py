@@ -25,8 +25,10 @@ class DemoOptions:
     twice ``samples``), with ``written`` tasks the loop writes itself per rollout job of a
     specialist it writes for, ``concurrency`` at once, on ``specialists``' tasks in an order
     seeded by ``seed``; groups with no passing sample resampled as ``hints`` says; rollouts
-    sampled where ``rollouts`` says; a run that takes longer than ``run_timeout_s`` fails the
-    demo. ``demo.json`` and ``demo.png`` go to ``out_dir``."""
+    sampled where ``rollouts`` says; with ``outside``, each generation's release also measured
+    on the outside measure (BFCL's requests no tool serves: its no-call rate); a run that takes
+    longer than ``run_timeout_s`` fails the demo. ``demo.json`` and ``demo.png`` go to
+    ``out_dir``."""
 
     generations: int
     turns_per_generation: int
@@ -38,6 +40,7 @@ class DemoOptions:
     samples: int = 8
     budget: int | None = None
     written: int = 2
+    outside: bool = True
     hints: HintMode = "none"
     rollouts: RolloutPlace = "worker"
     run_timeout_s: float = RUN_TIMEOUT_S

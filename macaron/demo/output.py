@@ -75,6 +75,8 @@ def generation_table(record: GenerationRecord) -> Table:
     )
     if record.calls:
         caption += f"; {_calls_text(record.calls)}"
+    if record.outside is not None:
+        caption += f"; outside measure (BFCL, no call where no tool serves) {record.outside:.2f}"
     if record.turns:
         caption += (
             f"\n{record.turns} simulated turns, oracle pass rate: "
@@ -139,10 +141,16 @@ def demo_table(report: DemoReport) -> Table:
         table.add_column(column, justify="right" if column in suites else "left")
     for name in calls:
         table.add_column(name.replace("_", " "), justify="right")
+    outside = any(g.outside is not None for g in report.generations)
+    if outside:
+        table.add_column("outside", justify="right")
+        table.caption += "; outside: no call on BFCL's requests no tool serves"
     for g in report.generations:
         runs = ", ".join(f"{_changed(run)} {run.outcome}" for run in g.runs) or "-"
         scores = (_score_cell(g, s) for s in suites)
-        rates = (f"{g.calls[name]:.2f}" if name in g.calls else "-" for name in calls)
+        rates = [f"{g.calls[name]:.2f}" if name in g.calls else "-" for name in calls]
+        if outside:
+            rates.append("-" if g.outside is None else f"{g.outside:.2f}")
         table.add_row(str(g.generation), g.release_id, g.harness_version, runs, *scores, *rates)
     return table
 

@@ -59,7 +59,9 @@ class GenerationRecord:
     unsolved groups were resampled: ``tools`` a sweep, ``checker`` only in the ablation).
     ``phase_seconds``: traffic until a run was queued; adapter runs until every one was decided
     (trained, evaluated, promoted or not); harness proposals (queued by those decisions) until
-    every one was decided; measure."""
+    every one was decided; measure. ``outside``: the release's no-call rate on the outside
+    measure (BFCL's requests no tool serves, ``learners.evaluation.contract_runner.OUTSIDE``;
+    ``None``: not measured)."""
 
     generation: int
     release_id: str
@@ -74,6 +76,7 @@ class GenerationRecord:
     rollouts: dict[str, dict[str, float]] = field(default_factory=dict)
     runs: list[RunRecord] = field(default_factory=list)
     phase_seconds: dict[str, float] = field(default_factory=dict)
+    outside: float | None = None
 
 
 @dataclass(frozen=True)

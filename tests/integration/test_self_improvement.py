@@ -131,6 +131,8 @@ def test_the_self_mode_demo_trains_a_successor_without_any_reference_answer(
     )
     base, first = report.generations
     assert (base.mode, base.hints) == ("self", "none")  # measured only, in the demo's mode
+    assert base.outside is not None and first.outside is not None  # BFCL's no-call rate
+    assert 0.0 <= base.outside <= 1.0
     assert (first.mode, first.turns, first.simulated_pass_rate) == ("self", 0, {})
     phases = first.phase_seconds
     assert set(phases) == {"traffic", "adapter runs", "harness proposals", "measure"}

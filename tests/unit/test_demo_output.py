@@ -1,6 +1,6 @@
 """A demo's generation table shows every decided run's p-values: the gain test's and each
 guarded suite's non-inferiority test's, as the evaluation recorded them; its tables show the
-no-call rate beside the call accuracy."""
+no-call rate beside the call accuracy, and the outside measure."""
 
 from __future__ import annotations
 
@@ -80,3 +80,18 @@ def test_the_no_call_rate_is_shown_beside_the_call_accuracy() -> None:
     shown = " ".join(rendered(generations[1]).split())
     assert "tool calls right 0.62; no call where none is asked 0.94" in shown
     assert "tool calls right 0.10; no call where none is asked 1.00" in shown
+
+
+def test_the_outside_measure_is_a_column_of_its_own_and_in_each_caption() -> None:
+    generations = [
+        GenerationRecord(0, "rel-0", "harness@0", {"agent": 0.1}, outside=0.31),
+        GenerationRecord(1, "rel-1", "harness@0", {"agent": 0.5}),  # not measured
+    ]
+    console = Console(width=250, record=True)
+    console.print(demo_table(DemoReport("contract-5", generations, "test")))
+    table = " ".join(console.export_text().replace("│", " ").split())
+    assert "outside: no call on BFCL's requests no tool serves" in table
+    assert "0.10 0.31" in table and "0.50 -" in table
+    shown = " ".join(rendered(generations[0]).split())
+    assert "outside measure (BFCL, no call where no tool serves) 0.31" in shown
+    assert "outside measure" not in " ".join(rendered(generations[1]).split())
