@@ -195,10 +195,10 @@ HINTS_HELP = (
 
 
 BUDGET_HELP = (
-    "Self mode: samples per prompt at most (adaptive sampling; default twice --samples). A "
+    "Self mode: samples per prompt at most (adaptive sampling; default --samples, off). A "
     "prompt whose samples all scored alike and none passed is sampled again, --samples more at "
-    "a time, until its rewards differ or the budget is spent; --budget equal to --samples "
-    "turns it off."
+    "a time, until its rewards differ or the budget is spent (measured in docs/learning.md: "
+    "it found little on tool-call prompts for its cost)."
 )
 
 

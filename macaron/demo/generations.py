@@ -142,7 +142,7 @@ def run_demo(
             on_generation(record)
 
     with running_loop(settings, o.out_dir, step, router=router, rollouts=o.rollouts) as stage:
-        budget = 2 * o.samples if o.budget is None else o.budget
+        budget = o.samples if o.budget is None else o.budget
         writes = frozenset(s for f, s in FAMILIES.items() if family_examples(f, bank.tasks))
         traffic = Traffic(o.mode, o.samples, budget, o.written, writes, o.seed, o.hints)
         demo = _Demo(stage, contract, (plays, curricula), step, settings.train_threshold, traffic)

@@ -22,7 +22,7 @@ class DemoOptions:
     """``generations`` generations after the measure of the active release, each of at most
     ``turns_per_generation`` simulated turns (``oracle``) or prompts rolled out with ``samples``
     samples each (``self``) and up to ``budget`` for a prompt whose groups are flat (``None``:
-    twice ``samples``), with ``written`` tasks the loop writes itself per rollout job of a
+    ``samples``, none more), with ``written`` tasks the loop writes itself per rollout job of a
     specialist it writes for, ``concurrency`` at once, on ``specialists``' tasks in an order
     seeded by ``seed``; groups with no passing sample resampled as ``hints`` says; rollouts
     sampled where ``rollouts`` says; with ``outside``, each generation's release also measured
