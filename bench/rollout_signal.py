@@ -71,9 +71,7 @@ def main() -> None:
             tokens = min(harness.spec.for_specialist("genui").decoding.max_new_tokens, 256)
             sampler = Sampler(engine, harness, "genui", "genui@0", job.temperature, tokens)
             groups = asyncio.run(
-                sample_groups(
-                    sampler, job, environments, CheckerVerifier(), lambda _: None, hinted=False
-                )
+                sample_groups(sampler, job, environments, CheckerVerifier(), lambda _: None)
             )
     finally:
         engine.close()

@@ -86,7 +86,6 @@ def main() -> None:
                             [Environment("written", task) for task in kept],
                             CheckerVerifier(),
                             lambda _: None,
-                            hinted=False,
                         )
                     )
                     solved = sum(g.any_passed for g in groups)

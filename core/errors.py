@@ -391,14 +391,6 @@ class TenantForgotten(MacaronError):
     code = "tenant_forgotten"
 
 
-class ForgettingRaced(MacaronError):
-    """Another tenant was forgotten while a retraining read the records to keep: asked again,
-    it leaves that tenant out too (the forget itself succeeded)."""
-
-    code = "forgetting_raced"
-    retryable = True
-
-
 def validation_problems(exc: ValidationError, whole: str, limit: int = 5) -> str:
     """The first ``limit`` problems of a pydantic validation error as ``path: message``, joined
     by ``; `` (``whole`` names the path of a problem with the value as a whole)."""

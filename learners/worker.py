@@ -31,7 +31,8 @@ from infra.postgres.promotions import last_request_of_run, request_promotion, wa
 from infra.postgres.runs import tenants_unlearned
 from learners.evaluation.evaluate import evaluate_run
 from learners.queue import app, enqueue_training
-from learners.rollouts.job import RolloutJob, run_rollouts
+from learners.rollouts.job import RolloutJob
+from learners.rollouts.run import run_rollouts
 from learners.routing.run import PROMOTION_TIMEOUT_S, train_router_run
 from learners.runtime import RunBusy, Runtime
 from learners.training.runs import carry_out_run

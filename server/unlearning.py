@@ -35,7 +35,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 from uuid import UUID
 
-from core.errors import ForgettingRaced, TrainingInFlight
+from core.errors import MacaronError, TrainingInFlight
 from core.events import (
     NewEvent,
     RouterTrainingRequested,
@@ -58,6 +58,14 @@ from infra.postgres.routers import queue_router_run, router_parent, router_run
 from infra.postgres.runs import queue_run, record_snapshot, run_result
 from server.exposure import exposed_parts
 from server.forgetting import FORGOTTEN_KEY
+
+
+class ForgettingRaced(MacaronError):
+    """Another tenant was forgotten while a retraining read the records to keep: asked again,
+    it leaves that tenant out too (the forget itself succeeded)."""
+
+    code = "forgetting_raced"
+    retryable = True
 
 
 @dataclass(frozen=True)

@@ -202,6 +202,14 @@ BUDGET_HELP = (
 )
 
 
+TURNS_HELP = (
+    "Most simulated turns (oracle) per generation, or rolled-out prompts of each specialist (self)."
+)
+OUT_HELP = "Folder for demo.json, demo.png and worker.log (default MACARON_HOME/demo)."
+OUTSIDE_HELP = (
+    "Measure each generation's release on the outside measure too: 148 BFCL requests no tool "
+    "serves (its no-call rate; about a minute more per generation)."
+)
 WRITE_HELP = (
     "Self mode: tasks the loop writes itself per rollout job of genui or agent: the model "
     "proposes new prompts of the bank's checkable families (GenUI requests that quote what to "
@@ -225,21 +233,9 @@ ROLLOUTS_HELP = (
 def demo(
     ctx: typer.Context,
     generations: Annotated[int, typer.Option(min=1, help="Generations after the base.")] = 3,
-    turns_per_generation: Annotated[
-        int,
-        typer.Option(
-            min=1,
-            help="Most simulated turns (oracle) per generation, or rolled-out prompts of each "
-            "specialist (self).",
-        ),
-    ] = 120,
+    turns_per_generation: Annotated[int, typer.Option(min=1, help=TURNS_HELP)] = 120,
     concurrency: Annotated[int, typer.Option(min=1, help="Simulated users at once.")] = 8,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            help="Folder for demo.json, demo.png and worker.log (default MACARON_HOME/demo)."
-        ),
-    ] = None,
+    out: Annotated[Path | None, typer.Option(help=OUT_HELP)] = None,
     specialists: Annotated[
         str, typer.Option(help="Comma-separated specialists the simulated users ask.")
     ] = ",".join(DEFAULT_SPECIALISTS),
@@ -248,13 +244,7 @@ def demo(
     samples: Annotated[int, typer.Option(min=1, max=16, help="Self mode: samples per prompt.")] = 8,
     budget: Annotated[int | None, typer.Option(min=1, max=64, help=BUDGET_HELP)] = None,
     write: Annotated[int, typer.Option(min=0, max=32, help=WRITE_HELP)] = 2,
-    outside: Annotated[
-        bool,
-        typer.Option(
-            help="Measure each generation's release on the outside measure too: 148 BFCL "
-            "requests no tool serves (its no-call rate; about a minute more per generation)."
-        ),
-    ] = True,
+    outside: Annotated[bool, typer.Option(help=OUTSIDE_HELP)] = True,
     hints: Annotated[DemoHints, typer.Option(help=HINTS_HELP)] = DemoHints.none,
     rollouts: Annotated[DemoRollouts, typer.Option(help=ROLLOUTS_HELP)] = DemoRollouts.worker,
 ) -> None:

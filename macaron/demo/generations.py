@@ -8,9 +8,9 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any, get_args
+from typing import Any
 from uuid import UUID
 
 from core.contract import Contract
@@ -32,11 +32,10 @@ from learners.queue import app as celery_app
 from learners.queue import enqueue_rollouts
 from learners.recipes.config import CPU_CONFIG, DEFAULT_CONFIG, RLOO_CONFIG, load_config
 from learners.rollouts.curriculum import Curriculum
-from learners.rollouts.environments import HintMode
 from learners.rollouts.job import RolloutJob, RolloutSummary
 from learners.rollouts.writing import FAMILIES, family_examples
 from learners.tasks import DEFAULT_BANK
-from macaron.demo.options import DemoOptions, Mode
+from macaron.demo.options import DemoOptions, Mode, Traffic, check_options
 from macaron.demo.outcomes import run_outcome, run_progress
 from macaron.demo.output import write_outputs
 from macaron.demo.records import (
@@ -47,7 +46,7 @@ from macaron.demo.records import (
     phase_seconds,
     rollout_stats,
 )
-from macaron.demo.stage import SERVER_START_S, RolloutPlace, Stage, Step, running_loop
+from macaron.demo.stage import SERVER_START_S, Stage, Step, running_loop
 from macaron.simulator import (
     SIMULATOR_TENANT,
     PlayedTurn,
@@ -110,13 +109,7 @@ def run_demo(
     hint, an ablation), sampled by the worker or the chat server's rollout lane, as
     ``rollouts`` says."""
     o = options
-    if min(o.generations, o.turns_per_generation, o.concurrency) < 1:
-        raise ConfigError("generations, turns per generation and concurrency must be at least 1")
-    if not 0 <= o.written <= 32:
-        raise ConfigError(f"written tasks per job must be from 0 to 32, not {o.written}")
-    if o.budget is not None and not o.samples <= o.budget <= 64:
-        raise ConfigError(f"budget {o.budget} must be from --samples ({o.samples}) to 64")
-    _check_traffic(o.mode, o.hints, o.rollouts)
+    check_options(o)
     settings = demo_settings(settings, o.mode)
     contract = load_contract(settings.contract_path or DEFAULT_CONTRACT)
     unscored = sorted(set(o.specialists) - contract.suites.keys())
@@ -152,32 +145,6 @@ def run_demo(
         for n in range(1, o.generations + 1):
             keep(demo.generation(n, o.turns_per_generation, o.concurrency, o.run_timeout_s))
     return report
-
-
-def _check_traffic(mode: Mode, hints: HintMode, rollouts: RolloutPlace) -> None:
-    if hints not in get_args(HintMode):
-        raise ConfigError(f"no hint mode {hints!r}; one of {', '.join(get_args(HintMode))}")
-    if rollouts not in get_args(RolloutPlace):
-        raise ConfigError(f"rollouts run in the worker or the server, not {rollouts!r}")
-    if hints != "none" and mode != "self":
-        raise ConfigError("hints are given to rollouts: only --mode self takes them")
-
-
-@dataclass(frozen=True)
-class Traffic:
-    """A generation's traffic: simulated users (``oracle``), or rollouts (``self``) of
-    ``samples`` samples per prompt (up to ``budget`` where they are flat: adaptive sampling)
-    and ``written`` tasks the loop writes itself per job of the specialists it ``writes`` for,
-    seeded from ``seed``, hinted as ``hints`` says."""
-
-    mode: Mode
-    samples: int
-    budget: int
-    written: int
-    writes: frozenset[str]
-    """The specialists the loop writes tasks for: those with a family the bank shows."""
-    seed: int
-    hints: HintMode
 
 
 class _Demo:

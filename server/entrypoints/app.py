@@ -32,6 +32,7 @@ from server.entrypoints.openai_api import chat_completions, model, models
 from server.entrypoints.ws import ChatConnection
 from server.promotion import PromotionListener
 from server.turns.transcript import transcript
+from server.unlearning import ForgettingRaced
 
 WEB = Path(__file__).parent / "web"
 
@@ -60,7 +61,7 @@ STATUS: dict[type[errors.MacaronError], int] = {
     errors.RateLimitUnavailable: 503,
     errors.TenantNotFound: 404,
     errors.TenantForgotten: 410,
-    errors.ForgettingRaced: 409,
+    ForgettingRaced: 409,
 }
 
 

@@ -17,7 +17,7 @@ import httpx
 import psycopg
 import pytest
 
-from core.errors import ForgettingRaced, MasterKeyInvalid, TenantForgotten
+from core.errors import MasterKeyInvalid, TenantForgotten
 from core.events import ModelResponded, TurnReceived
 from core.events.chain import verify_chain
 from core.events.privacy import Cells, Forgotten
@@ -48,7 +48,7 @@ from server.entrypoints.app import status_of
 from server.exposure import exposure
 from server.forgetting import forget_tenant
 from server.router import RouterService
-from server.unlearning import queue_retraining
+from server.unlearning import ForgettingRaced, queue_retraining
 from streams.backfill import BackfillRequest, backfill
 from streams.replay import replay
 from streams.runner import catch_up

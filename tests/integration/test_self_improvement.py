@@ -45,7 +45,8 @@ from learners.queue import app as celery_app
 from learners.queue import configure as configure_celery
 from learners.queue import enqueue_rollouts
 from learners.rollouts.environments import VERIFIER_VERSION
-from learners.rollouts.job import RolloutJob, RolloutSummary, rollout_key, run_rollouts
+from learners.rollouts.job import RolloutJob, RolloutSummary, rollout_key
+from learners.rollouts.run import run_rollouts
 from learners.rollouts.writing import derive_checker
 from learners.runtime import Runtime
 from learners.tasks import TaskBank
@@ -126,13 +127,13 @@ def test_the_self_mode_demo_trains_a_successor_without_any_reference_answer(
             run_timeout_s=300,
             mode="self",
             samples=4,
+            outside=False,  # on, it took this test from 116 to 245 s in CI
         ),
         router=router,
     )
     base, first = report.generations
     assert (base.mode, base.hints) == ("self", "none")  # measured only, in the demo's mode
-    assert base.outside is not None and first.outside is not None  # BFCL's no-call rate
-    assert 0.0 <= base.outside <= 1.0
+    assert base.outside is None and first.outside is None  # not asked for
     assert (first.mode, first.turns, first.simulated_pass_rate) == ("self", 0, {})
     phases = first.phase_seconds
     assert set(phases) == {"traffic", "adapter runs", "harness proposals", "measure"}

@@ -122,7 +122,8 @@ def test_a_signal_stops_the_demo_and_its_worker_in_the_middle_of_a_run(
         task_visibility_timeout=120,
         max_new_tokens=24,
     )
-    args = ["demo", "--generations", "1", "--specialists", "genui", "--out", str(tmp_path)]
+    args = ["demo", "--generations", "1", "--specialists", "genui", "--no-outside"]
+    args += ["--out", str(tmp_path)]
     output = tmp_path / "demo.out"
     demo = start_in_background(args, settings, output)
     worker: set[int] = set()

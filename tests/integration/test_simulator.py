@@ -271,7 +271,7 @@ def test_the_demo_runs_a_generation_and_writes_its_record(
             out_dir=out,
             specialists=("genui",),
             run_timeout_s=240,
-            outside=False,  # the self demo's test measures it
+            outside=False,  # a minute more per generation
         ),
         router=router,
         on_generation=lambda g: seen.append(g.generation),
