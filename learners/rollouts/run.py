@@ -99,9 +99,12 @@ def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None)
         groups = sample_groups(sampler, job, todo, verifier, record, Look(hinted, round_))
         return asyncio.run(groups)
 
-    def rounds_of(env: Environment, upto: int) -> list[list[RolloutScored]]:
+    def rounds_of(upto: int) -> dict[str, list[list[RolloutScored]]]:  # one read of the log
         recorded = recorded_verdicts(rt.log, job.job_id)
-        return [recorded.get(group_id_of(job.job_id, env, False, r), []) for r in range(upto)]
+        return {
+            env.id: [recorded.get(group_id_of(job.job_id, env, False, r), []) for r in range(upto)]
+            for env in environments
+        }
 
     try:
         sampler = _sampler(rt, engine, release, harness, job)
@@ -110,18 +113,21 @@ def run_rollouts(rt: Runtime, job: RolloutJob, verifier: Verifier | None = None)
         groups = roll(sampler, environments, False)
         resampled: list[Group] = []
         for round_ in range(1, job.rounds):
-            todo = [env for env in environments if all(map(flat, rounds_of(env, round_)))]
+            earlier = rounds_of(round_)
+            todo = [env for env in environments if all(map(flat, earlier[env.id]))]
             resampled += roll(sampler, todo, False, round_)
+        every = rounds_of(job.rounds)
         unsolved = [
-            env
-            for env in environments
-            if env.resampled(job.hints)
-            and not any(v.passed for group in rounds_of(env, job.rounds) for v in group)
+            e for e in environments if e.resampled(job.hints) and not any(map(_passed, every[e.id]))
         ]
         hinted = roll(sampler, unsolved, True)
     finally:
         engine.close()
     return _summary(job, groups, resampled, hinted, written, time.monotonic() - started)
+
+
+def _passed(verdicts: list[RolloutScored]) -> bool:
+    return any(v.passed for v in verdicts)
 
 
 def _environments(job: RolloutJob, known: dict[str, Environment]) -> list[Environment]:
